@@ -1,0 +1,151 @@
+"""Feature maps phi: R^d -> R^m as torch modules, (..., N, d) -> (..., N, m).
+
+Softmax-kernel estimators (choromanski22 Sec. 2; wu22 Eq. 4, Lemma 1), rows w_k of W (m, d):
+    FavorPlus:   phi(x) = exp(W x - |x|^2/2) / sqrt(m),   E[phi(x).phi(y)] = exp(x.y)
+    Hyperbolic:  [exp(W x - |x|^2/2), exp(-W x - |x|^2/2)] / sqrt(2m)
+    TrigRFF:     exp(|x|^2/2) [cos W x, sin W x] / sqrt(m)  (unbiased, not positive)
+Deterministic: ReLU, EluPlusOne (ELU(x) + 1), Identity.
+
+Stabiliser (positive maps, ``stabilize=True``): exp(z - c) with c the per-row max of z for
+queries and the max over all keys and features of ONE (batch, head) slice for keys. Both
+constants cancel in the normalised attention output; a max across the batch would not (one
+sample's underflow would depend on another's inputs), so it is never taken.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from fast.validation import check_positive_int, check_tensor
+
+
+def gaussian_projection(
+    m: int,
+    d: int,
+    *,
+    orthogonal: bool = False,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Draw W (m, d) with rows w_k ~ N(0, I_d) from an explicit generator.
+
+    orthogonal=True: blocks of d orthonormal rows (QR of a Gaussian, Haar sign fix), each row
+    rescaled to an independent chi(d) norm (Performer's ORF), so marginals stay N(0, I_d).
+    """
+    check_positive_int("m", m)
+    check_positive_int("d", d)
+    gen_device = generator.device if generator is not None else "cpu"
+    g = torch.randn(m, d, generator=generator, device=gen_device, dtype=torch.float64)
+    if orthogonal:
+        blocks = []
+        for _ in range(-(-m // d)):
+            q, r = torch.linalg.qr(torch.randn(d, d, generator=generator, device=gen_device, dtype=torch.float64))
+            blocks.append((q * torch.sign(torch.diagonal(r))).T)
+        rows = torch.cat(blocks, dim=0)[:m]
+        g = rows * g.norm(dim=1, keepdim=True)  # chi(d) lengths from an independent Gaussian
+    return g.to(device=device, dtype=dtype)
+
+
+class FeatureMap(nn.Module):
+    """Base class: ``forward(x, is_query)`` maps (..., N, d) to (..., N, m).
+
+    ``is_query`` only matters for the stabiliser of the positive random feature maps.
+    """
+
+    positive: bool = False
+
+    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+class _Projected(FeatureMap):
+    def __init__(self, projection: torch.Tensor, stabilize: bool = True):
+        super().__init__()
+        check_tensor("projection", projection, min_dim=2)
+        if projection.dim() != 2:
+            raise ValueError(f"projection must have shape (m, d), got {tuple(projection.shape)}")
+        self.register_buffer("projection", projection)
+        self.stabilize = stabilize
+
+    @property
+    def m(self) -> int:
+        return self.projection.shape[0]
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, min_dim=2, check_finite=False)
+        if x.shape[-1] != self.projection.shape[1]:
+            raise ValueError(
+                f"x has feature width {x.shape[-1]} but projection expects d={self.projection.shape[1]}"
+            )
+        return x @ self.projection.to(x.dtype).T
+
+    def _exp(self, z: torch.Tensor, is_query: bool) -> torch.Tensor:
+        if self.stabilize:
+            if is_query:
+                z = z - z.amax(dim=-1, keepdim=True).detach()
+            else:
+                z = z - z.amax(dim=(-2, -1), keepdim=True).detach()
+        return torch.exp(z)
+
+
+class FavorPlus(_Projected):
+    """FAVOR+ positive random features (wu22 Eq. 4), (..., N, d) -> (..., N, m)."""
+
+    positive = True
+
+    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        z = self._project(x) - 0.5 * (x * x).sum(-1, keepdim=True)
+        return self._exp(z, is_query) / math.sqrt(self.m)
+
+
+class Hyperbolic(_Projected):
+    """Hyperbolic positive random features, (..., N, d) -> (..., N, 2m)."""
+
+    positive = True
+
+    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        p = self._project(x)
+        half = 0.5 * (x * x).sum(-1, keepdim=True)
+        z = torch.cat([p - half, -p - half], dim=-1)
+        return self._exp(z, is_query) / math.sqrt(2 * self.m)
+
+
+class TrigRFF(_Projected):
+    """Trigonometric random Fourier features of exp(x.y), (..., N, d) -> (..., N, 2m).
+
+    Not positive: the attention denominator can vanish or turn negative.
+    """
+
+    def __init__(self, projection: torch.Tensor):
+        super().__init__(projection, stabilize=False)
+
+    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        p = self._project(x)
+        scale = torch.exp(0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(self.m)
+        return torch.cat([torch.cos(p), torch.sin(p)], dim=-1) * scale
+
+
+class ReLU(FeatureMap):
+    """phi(x) = max(x, 0), m = d (reid25's choice). Rows of all-negative x give phi = 0."""
+
+    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        return torch.relu(x)
+
+
+class EluPlusOne(FeatureMap):
+    """phi(x) = ELU(x) + 1 > 0, m = d (Katharopoulos et al. 2020)."""
+
+    positive = True
+
+    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        return torch.nn.functional.elu(x) + 1.0
+
+
+class Identity(FeatureMap):
+    """phi(x) = x; the denominator may vanish."""
+
+    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        return x

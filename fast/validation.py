@@ -1,0 +1,42 @@
+"""Argument checks shared by fast/: each error names the argument, what was expected and what came."""
+from __future__ import annotations
+
+import torch
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_tensor(name: str, x: object, min_dim: int = 2, check_finite: bool = True) -> torch.Tensor:
+    """Check that ``x`` is a floating tensor with >= min_dim dims, non-empty last-two axes, finite."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{name} must be a floating tensor (float16/bfloat16/float32/float64), got {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must have shape (..., N, features) with >= {min_dim} dims, got {tuple(x.shape)}")
+    if x.shape[-2] == 0:
+        raise ValueError(f"{name} must have N >= 1 tokens, got shape {tuple(x.shape)}")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty feature axis, got shape {tuple(x.shape)}")
+    if check_finite and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains non-finite values (NaN or inf)")
+    return x
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    """All tensors on one device, else ValueError listing them."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"tensors must be on one device, got {devices}")
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """A positive Python int (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half precisions accumulate in float32; float32/float64 compute as they are."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

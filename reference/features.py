@@ -1,0 +1,95 @@
+"""Feature maps phi: R^d -> R^m, dense NumPy (float64).
+
+All maps act on the last axis: x has shape (..., N, d) and phi(x) has shape (..., N, m).
+Projection matrices W have shape (m, d); their rows are the random directions w_k.
+
+Softmax kernel identities (choromanski22 Sec. 2; wu22 Eq. 4, Lemma 1):
+    FAVOR+:      phi(x) = exp(W x - |x|^2 / 2) / sqrt(m),       E[phi(x).phi(y)] = exp(x.y)
+    hyperbolic:  phi(x) = [exp(W x - |x|^2/2), exp(-W x - |x|^2/2)] / sqrt(2m)
+    trig RFF:    phi(x) = exp(|x|^2 / 2) [cos(W x), sin(W x)] / sqrt(m)   (may be negative)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def gaussian_projection(m: int, d: int, rng: np.random.Generator, orthogonal: bool = False) -> np.ndarray:
+    """Draw an (m, d) projection with rows w_k ~ N(0, I_d).
+
+    orthogonal=True: blocks of d mutually orthogonal rows (QR of a Gaussian matrix, signs fixed
+    so the rotation is Haar), each row rescaled to an independent chi(d) norm, so every row is
+    still marginally N(0, I_d) and the estimator stays unbiased.
+    """
+    if m <= 0 or d <= 0:
+        raise ValueError(f"m and d must be positive, got m={m}, d={d}")
+    if not orthogonal:
+        return rng.standard_normal((m, d))
+    blocks = []
+    for _ in range(-(-m // d)):
+        q, r = np.linalg.qr(rng.standard_normal((d, d)))
+        q = q * np.sign(np.diag(r))  # Haar-distributed rotation
+        blocks.append(q.T)  # rows orthonormal
+    rows = np.concatenate(blocks, axis=0)[:m]
+    norms = np.linalg.norm(rng.standard_normal((m, d)), axis=1)  # chi(d)
+    return rows * norms[:, None]
+
+
+def favor_plus(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """FAVOR+ positive random features, (..., N, d) -> (..., N, m). Performer Lemma 1 / wu22 Eq. 4."""
+    m = w.shape[0]
+    return np.exp(x @ w.T - 0.5 * np.sum(x * x, axis=-1, keepdims=True)) / np.sqrt(m)
+
+
+def hyperbolic(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Hyperbolic positive features, (..., N, d) -> (..., N, 2m)."""
+    m = w.shape[0]
+    proj = x @ w.T
+    half = 0.5 * np.sum(x * x, axis=-1, keepdims=True)
+    return np.concatenate([np.exp(proj - half), np.exp(-proj - half)], axis=-1) / np.sqrt(2 * m)
+
+
+def trig_rff(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Trigonometric random Fourier features for exp(x.y), (..., N, d) -> (..., N, 2m)."""
+    m = w.shape[0]
+    proj = x @ w.T
+    scale = np.exp(0.5 * np.sum(x * x, axis=-1, keepdims=True)) / np.sqrt(m)
+    return np.concatenate([np.cos(proj), np.sin(proj)], axis=-1) * scale
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    """ReLU features (reid25 uses them throughout), m = d."""
+    return np.maximum(x, 0.0)
+
+
+def elu_plus_one(x: np.ndarray) -> np.ndarray:
+    """ELU(x) + 1 (Katharopoulos et al. 2020), m = d, strictly positive."""
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def identity(x: np.ndarray) -> np.ndarray:
+    """phi(x) = x (no positivity: the denominator may vanish)."""
+    return np.asarray(x, dtype=np.float64)
+
+
+#: name -> (function, needs a projection matrix)
+FEATURE_MAPS = {
+    "favor+": (favor_plus, True),
+    "hyperbolic": (hyperbolic, True),
+    "trig": (trig_rff, True),
+    "relu": (relu, False),
+    "elu+1": (elu_plus_one, False),
+    "identity": (identity, False),
+}
+
+
+def feature_map(name: str, x: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+    """Apply the feature map called ``name`` (a key of FEATURE_MAPS)."""
+    if name not in FEATURE_MAPS:
+        raise ValueError(f"feature map must be one of {sorted(FEATURE_MAPS)}, got {name!r}")
+    fn, needs_w = FEATURE_MAPS[name]
+    x = np.asarray(x, dtype=np.float64)
+    if needs_w:
+        if w is None:
+            raise ValueError(f"feature map {name!r} needs a projection matrix w of shape (m, d)")
+        return fn(x, np.asarray(w, dtype=np.float64))
+    return fn(x)

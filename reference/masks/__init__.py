@@ -1,0 +1,1 @@
+"""Dense N x N masks, one module per mechanism family (twins of fast/masks/)."""
