@@ -1,0 +1,14 @@
+"""Check families. Each module exposes ``checks() -> list[Check]``; the runner collects them all."""
+from __future__ import annotations
+
+from verify.result import Check
+
+
+def all_checks() -> list[Check]:
+    """Every check of every family, in a stable order."""
+    from verify.checks import complexity, equivalence, performer, scale
+
+    out: list[Check] = []
+    for family in (equivalence, performer, complexity, scale):
+        out.extend(family.checks())
+    return out
