@@ -40,11 +40,11 @@ def gaussian_projection(
     gen_device = generator.device if generator is not None else "cpu"
     g = torch.randn(m, d, generator=generator, device=gen_device, dtype=torch.float64)
     if orthogonal:
-        blocks = []
-        for _ in range(-(-m // d)):
-            q, r = torch.linalg.qr(torch.randn(d, d, generator=generator, device=gen_device, dtype=torch.float64))
-            blocks.append((q * torch.sign(torch.diagonal(r))).T)
-        rows = torch.cat(blocks, dim=0)[:m]
+        blocks = -(-m // d)
+        gauss = torch.randn(blocks, d, d, generator=generator, device=gen_device, dtype=torch.float64)
+        q, r = torch.linalg.qr(gauss)  # batched: one rotation per block of d rows
+        q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # Haar sign fix
+        rows = q.transpose(-1, -2).reshape(blocks * d, d)[:m]
         g = rows * g.norm(dim=1, keepdim=True)  # chi(d) lengths from an independent Gaussian
     return g.to(device=device, dtype=dtype)
 

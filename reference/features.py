@@ -24,13 +24,11 @@ def gaussian_projection(m: int, d: int, rng: np.random.Generator, orthogonal: bo
         raise ValueError(f"m and d must be positive, got m={m}, d={d}")
     if not orthogonal:
         return rng.standard_normal((m, d))
-    blocks = []
-    for _ in range(-(-m // d)):
-        q, r = np.linalg.qr(rng.standard_normal((d, d)))
-        q = q * np.sign(np.diag(r))  # Haar-distributed rotation
-        blocks.append(q.T)  # rows orthonormal
-    rows = np.concatenate(blocks, axis=0)[:m]
-    norms = np.linalg.norm(rng.standard_normal((m, d)), axis=1)  # chi(d)
+    blocks = -(-m // d)
+    q, r = np.linalg.qr(rng.standard_normal((blocks, d, d)))  # stacked QR, one per block
+    q = q * np.sign(np.diagonal(r, axis1=-2, axis2=-1))[:, None, :]  # Haar-distributed rotations
+    rows = np.swapaxes(q, -1, -2).reshape(blocks * d, d)[:m]  # rows of each block orthonormal
+    norms = np.linalg.norm(rng.standard_normal((m, d)), axis=1)  # chi(d) lengths
     return rows * norms[:, None]
 
 

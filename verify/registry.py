@@ -40,10 +40,10 @@ class Mechanism:
     dense_setup: Callable[..., Runner] | None = None
     dense_mask: Callable | None = None
     exact: bool = True
-    fast_sizes: tuple[int, ...] = tuple(2**p for p in range(10, 18))
-    dense_sizes: tuple[int, ...] = tuple(2**p for p in range(9, 15))
-    quick_fast_sizes: tuple[int, ...] = tuple(2**p for p in range(10, 17))
-    quick_dense_sizes: tuple[int, ...] = tuple(2**p for p in range(9, 14))
+    fast_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 18))
+    dense_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 15))
+    quick_fast_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 17))
+    quick_dense_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 14))
     notes: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
 

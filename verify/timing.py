@@ -128,9 +128,23 @@ class Fit:
         return asdict(self)
 
 
-def fit_exponent(sizes, seconds, confidence: float = 0.95) -> Fit:
-    """Slope of log t vs log N with its two-sided ``confidence`` interval (METHODS.md)."""
-    x, y = np.log(np.asarray(sizes, float)), np.log(np.asarray(seconds, float))
+#: Points faster than this are dominated by fixed overheads and left out of fits (METHODS.md).
+MIN_FIT_S = 1e-3
+
+
+def fit_exponent(sizes, seconds, confidence: float = 0.95, min_seconds: float = 0.0) -> Fit:
+    """Slope of log t vs log N with its two-sided ``confidence`` interval (METHODS.md).
+
+    min_seconds: drop points faster than this (overhead-dominated), but keep at least the
+    largest 4 (or all, if fewer).
+    """
+    sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
+    if min_seconds > 0:
+        keep = seconds >= min_seconds
+        if keep.sum() < 4:
+            keep = np.argsort(sizes)[-4:]
+        sizes, seconds = sizes[keep], seconds[keep]
+    x, y = np.log(sizes), np.log(seconds)
     if len(x) < 3:
         raise ValueError(f"need >= 3 sizes to fit an exponent, got {len(x)}")
     res = stats.linregress(x, y)
@@ -141,21 +155,26 @@ def fit_exponent(sizes, seconds, confidence: float = 0.95) -> Fit:
 
 
 def crossover(fast: Sweep, dense: Sweep) -> float | None:
-    """Smallest N where the fast path beats its dense twin, interpolated on log-log axes.
+    """The N where the fast path starts beating its dense twin, from the measured ratio.
 
-    Uses the two sweeps' fitted lines where their N ranges overlap or not (extrapolating), so it
-    is an estimate; None if the fast fit never wins (slopes ordered the wrong way).
+    Log-log interpolation of t_dense / t_fast between the common sizes where it crosses 1.
+    If fast already wins at the smallest common N, that N is returned (an upper bound on the
+    crossover); if dense wins at every common N, the two fitted lines are extrapolated; None if
+    they never meet.
     """
-    ff, fd = fit_exponent(fast.sizes, fast.seconds), fit_exponent(dense.sizes, dense.seconds)
-    # measured first: the smallest common N where fast is already faster
     common = sorted(set(fast.sizes) & set(dense.sizes))
     tf, td = dict(zip(fast.sizes, fast.seconds)), dict(zip(dense.sizes, dense.seconds))
-    if common and tf[common[0]] < td[common[0]]:
+    ratio = [td[n] / tf[n] for n in common]
+    if common and ratio[0] >= 1:
         return float(common[0])
+    for (n0, r0), (n1, r1) in zip(zip(common, ratio), zip(common[1:], ratio[1:])):
+        if r0 < 1 <= r1:
+            frac = -math.log(r0) / (math.log(r1) - math.log(r0))
+            return float(math.exp(math.log(n0) + frac * (math.log(n1) - math.log(n0))))
+    ff, fd = fit_exponent(fast.sizes, fast.seconds), fit_exponent(dense.sizes, dense.seconds)
     if fd.slope <= ff.slope:
         return None
-    logn = (ff.intercept - fd.intercept) / (fd.slope - ff.slope)
-    return float(math.exp(logn))
+    return float(math.exp((ff.intercept - fd.intercept) / (fd.slope - ff.slope)))
 
 
 def environment() -> dict:

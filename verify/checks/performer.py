@@ -1,3 +1,131 @@
-"""stub"""
-def checks():
-    return []
+"""performer/prf-*: FAVOR+ positive random features are unbiased with the stated variance.
+
+Claim (Performer Lemma 1; wu22 Lemma 1; NOTES.md Sec. 0): for rows w ~ N(0, I_d),
+    Z = phi(x).phi(y) = (1/m) sum_k exp(w_k.(x+y) - (|x|^2 + |y|^2)/2),   E Z = SM(x, y) = exp(x.y),
+    Var Z = (1/m) exp(|x+y|^2) SM^2 (1 - exp(-|x+y|^2)),
+and orthogonal random features (ORF) are unbiased with variance no larger (Performer Thm. 2).
+
+Design: R independent projections per implementation (fast/ torch and reference/ NumPy), each
+an (m, d) block structure, drawn at once as one (R m, d) matrix: iid rows are iid, and ORF rows
+come in independent orthogonal blocks of d, so slicing R blocks of m = 2d rows gives R
+independent ORF draws. Tolerances are median-of-means radii (finite variance suffices: the
+estimates are sums of log-normals, heavy-tailed), with the exact variance of Z for the mean
+and the exact variance of (Z - SM)^2 for the variance. alpha per check from verify.stats,
+split (Bonferroni) over 2 implementations x 3 (x, y) pairs. For ORF the iid sigma is used as
+the sigma bound: that is Performer Thm. 2's claim, which prf-variance-orf checks.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+import numpy as np
+import torch
+
+import fast
+import reference.features as ref_features
+from verify.problems import rng_for
+from verify.result import Check, CheckResult, Context
+from verify.stats import (check_alpha, median_of_means, mom_groups, mom_radius, prf_squared_error_variance,
+                          prf_variance)
+
+D = 8  # input width
+M = 16  # features: two orthogonal blocks of d
+NORM = 0.8  # |x| = |y|: |x+y|^2 <= 2.56 keeps the 4th moment (for the variance check) moderate
+COSINES = (0.6, 0.0, -0.6)  # angles between x and y: SM above, at and below 1
+IMPLS = ("fast", "reference")
+DRAWS = {True: 100_000, False: 400_000}  # quick / full
+
+
+def pairs(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(x, y) with |x| = |y| = NORM and x.y = NORM^2 cos, in a random orientation."""
+    rng = rng_for(seed, 30)
+    out = []
+    for cos in COSINES:
+        basis, _ = np.linalg.qr(rng.standard_normal((D, 2)))
+        e1, e2 = basis[:, 0], basis[:, 1]
+        out.append((NORM * e1, NORM * (cos * e1 + math.sqrt(1 - cos * cos) * e2)))
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def estimates(impl: str, orthogonal: bool, draws: int, seed: int) -> np.ndarray:
+    """Z (draws, pairs): independent m-feature FAVOR+ estimates of exp(x.y) for each pair."""
+    ps = pairs(seed)
+    x = np.stack([p[0] for p in ps])  # (P, d)
+    y = np.stack([p[1] for p in ps])
+    salt = 31 + int(orthogonal)
+    if impl == "fast":
+        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, salt]).generate_state(1)[0]))
+        w = fast.gaussian_projection(draws * M, D, orthogonal=orthogonal, generator=gen, dtype=torch.float64)
+        fmap = fast.FavorPlus(w, stabilize=False)
+        fx, fy = (fmap(torch.as_tensor(a)).numpy() for a in (x, y))
+        # the module normalises by sqrt(R m); each draw's features are normalised by sqrt(m)
+        first = fast.FavorPlus(w[:M], stabilize=False)(torch.as_tensor(x)).numpy()
+        if not np.allclose(first, fx[:, :M] * math.sqrt(draws), rtol=1e-12, atol=0):
+            raise AssertionError("FavorPlus normalisation is not 1/sqrt(m)")
+    else:
+        w = ref_features.gaussian_projection(draws * M, D, rng_for(seed, salt), orthogonal=orthogonal)
+        fx, fy = ref_features.favor_plus(x, w), ref_features.favor_plus(y, w)
+    scale = draws  # undo 1/sqrt(R m) on both sides and apply 1/sqrt(m) to each
+    prod = (fx * fy * scale).reshape(len(ps), draws, M).sum(-1)
+    return prod.T
+
+
+def _run(ctx: Context, orthogonal: bool, what: str) -> CheckResult:
+    start = time.perf_counter()
+    alpha = check_alpha(ctx.quick)
+    cases = len(IMPLS) * len(COSINES)
+    delta = alpha / cases
+    draws = DRAWS[ctx.quick]
+    rows, worst = [], -math.inf
+    for impl in IMPLS:
+        z = estimates(impl, orthogonal, draws, ctx.seed)
+        for j, (x, y) in enumerate(pairs(ctx.seed)):
+            sm = math.exp(float(x @ y))
+            var = prf_variance(x, y, M)
+            if what == "unbiased":
+                est = median_of_means(z[:, j], mom_groups(delta))
+                radius = mom_radius(math.sqrt(var), draws, delta)
+                stat = abs(est - sm) / radius
+                rows.append({"impl": impl, "cos": COSINES[j], "exact": sm, "mom_estimate": est,
+                             "radius": radius, "relative_radius": radius / sm})
+            else:
+                u = (z[:, j] - sm) ** 2
+                est = median_of_means(u, mom_groups(delta))
+                radius = mom_radius(math.sqrt(prf_squared_error_variance(x, y, M)), draws, delta)
+                # iid: two-sided against the formula; ORF: one-sided, no larger than iid
+                stat = (abs(est - var) if not orthogonal else est - var) / radius
+                rows.append({"impl": impl, "cos": COSINES[j], "formula_iid": var, "mom_variance": est,
+                             "sample_variance": float(u.mean()), "ratio_to_iid": est / var, "radius": radius})
+            worst = max(worst, stat)
+    kind = "orf" if orthogonal else "iid"
+    claim = {
+        ("unbiased", False): "E[phi(x).phi(y)] = exp(x.y), iid rows",
+        ("unbiased", True): "E[phi(x).phi(y)] = exp(x.y), orthogonal rows",
+        ("variance", False): "Var = (1/m) exp(|x+y|^2) SM^2 (1 - exp(-|x+y|^2)), iid rows",
+        ("variance", True): "orthogonal-feature variance <= the iid variance",
+    }[(what, orthogonal)]
+    return CheckResult(
+        id=f"performer/prf-{what}-{kind}", title=claim, source=SOURCE[what], kind="statistical",
+        status="pass" if worst <= 1.0 else "fail", statistic=worst, threshold=1.0,
+        seconds=time.perf_counter() - start,
+        details={"statistic": "max over cases of |estimate - claim| / radius (one-sided for ORF variance)",
+                 "alpha": alpha, "delta_per_case": delta, "draws": draws, "m": M, "d": D, "norm": NORM,
+                 "bound": "median of means, k = ceil(8 ln(1/delta)) groups, radius 2 sigma / sqrt(n/k)",
+                 "cases": rows},
+    )
+
+
+SOURCE = {"unbiased": "Performer Lemma 1; wu22 Lemma 1", "variance": "Performer Lemma 1, Thm. 2"}
+
+
+def checks() -> list[Check]:
+    out = []
+    for what in ("unbiased", "variance"):
+        for orthogonal in (False, True):
+            kind = "orf" if orthogonal else "iid"
+            out.append(Check(f"performer/prf-{what}-{kind}", f"FAVOR+ {what} ({kind})", SOURCE[what], "statistical",
+                             run=lambda ctx, o=orthogonal, w=what: _run(ctx, o, w)))
+    return out
