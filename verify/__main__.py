@@ -5,9 +5,11 @@ Exit status: 0 if nothing failed, 1 if any check failed, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
-from verify.runner import format_table, run_checks, write_json
+from verify.runner import format_table, run_checks, seed_sweep, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="base seed of every check (default 0)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     ap.add_argument("--list", action="store_true", help="list the selected check ids and exit")
+    ap.add_argument("--seeds", type=int, metavar="K",
+                    help="seed sweep: run the selection for seeds 0..K-1 and print each check's failure rate")
     ap.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = ap.parse_args(argv)
 
@@ -35,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
             for c in select(all_checks(), args.only, args.quick):
                 print(c.id)
             return 0
+        if args.seeds is not None:
+            counts = seed_sweep(args.seeds, quick=args.quick, only=args.only, device=args.device,
+                                progress=not args.no_progress)
+            width = max(len(k) for k in counts)
+            for cid, c in counts.items():
+                print(f"{cid.ljust(width)}  {c['failures']}/{c['runs']} failed  seeds {c['failed_seeds']}")
+            if args.json:
+                Path(args.json).write_text(json.dumps(counts, indent=2))
+            return 1 if any(c["failures"] for c in counts.values()) else 0
         results = run_checks(quick=args.quick, only=args.only, device=args.device, seed=args.seed,
                              progress=not args.no_progress)
     except ValueError as exc:

@@ -55,6 +55,30 @@ def run_checks(
     return results
 
 
+def seed_sweep(
+    seeds: int, quick: bool = True, only: list[str] | None = None, device: str = "cpu", progress: bool = True
+) -> dict[str, dict]:
+    """Run the selected checks for seeds 0..seeds-1 and count failures per check id.
+
+    This measures the real false-failure rate of each check (METHODS.md: "a separate seed
+    sweep measures the real false-failure rate; record it"). Returns
+    {id: {"runs": seeds, "failures": k, "failed_seeds": [...], "rate": k / seeds}}.
+    """
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    counts: dict[str, dict] = {}
+    for seed in tqdm(range(seeds), desc="seeds", disable=not progress):
+        for r in run_checks(quick=quick, only=only, device=device, seed=seed, progress=False):
+            c = counts.setdefault(r.id, {"runs": 0, "failures": 0, "failed_seeds": []})
+            c["runs"] += 1
+            if r.status == "fail":
+                c["failures"] += 1
+                c["failed_seeds"].append(seed)
+    for c in counts.values():
+        c["rate"] = c["failures"] / c["runs"]
+    return counts
+
+
 def _fmt(x) -> str:
     if x is None:
         return "-"
