@@ -27,9 +27,11 @@ verify: $(STAMP)
 	$(PY) -m verify $(ARGS)
 
 # asv against the installed project (no per-commit rebuild); results saved under HEAD's hash.
+# OPENBLAS_NUM_THREADS=1 pins NumPy's BLAS (the reference) to one thread, as the benchmarks pin
+# torch; it must be set before NumPy loads, hence here and not in asv_bench/.
 bench: $(STAMP)
 	$(VENV)/bin/asv machine --yes --machine maskbench-local >/dev/null
-	$(VENV)/bin/asv run --python=same --machine maskbench-local \
+	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/asv run --python=same --machine maskbench-local \
 	    --set-commit-hash $$(git rev-parse HEAD) $(ARGS)
 
 publish: $(STAMP)

@@ -1,0 +1,147 @@
+"""Shared helpers of the asv suite: size grids, skip rules, thread pinning, seeded runners.
+
+Everything here is derived from the registry record of a mechanism (verify.registry.Mechanism),
+so the benchmark modules only loop over ``verify.registry.mechanisms()``.
+
+Implementations (the ``implementation`` parameter of every generated class):
+
+    "reference"  mech.reference(problem): NumPy float64, dense, the ground truth.
+    "fast"       the runner of mech.fast_setup(problem, "cpu", torch.float32).
+    "dense"      the runner of mech.dense_setup(...): the O(N^2) torch twin, same framework and
+                 dtype as fast, so that fast vs dense is a fair race.
+
+Skip rules (asv's skip: setup raises NotImplementedError, the result shows as n/a):
+
+    fast       N > max(mech.fast_sizes).
+    dense      no dense twin (mech.dense_setup is None).
+    reference, dense
+               N > max(mech.dense_sizes), or two float64 N x N matrices over the reference
+               memory budget (reference.budget.dense_budget(), 2 GiB unless
+               MASKBENCH_REFERENCE_BUDGET says otherwise).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from reference.budget import dense_budget
+from verify.problems import Problem
+from verify.registry import Mechanism
+
+#: Problems are seeded, so every process and every commit times the very same inputs.
+SEED = 0
+DEVICE = "cpu"
+DTYPE = torch.float32
+IMPLEMENTATIONS = ("reference", "fast", "dense")
+
+#: Keep every GRID_STRIDE-th power of two of a mechanism's registry sizes, counted down from the
+#: largest, so the grid stays geometric and always holds the most telling (largest) N. Every
+#: second power keeps >= 2 decades of N for the sequence mechanisms while halving the run time.
+GRID_STRIDE = 2
+
+#: Dense float64 N x N copies the reference holds at once (reference/attention.py checks 2).
+DENSE_COPIES = 2
+
+#: asv timing settings shared by the generated classes (see attention.py for the why).
+TIME_SETTINGS = dict(
+    # (min samples, max samples, max seconds): slow calls (~1 s) stop after 3 samples, fast
+    # ones take 10 samples within a second.
+    repeat=(3, 10, 2.0),
+    # Two processes per parameter combination, interleaved by asv with the other benchmarks.
+    rounds=2,
+    warmup_time=0.1,
+    # Seconds for one parameter combination in one process, setup included.
+    timeout=180.0,
+)
+
+
+def class_name(mech_id: str) -> str:
+    """A Python identifier for a mechanism id: "toeplitz-1d" -> "toeplitz_1d".
+
+    asv splits benchmark names at "-" (the parameter index), so ids cannot be used verbatim.
+    """
+    name = re.sub(r"\W", "_", mech_id)
+    return f"m_{name}" if name[:1].isdigit() else name
+
+
+def size_grid(mech: Mechanism, stride: int = GRID_STRIDE) -> list[int]:
+    """The N grid of ``mech``: every ``stride``-th of its fast and dense sizes, from the top, ascending."""
+    sizes = sorted(set(mech.fast_sizes) | set(mech.dense_sizes))
+    return sorted(sizes[::-1][::stride])
+
+
+def within_dense_budget(n: int) -> bool:
+    """Whether ``DENSE_COPIES`` float64 N x N matrices fit the reference memory budget."""
+    return DENSE_COPIES * 8 * n * n <= dense_budget()
+
+
+def skip_reason(mech: Mechanism, impl: str, n: int) -> str | None:
+    """Why ``impl`` of ``mech`` is not run at ``n`` (None: it is run). Rules in the module docstring."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    if impl == "fast":
+        if n > max(mech.fast_sizes):
+            return f"{mech.id}: fast runs up to N={max(mech.fast_sizes)} (registry fast_sizes)"
+        return None
+    if impl == "dense" and mech.dense_setup is None:
+        return f"{mech.id}: no dense twin (the mechanism is dense itself)"
+    if n > max(mech.dense_sizes):
+        return f"{mech.id}: {impl} runs up to N={max(mech.dense_sizes)} (registry dense_sizes)"
+    if not within_dense_budget(n):
+        return f"{mech.id}: {impl} at N={n} needs {DENSE_COPIES} dense N x N float64 matrices, over the budget"
+    return None
+
+
+def pin_threads() -> None:
+    """One torch thread in every benchmark.
+
+    Why: on a 2-core machine a second intra-op thread competes with asv itself and with
+    whatever else runs, which makes timings swing between processes; one thread is also what
+    the exponent fits of verify/timing.py use (METHODS.md), so the two sets of numbers agree.
+    NumPy's BLAS (OpenBLAS, used by the reference) is pinned by ``make bench`` through
+    OPENBLAS_NUM_THREADS=1, which must be set before NumPy is loaded.
+    """
+    torch.set_num_threads(1)
+
+
+@dataclass
+class Prepared:
+    """The untimed part of one (mechanism, implementation, N): the problem and a runner."""
+
+    problem: Problem
+    runner: Callable[[], object]
+
+
+def _build(mech: Mechanism, impl: str, n: int) -> Prepared:
+    problem = mech.make_problem(n, SEED)
+    if impl == "reference":
+        runner = functools.partial(mech.reference, problem)
+    elif impl == "fast":
+        runner = mech.fast_setup(problem, DEVICE, DTYPE)
+    else:
+        runner = mech.dense_setup(problem, DEVICE, DTYPE)
+    return Prepared(problem, runner)
+
+
+# asv_runner re-runs setup before every timed sample (so that state a benchmark mutates is
+# fresh each time). Our runners are pure functions of their inputs, so the problem and runner
+# are built once per process and reused: re-building a 2^17-token problem per sample would only
+# slow the run down. One entry at most, so a process never holds two problems at once.
+_PREPARED: dict[tuple[str, str, int], Prepared] = {}
+
+
+def prepare(mech: Mechanism, impl: str, n: int) -> Prepared:
+    """Pin threads, skip (NotImplementedError) per ``skip_reason``, else the seeded problem and runner."""
+    pin_threads()
+    reason = skip_reason(mech, impl, n)
+    if reason is not None:
+        raise NotImplementedError(reason)
+    key = (mech.id, impl, int(n))
+    if key not in _PREPARED:
+        _PREPARED.clear()
+        _PREPARED[key] = _build(mech, impl, int(n))
+    return _PREPARED[key]
