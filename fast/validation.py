@@ -40,3 +40,15 @@ def check_positive_int(name: str, value: object) -> int:
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half precisions accumulate in float32; float32/float64 compute as they are."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], what: str = "leading dims") -> tuple[int, ...]:
+    """NumPy broadcasting of two shapes (torch.broadcast_shapes lazily imports torch._refs: ~0.5 s)."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x != y and 1 not in (x, y):
+            raise ValueError(f"{what} {tuple(a)} and {tuple(b)} do not broadcast")
+        out.append(max(x, y) if 1 in (x, y) else x)
+    return tuple(reversed(out))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fast.validation import check_positive_int, check_tensor
+from fast.validation import broadcast_shape, check_positive_int, check_tensor
 
 
 class CausalMask:
@@ -89,7 +89,7 @@ class PackingMask:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """Segment sums broadcast back to tokens, x: (..., N, c) -> (..., N, c)."""
         _check_n("x", x, self.n)
-        lead = torch.broadcast_shapes(x.shape[:-2], self.segment_index.shape[:-1])
+        lead = broadcast_shape(tuple(x.shape[:-2]), tuple(self.segment_index.shape[:-1]), "x and segment_ids leading dims")
         x = x.expand(*lead, *x.shape[-2:])
         idx = self.segment_index.to(x.device).expand(*lead, self.n).unsqueeze(-1).expand(x.shape)
         sums = torch.zeros(*lead, self.num_segments, x.shape[-1], dtype=x.dtype, device=x.device)
@@ -132,7 +132,7 @@ class PaddingMask:
         """Every row gets the sum of x over real keys, x: (..., N, c) -> (..., N, c). Rank one."""
         _check_n("x", x, self.n)
         total = (x * self._weights(x)).sum(-2, keepdim=True)
-        return total.expand(torch.broadcast_shapes(total.shape[:-2], x.shape[:-2]) + x.shape[-2:])
+        return total.expand(broadcast_shape(tuple(total.shape[:-2]), tuple(x.shape[:-2])) + tuple(x.shape[-2:]))
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero the padded keys' features, then unmasked linear attention (two GEMMs)."""
