@@ -144,11 +144,18 @@ def favor_attention(
     """Performer softmax-kernel attention with an optional mask operator.
 
     Feeds q / d_qk^(1/4) and k / d_qk^(1/4) to stabilised FAVOR+ with W = ``projection`` (m, d_qk),
-    so the estimated kernel is exp(q.k / sqrt(d_qk)), then masked_linear_attention.
+    so the estimated kernel is exp(q.k / sqrt(d_qk)), then masked_linear_attention. The keys'
+    stabiliser is the mask's ``key_stabilizer`` where it has one (padding, packing), so keys the
+    mask hides never set the scale. CausalMask has none yet: a future key with a far larger
+    FAVOR+ exponent than the past can underflow early keys (float64 needs exponents ~700 apart;
+    this is then reported as DenominatorError, never a NaN).
     q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d).
     """
     check_tensor("q", q)
     check_tensor("k", k)
-    fmap = FavorPlus(projection.to(device=q.device), stabilize=True)
+    check_tensor("projection", projection)
+    check_same_device(q=q, projection=projection)
+    fmap = FavorPlus(projection, stabilize=True)
     scale = q.shape[-1] ** -0.25
-    return masked_linear_attention(fmap(q * scale, is_query=True), fmap(k * scale, is_query=False), v, mask)
+    phi_k = fmap(k * scale, is_query=False, key_stabilizer=getattr(mask, "key_stabilizer", None))
+    return masked_linear_attention(fmap(q * scale, is_query=True), phi_k, v, mask)

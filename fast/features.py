@@ -7,9 +7,12 @@ Softmax-kernel estimators (choromanski22 Sec. 2; wu22 Eq. 4, Lemma 1), rows w_k 
 Deterministic: ReLU, EluPlusOne (ELU(x) + 1), Identity.
 
 Stabiliser (positive maps, ``stabilize=True``): exp(z - c) with c the per-row max of z for
-queries and the max over all keys and features of ONE (batch, head) slice for keys. Both
-constants cancel in the normalised attention output; a max across the batch would not (one
+queries and, for keys, the max over all keys and features of ONE (batch, head) slice, or a
+mask's ``key_stabilizer(z)`` (max over the keys each query can see: real keys for padding, the
+own segment for packing) so that a key hidden by the mask cannot underflow the visible ones.
+All these constants cancel in the normalised output; a max across the batch would not (one
 sample's underflow would depend on another's inputs), so it is never taken.
+Half-precision inputs are projected and exponentiated in float32 (features come out float32).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from fast.validation import check_positive_int, check_tensor
+from fast.validation import check_positive_int, check_tensor, compute_dtype
 
 
 def gaussian_projection(
@@ -37,7 +40,10 @@ def gaussian_projection(
     """
     check_positive_int("m", m)
     check_positive_int("d", d)
-    gen_device = generator.device if generator is not None else "cpu"
+    if generator is None:  # a fresh OS-seeded generator: never read or advance torch's global RNG
+        generator = torch.Generator()
+        generator.seed()
+    gen_device = generator.device
     g = torch.randn(m, d, generator=generator, device=gen_device, dtype=torch.float64)
     if orthogonal:
         blocks = -(-m // d)
@@ -74,20 +80,25 @@ class _Projected(FeatureMap):
     def m(self) -> int:
         return self.projection.shape[0]
 
-    def _project(self, x: torch.Tensor) -> torch.Tensor:
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x in its compute dtype, x W^T): half precisions work in float32."""
         check_tensor("x", x, min_dim=2, check_finite=False)
         if x.shape[-1] != self.projection.shape[1]:
             raise ValueError(
                 f"x has feature width {x.shape[-1]} but projection expects d={self.projection.shape[1]}"
             )
-        return x @ self.projection.to(x.dtype).T
+        x = x.to(compute_dtype(x.dtype))
+        return x, x @ self.projection.to(x.dtype).T
 
-    def _exp(self, z: torch.Tensor, is_query: bool) -> torch.Tensor:
+    def _exp(self, z: torch.Tensor, is_query: bool, key_stabilizer=None) -> torch.Tensor:
         if self.stabilize:
             if is_query:
-                z = z - z.amax(dim=-1, keepdim=True).detach()
+                c = z.amax(dim=-1, keepdim=True)
+            elif key_stabilizer is not None:
+                c = key_stabilizer(z)
             else:
-                z = z - z.amax(dim=(-2, -1), keepdim=True).detach()
+                c = z.amax(dim=(-2, -1), keepdim=True)
+            z = z - c.detach()
         return torch.exp(z)
 
 
@@ -96,9 +107,11 @@ class FavorPlus(_Projected):
 
     positive = True
 
-    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
-        z = self._project(x) - 0.5 * (x * x).sum(-1, keepdim=True)
-        return self._exp(z, is_query) / math.sqrt(self.m)
+    def forward(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
+        """x (..., N, d) -> (..., N, m); key_stabilizer(z) -> per-key constants (see module doc)."""
+        x, p = self._project(x)
+        z = p - 0.5 * (x * x).sum(-1, keepdim=True)
+        return self._exp(z, is_query, key_stabilizer) / math.sqrt(self.m)
 
 
 class Hyperbolic(_Projected):
@@ -106,11 +119,12 @@ class Hyperbolic(_Projected):
 
     positive = True
 
-    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
-        p = self._project(x)
+    def forward(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
+        """x (..., N, d) -> (..., N, 2m)."""
+        x, p = self._project(x)
         half = 0.5 * (x * x).sum(-1, keepdim=True)
         z = torch.cat([p - half, -p - half], dim=-1)
-        return self._exp(z, is_query) / math.sqrt(2 * self.m)
+        return self._exp(z, is_query, key_stabilizer) / math.sqrt(2 * self.m)
 
 
 class TrigRFF(_Projected):
@@ -122,8 +136,9 @@ class TrigRFF(_Projected):
     def __init__(self, projection: torch.Tensor):
         super().__init__(projection, stabilize=False)
 
-    def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
-        p = self._project(x)
+    def forward(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
+        """x (..., N, d) -> (..., N, 2m)."""
+        x, p = self._project(x)
         scale = torch.exp(0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(self.m)
         return torch.cat([torch.cos(p), torch.sin(p)], dim=-1) * scale
 

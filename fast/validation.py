@@ -1,6 +1,8 @@
 """Argument checks shared by fast/: each error names the argument, what was expected and what came."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -31,10 +33,10 @@ def check_same_device(**tensors: torch.Tensor) -> None:
 
 
 def check_positive_int(name: str, value: object) -> int:
-    """A positive Python int (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """A positive integer (Python or NumPy; bools refused), returned as int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return int(value)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -116,6 +116,8 @@ def erdos_renyi(n: int, p: float, seed: int = 0) -> sp.csr_matrix:
 
 def knn_graph(n: int, k: int = 8, dim: int = 3, seed: int = 0) -> sp.csr_matrix:
     """Symmetrised k-nearest-neighbour graph of n uniform points in [0, 1]^dim."""
+    if n < 2:  # no neighbours to find
+        return sp.csr_matrix((n, n))
     rng = rng_for(seed, 4)
     pts = rng.random((n, dim))
     _, nbr = cKDTree(pts).query(pts, k=min(k + 1, n))
