@@ -1,0 +1,70 @@
+"""Helpers shared by the tests: explicit generators, random inputs, comparisons.
+
+Plain functions rather than fixtures, because hypothesis tests call them with drawn seeds.
+Every random tensor comes from an explicit ``torch.Generator`` (never the global RNG).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+#: Two float64 computations of the same quantity that differ only in the order of operations
+#: (BLAS blocking, chunk boundaries, a compacted vs a masked sum) differ by a small multiple of
+#: the unit round-off 1.1e-16 times the sum lengths (<= a few hundred here), i.e. < 1e-13.
+#: 1e-12 leaves room for that and nothing else: a leak of one changed token into an output moves
+#: it by O(weight share) >= 1e-3 in every test below.
+F64_RTOL = 1e-12
+
+#: fast vs reference, relative Frobenius error (the registry's metric): float64 is round-off
+#: (~1e-16 x sum length) with a wide margin; float32 has unit round-off 6e-8, and sums of a few
+#: hundred terms grow it to ~1e-5 worst case, so 1e-4 (the same bounds verify uses).
+EQUIV_TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
+
+
+def gen(seed: int) -> torch.Generator:
+    """A fresh CPU generator seeded with ``seed`` (explicit; never torch.manual_seed)."""
+    return torch.Generator().manual_seed(int(seed))
+
+
+def randn(shape, g: torch.Generator, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
+    return scale * torch.randn(*shape, generator=g, dtype=dtype)
+
+
+def positive(shape, g: torch.Generator, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
+    """Positive features in [0.1, 1.1) * scale: every denominator is bounded away from zero."""
+    return scale * (torch.rand(*shape, generator=g, dtype=dtype) + 0.1)
+
+
+def unit_rows(shape, g: torch.Generator, dtype=torch.float64, norm: float = 1.0) -> torch.Tensor:
+    x = torch.randn(*shape, generator=g, dtype=dtype)
+    return norm * x / x.norm(dim=-1, keepdim=True)
+
+
+class GenericMask:
+    """Exposes only ``n`` and ``matmul`` of a mask operator, so the driver takes its generic
+    column-block path instead of a specialised ``attend``."""
+
+    def __init__(self, mask):
+        self.n = mask.n
+        self._matmul = mask.matmul
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._matmul(x)
+
+
+def rel_frobenius(actual, expected) -> float:
+    a = actual.detach().double().cpu().numpy() if isinstance(actual, torch.Tensor) else np.asarray(actual, float)
+    e = expected.detach().double().cpu().numpy() if isinstance(expected, torch.Tensor) else np.asarray(expected, float)
+    assert a.shape == e.shape, (a.shape, e.shape)
+    return float(np.linalg.norm(a - e) / max(np.linalg.norm(e), np.finfo(float).tiny))
+
+
+def assert_unchanged(actual: torch.Tensor, expected: torch.Tensor, rtol: float = F64_RTOL) -> None:
+    """Entrywise equality up to float64 round-off, relative to the largest entry (see F64_RTOL)."""
+    assert actual.shape == expected.shape
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol * max(scale, 1e-300))
+
+
+def np_(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().double().numpy()

@@ -1,0 +1,37 @@
+"""verify/mechanisms/sequence.py: the problems of the sequence records are what they claim."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reference.masks import sequence as ref_masks
+from verify.mechanisms import sequence as S
+from verify.registry import get
+
+
+@pytest.mark.parametrize("n", [1, 2, 300, 1100])
+def test_packing_problem_segments(n):
+    p = S.packing_problem(n, seed=3)
+    ids = p.extras["segment_ids"]
+    assert ids.shape == (n,) and ids[0] == 0
+    assert np.all(np.diff(ids) >= 0) and np.all(np.diff(ids) <= 1)  # contiguous, consecutive labels
+    assert ids.max() + 1 == max(1, n // 256)  # about one segment per 256 tokens
+    np.testing.assert_array_equal(get("packing").dense_mask(p), ref_masks.packing_mask(ids))
+
+
+@pytest.mark.parametrize("n", [1, 10, 500])
+def test_padding_problem_keeps_a_60_to_90_percent_prefix(n):
+    p = S.padding_problem(n, seed=4)
+    km = p.extras["key_mask"]
+    length = int(km.sum())
+    assert km.dtype == bool and np.array_equal(km, np.arange(n) < length)
+    assert length >= 1
+    if n >= 10:
+        assert 0.6 * n - 0.5 <= length <= 0.9 * n + 0.5
+
+
+def test_favor_problem_shapes_and_norms():
+    p = S.favor_problem(12, seed=0)
+    assert p.q.shape == p.k.shape == (12, S.D_QK) and p.v.shape == (12, S.D_V)
+    assert p.projection.shape == (S.M_FEATURES, S.D_QK)
+    np.testing.assert_allclose(np.linalg.norm(p.q, axis=1), 1.0, rtol=1e-14)
