@@ -1,0 +1,291 @@
+"""The report's figures (matplotlib, Agg backend): each function takes data and writes one PNG.
+
+Every function returns the file name it wrote (relative to ``out_dir``), or None when there is
+nothing to draw; ``make_figures`` writes them all.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: the report runs in CI and over ssh
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from reports.asv_history import AsvHistory, unquote, unit_of  # noqa: E402
+from reports.data import MechanismInfo, ReportData  # noqa: E402
+from reports.favor import FavorError  # noqa: E402
+from reports.memory import MemoryCurve, mib_text  # noqa: E402
+from reports.sweeps import ImplTiming, MechanismTiming, fitted_mask  # noqa: E402
+
+COLORS = {"fast": "tab:blue", "dense": "tab:red"}
+GUIDES = (("N", lambda n: n, "--"), ("N log N", lambda n: n * np.log(n), "-."), ("N²", lambda n: n**2, ":"))
+DPI = 110
+#: Panel caps keep the asv figure legible when the registry grows; the caption says so.
+MAX_ASV_PANELS = 36
+MAX_ASV_LINES = 10
+
+
+def _grid(n_panels: int, ncols: int = 3, w: float = 4.2, h: float = 3.2):
+    ncols = max(1, min(ncols, n_panels))
+    nrows = max(1, math.ceil(n_panels / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n_panels:]:
+        ax.set_visible(False)
+    return fig, flat[:n_panels]
+
+
+def _save(fig, out_dir: Path, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=DPI)
+    plt.close(fig)
+    return name
+
+
+def _draw_guides(ax, sizes, ref_n: float, ref_y: float, guides=GUIDES) -> None:
+    """Grey guide lines (N, N log N, N^2) through (ref_n, ref_y) over ``sizes``' range."""
+    n = np.geomspace(min(sizes), max(sizes), 50)
+    for _, f, style in guides:
+        ax.plot(n, ref_y * f(n) / f(ref_n), style, color="0.55", lw=1)
+
+
+def _figure_legend(fig, guides=GUIDES) -> None:
+    """One legend for what every panel shares (colours, guide styles), so panel legends stay short
+    and do not cover data."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=COLORS["fast"], marker="o", label="fast path"),
+               Line2D([], [], color=COLORS["dense"], marker="o", label="dense twin")]
+    handles += [Line2D([], [], color="0.55", ls=style, label=f"∝ {label}") for label, _, style in guides]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False, fontsize=9)
+
+
+def _save_with_top_legend(fig, out_dir: Path, name: str) -> str:
+    # Leave room for the figure legend: about 0.35 inch at the top whatever the figure height.
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
+    fig.savefig(out_dir / name, dpi=DPI)
+    plt.close(fig)
+    return name
+
+
+def fit_label(impl: str, timing: ImplTiming) -> str:
+    """Legend text: "fast: slope 1.03 [0.98, 1.08]" (95% CI)."""
+    f = timing.fit
+    if f is None:
+        return f"{impl}: too few sizes to fit"
+    return f"{impl}: slope {f.slope:.2f} [{f.low:.2f}, {f.high:.2f}]"
+
+
+def plot_timing(mechs: list[MechanismInfo], timings: dict[str, MechanismTiming], out_dir: Path,
+                name: str = "time_vs_n.png") -> str | None:
+    """Figure 1: log-log median time vs N per mechanism, fits with CIs, guide slopes."""
+    mechs = [m for m in mechs if m.id in timings]
+    if not mechs:
+        return None
+    fig, axes = _grid(len(mechs))
+    for ax, mech in zip(axes, mechs):
+        t = timings[mech.id]
+        impls = [("fast", t.fast)] + ([("dense", t.dense)] if t.dense is not None else [])
+        for impl, it in impls:
+            n, s = np.asarray(it.sweep.sizes, float), np.asarray(it.sweep.seconds, float)
+            fitted = fitted_mask(n, s)
+            ax.plot(n[fitted], s[fitted], "o", color=COLORS[impl], ms=4)
+            ax.plot(n[~fitted], s[~fitted], "o", color=COLORS[impl], ms=4, mfc="none")
+            if it.fit is not None:
+                ax.plot(n, np.exp(it.fit.intercept) * n**it.fit.slope, "-", color=COLORS[impl], lw=1.3,
+                        label=fit_label(impl, it))
+            else:
+                ax.plot([], [], "o", color=COLORS[impl], label=fit_label(impl, it))
+        fs = t.fast.sweep
+        mid = len(fs.sizes) // 2
+        all_sizes = list(fs.sizes) + (list(t.dense.sweep.sizes) if t.dense else [])
+        _draw_guides(ax, all_sizes, fs.sizes[mid], fs.seconds[mid])
+        ax.set(xscale="log", yscale="log", xlabel="N", ylabel="seconds per call",
+               title=f"{mech.id}  (claims {mech.complexity})")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    _figure_legend(fig)
+    return _save_with_top_legend(fig, out_dir, name)
+
+
+def _memory_points(curve: MemoryCurve):
+    floor = 1.0 / 256  # 4 KiB, one page: a zero increment cannot sit on a log axis
+    n = np.array([p.n for p in curve.points], float)
+    v = np.array([max(p.peak_mib, floor) for p in curve.points], float)
+    ok = np.array([p.resolved for p in curve.points], bool)
+    return n, v, ok
+
+
+def plot_memory(mechs: list[MechanismInfo], memory: dict[str, dict[str, MemoryCurve]], out_dir: Path,
+                name: str = "memory_vs_n.png") -> str | None:
+    """Figure 2: peak extra memory (MiB) vs N, fast and dense, log-log, guides N and N^2."""
+    mechs = [m for m in mechs if any(c.points for c in memory.get(m.id, {}).values())]
+    if not mechs:
+        return None
+    fig, axes = _grid(len(mechs))
+    for ax, mech in zip(axes, mechs):
+        curves = memory[mech.id]
+        for impl in ("fast", "dense"):
+            c = curves.get(impl)
+            if c is None or not c.points:
+                continue
+            n, v, ok = _memory_points(c)
+            ax.plot(n, v, "-", color=COLORS[impl], lw=1, alpha=0.6)
+            ax.plot(n[ok], v[ok], "o", color=COLORS[impl], ms=4, label=f"{impl} (max {mib_text(v.max())})")
+            if (~ok).any():
+                ax.plot(n[~ok], v[~ok], "o", color=COLORS[impl], ms=4, mfc="none", label=f"{impl}: not resolved")
+        # ∝ N through the fast path's largest point, ∝ N² through the dense twin's (the slope each
+        # should follow), each falling back to the other curve when one is missing.
+        have = [c for c in (curves.get("fast"), curves.get("dense")) if c is not None and c.points]
+        n_all = [p.n for c in have for p in c.points]
+        g = np.geomspace(min(n_all), max(n_all), 50)
+        for (label, f, style), c in ((GUIDES[0], have[0]), (GUIDES[2], have[-1])):
+            ref_n, ref_v = c.points[-1].n, max(c.points[-1].peak_mib, 1.0 / 256)
+            ax.plot(g, ref_v * f(g) / f(ref_n), style, color="0.55", lw=1)
+        ax.set(xscale="log", yscale="log", xlabel="N", ylabel="peak extra memory (MiB)", title=mech.id)
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    _figure_legend(fig, (GUIDES[0], GUIDES[2]))
+    return _save_with_top_legend(fig, out_dir, name)
+
+
+def plot_crossover(mechs: list[MechanismInfo], timings: dict[str, MechanismTiming], out_dir: Path,
+                   name: str = "crossover.png") -> str | None:
+    """Figure 3: crossover N per mechanism (bars) and t_dense / t_fast vs N (lines)."""
+    paired = [m for m in mechs if m.id in timings and timings[m.id].dense is not None]
+    if not paired:
+        return None
+    fig, (ax_bar, ax_ratio) = plt.subplots(1, 2, figsize=(12, max(3.2, 0.35 * len(paired) + 1.5)))
+    ys = np.arange(len(paired))
+    for y, mech in zip(ys, paired):
+        t = timings[mech.id]
+        if t.crossover is None:
+            ax_bar.text(1, y, " never (in range or by fit)", va="center", fontsize=8)
+            continue
+        # Hatched: no timed N shows fast winning for good, so the value rests on extrapolated fits.
+        extrapolated = t.measured_crossover is None
+        ax_bar.barh(y, t.crossover, color="tab:green", alpha=0.7, hatch="//" if extrapolated else None)
+        ax_bar.text(t.crossover, y, f" {t.crossover:,.0f}" + (" (extrapolated)" if extrapolated else ""),
+                    va="center", fontsize=8)
+    ax_bar.set_yticks(ys, [m.id for m in paired])
+    ax_bar.invert_yaxis()
+    ax_bar.set_xscale("log", base=2)
+    ax_bar.set(xlabel="crossover N (fast beats dense above it)", title="crossover N")
+    ax_bar.grid(True, axis="x", alpha=0.3)
+    for mech in paired:
+        sizes, ratio = timings[mech.id].speedups()
+        if sizes:
+            ax_ratio.plot(sizes, ratio, "o-", ms=3, label=mech.id)
+    ax_ratio.axhline(1.0, color="k", lw=1)
+    ax_ratio.set(xscale="log", yscale="log", xlabel="N", ylabel="t_dense / t_fast",
+                 title="speed-up of the fast path over its dense twin")
+    ax_ratio.set_xscale("log", base=2)
+    ax_ratio.grid(True, alpha=0.3)
+    ax_ratio.legend(fontsize=7, ncol=2)
+    return _save(fig, out_dir, name)
+
+
+def plot_favor(favor: FavorError | None, out_dir: Path, name: str = "favor_error.png") -> str | None:
+    """Figure 5: empirical RMSE of the FAVOR+ estimate vs m, with the predicted RMSE line."""
+    if favor is None:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    m = np.asarray(favor.m, float)
+    ax.plot(m, favor.predicted_rmse, "k-", lw=1.5, label="predicted sqrt(Var), iid (slope -1/2)")
+    styles = {"iid": ("tab:blue", "o"), "orthogonal": ("tab:orange", "s")}
+    for c in favor.curves:
+        color, marker = styles.get(c.kind, ("tab:gray", "^"))
+        r = np.asarray(c.rmse)
+        err = np.vstack([r - np.asarray(c.rmse_low), np.asarray(c.rmse_high) - r])
+        ax.errorbar(c.m, r, yerr=err, fmt=marker, color=color, ms=4, capsize=2,
+                    label=f"{c.kind}: slope {c.slope:.3f} [{c.slope_low:.3f}, {c.slope_high:.3f}]")
+    ax.set(xscale="log", yscale="log", xlabel="number of random features m",
+           ylabel="RMSE of phi(x)·phi(y) vs exp(x·y)",
+           title=f"FAVOR+ estimation error, exp(x·y) = {favor.exact:.3f}, {favor.draws} draws per m")
+    ax.set_xscale("log", base=2)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, name)
+
+
+def _as_number(p: str) -> float:
+    try:
+        return float(unquote(p))
+    except ValueError:
+        return math.nan
+
+
+def asv_lines(history: AsvHistory) -> dict[str, list]:
+    """{panel title: [(label, series)]} for the time_ benchmarks of an asv history.
+
+    One panel per benchmark (and machine, if several). asv_bench parameterises benchmarks as
+    (..., N): for each combination of the other parameters we keep the series at its largest
+    numeric last parameter, where the asymptotic cost shows; a benchmark without parameters is
+    one line.
+    """
+    multi_machine = len({s.machine for s in history.series}) > 1
+    panels: dict[str, dict[tuple, object]] = {}
+    for s in history.series:
+        if unit_of(s.benchmark) != "seconds":
+            continue
+        title = s.benchmark + (f" @{s.machine}" if multi_machine else "")
+        group = panels.setdefault(title, {})
+        head = s.params[:-1]
+        best = group.get(head)
+        last = _as_number(s.params[-1]) if s.params else math.nan
+        if best is None or (last > _as_number(best.params[-1])):
+            group[head] = s
+    out = {}
+    for title, group in panels.items():
+        lines = []
+        for head, s in sorted(group.items()):
+            parts = [unquote(p) for p in head]
+            if s.params:
+                last = unquote(s.params[-1])
+                parts.append(f"N={last}" if math.isfinite(_as_number(last)) else last)
+            lines.append((", ".join(parts) or "(no params)", s))
+        out[title] = lines
+    return out
+
+
+def plot_asv(history: AsvHistory | None, out_dir: Path, name: str = "asv_history.png") -> str | None:
+    """Figure 6: each asv time_ benchmark across commits (x: commits in date order)."""
+    if history is None:
+        return None
+    panels = asv_lines(history)
+    if not panels:
+        return None
+    titles = list(panels)[:MAX_ASV_PANELS]
+    fig, axes = _grid(len(titles), ncols=3, w=4.5, h=3.0)
+    x_of = {c: i for i, c in enumerate(history.commits)}
+    for ax, title in zip(axes, titles):
+        for label, s in panels[title][:MAX_ASV_LINES]:
+            ax.plot([x_of[c] for c in s.commits], s.values, "o-", ms=4, label=label)
+        ax.set_xticks(range(len(history.commits)), [c[:8] for c in history.commits], rotation=45, fontsize=7)
+        ax.set_xlim(-0.5, max(len(history.commits) - 0.5, 0.5))
+        ax.set_yscale("log")
+        ax.set(title=title, ylabel="seconds")
+        ax.title.set_fontsize(8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    if len(panels) > len(titles):
+        fig.suptitle(f"first {len(titles)} of {len(panels)} time_ benchmarks (all are in results.json)")
+    return _save(fig, out_dir, name)
+
+
+def make_figures(data: ReportData, out_dir: str | Path) -> dict[str, str | None]:
+    """Write every figure into ``out_dir``; returns {figure key: file name or None}."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "timing": plot_timing(data.mechanisms, data.timings, out),
+        "memory": plot_memory(data.mechanisms, data.memory, out),
+        "crossover": plot_crossover(data.mechanisms, data.timings, out),
+        "favor": plot_favor(data.favor, out),
+        "asv": plot_asv(data.asv, out),
+    }

@@ -1,0 +1,287 @@
+"""The report page: one self-contained index.html (inline CSS) referencing the PNGs beside it.
+
+Every piece of text that comes from data (ids, sources, check details, environment values) goes
+through ``html.escape``: check details can hold tracebacks with <, > and &.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+
+from reports.data import ReportData
+from reports.favor import FavorError
+from reports.memory import MemoryCurve, mib_text
+from reports.sweeps import ImplTiming, MechanismTiming
+from verify.result import CheckResult
+
+CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 2em auto; max-width: 1250px;
+       color: #222; line-height: 1.45; padding: 0 1em; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.pass { background: #dff3df; color: #135f13; } .fail { background: #f8d7d7; color: #8a1010; font-weight: bold; }
+.skip { background: #eee; color: #666; } .muted { color: #777; }
+figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.9em; color: #444; max-width: 70em; }
+pre { background: #f7f7f7; padding: 0.5em; overflow-x: auto; font-size: 0.85em; max-width: 60em; }
+details summary { cursor: pointer; color: #245; }
+code { background: #f3f3f3; padding: 0 0.2em; }
+"""
+
+
+def esc(x) -> str:
+    """HTML-escape anything (None -> "")."""
+    return "" if x is None else html.escape(str(x), quote=True)
+
+
+def _num(x, fmt: str = ".3g") -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float) and not math.isfinite(x):
+        return esc(x)
+    if isinstance(x, (int, float)):
+        return format(x, fmt)
+    return esc(x)
+
+
+def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
+    """Rows are lists of ready HTML cells ("<td>...</td>"); the head is escaped here."""
+    th = "".join(f"<th>{esc(h)}</th>" for h in head)
+    body = "\n".join("<tr>" + "".join(r) + "</tr>" for r in rows)
+    return f'<table class="{esc(cls)}"><thead><tr>{th}</tr></thead><tbody>\n{body}\n</tbody></table>'
+
+
+def _td(text: str = "", cls: str = "", raw: bool = False) -> str:
+    content = text if raw else esc(text)
+    return f'<td class="{esc(cls)}">{content}</td>' if cls else f"<td>{content}</td>"
+
+
+def _figure(src: str | None, caption: str, alt: str) -> str:
+    if src is None:
+        return f'<p class="muted">No data for this figure in this run. {caption}</p>'
+    return f'<figure><img src="{esc(src)}" alt="{esc(alt)}"><figcaption>{caption}</figcaption></figure>'
+
+
+# ------------------------------------------------------------------------------- sections
+
+
+def _environment(data: ReportData) -> str:
+    env = dict(data.environment)
+    rows = [[_td(k), _td(v if v is not None else "–")] for k, v in env.items()]
+    if data.stage_seconds:
+        stages = ", ".join(f"{k} {v:.1f} s" for k, v in data.stage_seconds.items())
+        rows.append([_td("stage wall times"), _td(stages)])
+    return _table(["", "value"], rows)
+
+
+def exponent_cell(it: ImplTiming | None) -> str:
+    """"1.03 [0.98, 1.08]" or a dash."""
+    if it is None:
+        return "–"
+    if it.fit is None:
+        return "too few sizes"
+    f = it.fit
+    return f"{f.slope:.2f} [{f.low:.2f}, {f.high:.2f}]"
+
+
+def crossover_cell(t: MechanismTiming | None) -> str:
+    """The crossover estimate, and the timed N from which fast wins (if inside the range)."""
+    if t is None:
+        return "–"
+    if t.dense is None:
+        return "no dense twin"
+    if t.crossover is None:
+        return "never"
+    text = f"{t.crossover:,.0f}"
+    if t.measured_crossover is not None:
+        text += f" (timed: fast wins from {t.measured_crossover:,})"
+    else:
+        text += " (extrapolated)"
+    return text
+
+
+def memory_cell(curve: MemoryCurve | None) -> str:
+    """Peak extra memory at the largest measured N, e.g. "80.0 MiB @ 131,072"."""
+    if curve is None:
+        return "–"
+    if not curve.points:
+        return "error" if curve.error else "–"
+    p = curve.points[-1]
+    mark = "" if p.resolved else " (≤, not resolved)"
+    return f"{mib_text(p.peak_mib)} @ {p.n:,}{mark}"
+
+
+def verify_cell(data: ReportData, mech_id: str) -> tuple[str, str]:
+    """(text, css class) summarising the checks about one mechanism."""
+    if data.verify is None:
+        return "not run", "skip"
+    mine = data.checks_for(mech_id)
+    if not mine:
+        return "no checks", "skip"
+    failed = [r.id for r in mine if r.status == "fail"]
+    if failed:
+        return f"FAIL: {', '.join(failed)}", "fail"
+    passed = sum(r.status == "pass" for r in mine)
+    skipped = len(mine) - passed
+    return f"pass ({passed}{f', {skipped} skipped' if skipped else ''})", "pass" if passed else "skip"
+
+
+def _summary(data: ReportData) -> str:
+    head = ["id", "source", "claimed class", "fast exponent [95% CI]", "dense exponent [95% CI]",
+            "crossover N", "fast peak memory", "dense peak memory", "verify"]
+    rows = []
+    for m in data.mechanisms:
+        t = data.timings.get(m.id)
+        mem = data.memory.get(m.id, {})
+        text, cls = verify_cell(data, m.id)
+        rows.append([
+            f'<td title="{esc(m.title)}"><code>{esc(m.id)}</code></td>', _td(m.source), _td(m.complexity),
+            _td(exponent_cell(t.fast if t else None), "num"),
+            _td(exponent_cell(t.dense if t else None) if (t and t.dense) else "–", "num"),
+            _td(crossover_cell(t), "num"), _td(memory_cell(mem.get("fast")), "num"),
+            _td(memory_cell(mem.get("dense")), "num"), _td(text, cls)])
+    return _table(head, rows)
+
+
+def _memory_details(data: ReportData) -> str:
+    rows = []
+    for m in data.mechanisms:
+        for impl, c in data.memory.get(m.id, {}).items():
+            pts = ", ".join(f"{p.n:,}: {p.peak_mib:.3g}{'' if p.resolved else '*'}" for p in c.points)
+            rows.append([_td(m.id), _td(impl), _td(pts or "–"), _td(c.error or "")])
+    if not rows:
+        return ""
+    return ("<details><summary>peak memory per N (MiB; * = not resolved)</summary>"
+            + _table(["mechanism", "impl", "N: MiB", "error"], rows) + "</details>")
+
+
+def verify_table(results: list[CheckResult]) -> str:
+    """Figure 4: the verify results, status coloured, details collapsible."""
+    rows = []
+    for r in results:
+        details = json.dumps(r.details, indent=1, default=str) if r.details else ""
+        det = (f"<details><summary>details</summary><pre>{esc(details)}</pre></details>" if details else "")
+        rows.append([f'<td><code>{esc(r.id)}</code><br><span class="muted">{esc(r.title)}</span></td>',
+                     _td(r.source), _td(r.kind), _td(r.status.upper() if r.status == "fail" else r.status, r.status),
+                     _td(_num(r.statistic), "num"), _td(_num(r.threshold), "num"),
+                     _td(f"{r.seconds:.1f}", "num"), _td(det, raw=True)])
+    n = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    tally = f"<p>{n['pass']} passed, {n['fail']} failed, {n['skip']} skipped.</p>"
+    return tally + _table(["id", "source", "kind", "status", "statistic", "threshold", "seconds", "details"], rows)
+
+
+def _favor_caption(f: FavorError) -> str:
+    x2 = sum((a + b) ** 2 for a, b in zip(f.x, f.y))
+    fits = "; ".join(f"{c.kind} slope {c.slope:.3f} [{c.slope_low:.3f}, {c.slope_high:.3f}]" for c in f.curves)
+    return (f"RMSE of the FAVOR+ estimate phi(x)·phi(y) of SM(x, y) = exp(x·y) for one fixed pair in R^{len(f.x)} "
+            f"(|x+y|² = {x2:.3f}), over {f.draws} independent projections per m (seeded NumPy Generators, "
+            "reference.features), with 95% CLT intervals on the mean squared error. The black line is the "
+            "predicted RMSE sqrt(Var), Var = (1/m) exp(|x+y|²) SM(x,y)² (1 − exp(−|x+y|²)) (Performer; "
+            "wu22 Lemma 1), a slope of −1/2: iid points should scatter around it, orthogonal ones on or "
+            "below it (lower variance). The empirical RMSE of a heavy-tailed estimator tends to sit slightly "
+            f"below its true value for finite draws. Fitted log-log slopes: {esc(fits)}.")
+
+
+def _asv_section(data: ReportData, src: str | None) -> str:
+    h = data.asv
+    if h is None or not h.series:
+        where = esc(h.results_dir) if h is not None else ".asv/results"
+        msg = (f"<p>No asv results found under <code>{where}</code>. Create them with <code>make bench</code> "
+               "(asv run against the installed project, saved under the current commit), once per commit "
+               "you want on the chart, then rerun <code>make report</code>.</p>")
+        if h is not None and h.errors:
+            msg += "<pre>" + esc("\n".join(h.errors)) + "</pre>"
+        return msg
+    cap = (f"{h.files} asv result file(s), {len(h.commits)} commit(s), {len(h.series)} series from "
+           f"<code>{esc(h.results_dir)}</code>. One panel per time_ benchmark (seconds, log axis), x: commits "
+           "in commit-date order; one line per implementation at its largest N, where the asymptotic cost "
+           "shows (every N, and the peakmem_ and track_ series, are in results.json). asv runs every "
+           "parameter in its own process (spread up to 2x here): use it for history and the in-process "
+           "sweeps above for exponents.")
+    if len(h.commits) == 1:
+        cap += (" Only one commit has results so far; run <code>make bench</code> on later commits to "
+                "turn the points into a history.")
+    if h.errors:
+        cap += " Unreadable files: " + esc("; ".join(h.errors))
+    return _figure(src, cap, "asv history")
+
+
+def build_page(data: ReportData, figures: dict[str, str | None]) -> str:
+    """The whole index.html as a string."""
+    env = data.environment
+    mode = esc(env.get("mode", "?"))
+    threads = esc(env.get("sweep_threads", 1))
+    timing_cap = (
+        "Median seconds per call vs N, log-log, one panel per mechanism (blue: fast path, red: dense "
+        "O(N²) torch twin). Each (mechanism, implementation) is timed in one process, all N interleaved "
+        f"over {esc(env.get('sweep_rounds', '?'))} rounds, torch threads pinned to {threads}. Filled "
+        "points enter the least-squares fit of log t on log N (legend: slope with its 95% t-interval); "
+        "hollow points took under 1 ms, are dominated by fixed overheads and are left out (the largest 4 "
+        "are always kept). How to read it: the slope is the exponent; a slope of 1 means doubling N "
+        "doubles the time (O(N)), a slope of 2 means it quadruples (O(N²)). O(N log N) has local slope "
+        "1 + 1/ln N (1.14 at N = 2¹⁰, 1.09 at N = 2¹⁷), so it cannot be told from O(N) by slope alone: "
+        "the grey guides ∝ N (dashed), ∝ N log N (dash-dot) and ∝ N² (dotted) pass through the middle "
+        "fast point for comparison.")
+    methods = sorted({c.method for curves in data.memory.values() for c in curves.values() if c.method})
+    memory_cap = (
+        "Peak extra memory of one call vs N (MiB, log-log; blue fast path, red dense twin). Method: one "
+        "subprocess per (mechanism, implementation) runs the sizes in increasing order; for each N it builds "
+        "inputs and operators (untimed setup), takes the current RSS as the baseline (after imports and "
+        "problem setup), runs the call once and reads the peak RSS; the point is peak − baseline. Which peak: "
+        "getrusage(RUSAGE_SELF).ru_maxrss never decreases within a process, so setup temporaries (a dense "
+        "twin builds its mask in float64 first) and earlier sizes can hide a call's peak, and on Linux it "
+        "also carries the parent's peak across fork/exec (the report process's, after the sweeps). Where "
+        "Linux allows, the child therefore reads its own high-water mark (VmHWM) and resets it to the "
+        "current RSS just before each call (/proc/self/clear_refs), so every point is independent; "
+        "elsewhere it falls back to ru_maxrss, and a size whose peak stays below the running maximum is "
+        "drawn hollow (not resolved, an upper bound). Caveats: the allocator may keep freed memory (the "
+        "child makes glibc mmap buffers of 64 KiB and more, so they are returned on free); resolution is a "
+        "page; a warm-up call at a small N keeps one-time library initialisation out of the first point, "
+        "and the smallest N are at the noise floor (a few MiB of library arenas). A slope of 1 is memory "
+        "linear in N; the dense twin's slope 2 is its N×N matrices (grey guides: ∝ N through the fast "
+        "path's largest point, ∝ N² through the dense twin's). On CUDA, "
+        "torch.cuda.max_memory_allocated is used instead. "
+        f"Method used in this run: {esc(', '.join(methods) or 'none')}.")
+    cross_cap = (
+        "Left: the crossover N above which the fast path beats its dense twin (verify.timing.crossover: "
+        "log-log interpolation of the measured ratio where it crosses 1, the smallest common N if fast "
+        "already wins there, otherwise the fitted lines extrapolated; such bars are hatched). Right: the "
+        "measured speed-up t_dense / t_fast at every N both were timed at; above the black line the fast "
+        "path wins. For a linear fast path against a quadratic twin the ratio grows about ∝ N (slope 1).")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>maskbench report ({mode})</title><style>{CSS}</style></head><body>",
+        f"<h1>maskbench report</h1><p class='muted'>{mode} run, {esc(env.get('date', ''))}, "
+        f"{len(data.mechanisms)} registered mechanisms. Reference: dense NumPy ground truth; fast: PyTorch "
+        "masked linear attention at sub-quadratic cost. All numbers are in <code>results.json</code> "
+        "next to this page.</p>",
+        "<h2>Environment</h2>", _environment(data),
+        f"<p>Timings: torch threads pinned to {threads} for every sweep and fit (METHODS.md); the machine's "
+        f"default is {esc(env.get('threads', '?'))} threads on {esc(env.get('cpus', '?'))} CPUs. "
+        "Multi-thread numbers are not part of this report.</p>",
+        "<h2>Summary</h2>", _summary(data),
+        "<p class='muted'>Exponents: least-squares slope of log t on log N with its 95% t-interval. "
+        "Crossover: see figure 3. Peak memory: extra memory of one call at the largest measured N "
+        "(figure 2). Verify: the checks whose id ends in the mechanism id (equivalence/, complexity/, "
+        "scale/).</p>",
+        "<h2>1. Time vs N</h2>", _figure(figures.get("timing"), timing_cap, "time vs N"),
+        "<h2>2. Peak memory vs N</h2>", _figure(figures.get("memory"), memory_cap, "memory vs N"),
+        _memory_details(data),
+        "<h2>3. Crossover</h2>", _figure(figures.get("crossover"), cross_cap, "crossover"),
+        "<h2>4. Verification</h2>",
+    ]
+    if data.verify_note:
+        parts.append(f"<p class='muted'>{esc(data.verify_note)}</p>")
+    parts.append(verify_table(data.verify) if data.verify is not None else
+                 "<p>Verification was not run (<code>--skip-verify</code>). Run <code>python -m verify</code>.</p>")
+    parts += ["<h2>5. FAVOR+ estimation error vs m</h2>",
+              _figure(figures.get("favor"), _favor_caption(data.favor) if data.favor else "", "FAVOR+ error"),
+              "<h2>6. Benchmark history (asv)</h2>", _asv_section(data, figures.get("asv")),
+              "<p class='muted'>Regenerate with <code>make report</code> (<code>python -m reports [--quick] "
+              "[--out DIR]</code>).</p></body></html>"]
+    return "\n".join(parts)
