@@ -13,7 +13,7 @@ from typing import Iterable
 import numpy as np
 from tqdm.auto import tqdm
 
-from verify.timing import MIN_FIT_S, Fit, Sweep, crossover, fit_exponent, sweep
+from verify.timing import MIN_FIT_S, Fit, Sweep, crossover, fit_exponent, fit_points, sweep
 
 #: Threads the sweeps pin torch to (stated in the report).
 SWEEP_THREADS = 1
@@ -83,14 +83,9 @@ def fit_sweep(s: Sweep) -> Fit | None:
 
 
 def fitted_mask(sizes, seconds) -> np.ndarray:
-    """Which points ``fit_sweep`` uses: t >= MIN_FIT_S, else the largest 4 (verify.timing's rule,
-    restated here so the figure can draw the left-out points hollow)."""
-    sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
-    keep = seconds >= MIN_FIT_S
-    if keep.sum() < 4:
-        keep = np.zeros(len(sizes), bool)
-        keep[np.argsort(sizes)[-4:]] = True
-    return keep
+    """Which points ``fit_sweep`` uses (verify.timing.fit_points with MIN_FIT_S), so the figure
+    can draw the left-out points hollow."""
+    return fit_points(sizes, seconds, MIN_FIT_S)
 
 
 def analyse(fast: Sweep, dense: Sweep | None) -> MechanismTiming:

@@ -132,18 +132,25 @@ class Fit:
 MIN_FIT_S = 1e-3
 
 
+def fit_points(sizes, seconds, min_seconds: float = 0.0) -> np.ndarray:
+    """Boolean mask of the points a fit uses: t >= min_seconds (overheads dominate faster
+    points), but at least the largest 4 (or all, if fewer)."""
+    sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
+    keep = seconds >= min_seconds
+    if keep.sum() < 4:
+        keep = np.zeros(len(sizes), bool)
+        keep[np.argsort(sizes)[-4:]] = True
+    return keep
+
+
 def fit_exponent(sizes, seconds, confidence: float = 0.95, min_seconds: float = 0.0) -> Fit:
     """Slope of log t vs log N with its two-sided ``confidence`` interval (METHODS.md).
 
-    min_seconds: drop points faster than this (overhead-dominated), but keep at least the
-    largest 4 (or all, if fewer).
+    min_seconds: fit only the points ``fit_points`` keeps.
     """
     sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
-    if min_seconds > 0:
-        keep = seconds >= min_seconds
-        if keep.sum() < 4:
-            keep = np.argsort(sizes)[-4:]
-        sizes, seconds = sizes[keep], seconds[keep]
+    keep = fit_points(sizes, seconds, min_seconds)
+    sizes, seconds = sizes[keep], seconds[keep]
     x, y = np.log(sizes), np.log(seconds)
     if len(x) < 3:
         raise ValueError(f"need >= 3 sizes to fit an exponent, got {len(x)}")
