@@ -5,7 +5,6 @@ batch and heads and must agree between the arguments.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F

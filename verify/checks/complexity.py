@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from verify.registry import Mechanism, mechanisms
 from verify.result import Check, CheckResult, Context
