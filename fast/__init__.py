@@ -21,11 +21,14 @@ from fast.features import (
     gaussian_projection,
 )
 from fast.masks.base import MaskOperator
+from fast.masks.hypercube import HypercubeDiffusionMask
+from fast.masks.lowrank import LowRankMask
 from fast.masks.sequence import CausalMask, PackingMask, PaddingMask
+from fast.masks.toeplitz import BlockToeplitzMask, ToeplitzMask
 
 __all__ = [
     "DenominatorError", "favor_attention", "linear_attention", "masked_linear_attention",
     "softmax_attention", "EluPlusOne", "FavorPlus", "FeatureMap", "Hyperbolic", "Identity",
     "ReLU", "TrigRFF", "gaussian_projection", "MaskOperator", "CausalMask", "PackingMask",
-    "PaddingMask",
+    "PaddingMask", "ToeplitzMask", "BlockToeplitzMask", "LowRankMask", "HypercubeDiffusionMask",
 ]

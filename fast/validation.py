@@ -25,6 +25,14 @@ def check_tensor(name: str, x: object, min_dim: int = 2, check_finite: bool = Tr
     return x
 
 
+def check_tokens(name: str, x: object, n: int) -> torch.Tensor:
+    """A floating tensor (..., N, c) with N == n on axis -2 (the input of a mask's matmul)."""
+    check_tensor(name, x, check_finite=False)
+    if x.shape[-2] != n:
+        raise ValueError(f"{name} must have N={n} tokens on axis -2, got shape {tuple(x.shape)}")
+    return x
+
+
 def check_same_device(**tensors: torch.Tensor) -> None:
     """All tensors on one device, else ValueError listing them."""
     devices = {name: t.device for name, t in tensors.items()}

@@ -28,6 +28,9 @@ class Mechanism:
     dense_setup: the same for the O(N^2) torch twin (None where the mechanism is dense itself).
     dense_mask(problem) -> (N, N) ndarray for the mask gallery, or None.
     fast_sizes / dense_sizes: N grids for sweeps (powers of two, METHODS.md).
+    size_rule(n) -> the largest admissible N <= n, for mechanisms defined only at some N (the
+        hypercube needs 2^k); None: every N >= 1. Use ``admissible(n)`` before make_problem
+        wherever N is not from the mechanism's own grids.
     """
 
     id: str
@@ -46,10 +49,15 @@ class Mechanism:
     quick_dense_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 14))
     notes: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    size_rule: Callable[[int], int] | None = None
 
     def __post_init__(self):
         if self.complexity not in COMPLEXITY_CLASSES:
             raise ValueError(f"complexity must be one of {COMPLEXITY_CLASSES}, got {self.complexity!r}")
+
+    def admissible(self, n: int) -> int:
+        """The N to use for a requested n: n itself unless ``size_rule`` says otherwise."""
+        return n if self.size_rule is None else self.size_rule(n)
 
     def fast(self, problem, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Run the fast path once on ``problem``."""
@@ -76,6 +84,7 @@ def register(mech: Mechanism) -> Mechanism:
 def _load_families() -> None:
     # Importing a family module registers its mechanisms. One line per family.
     import verify.mechanisms.sequence  # noqa: F401
+    import verify.mechanisms.positional  # noqa: F401
 
 
 def mechanisms() -> list[Mechanism]:

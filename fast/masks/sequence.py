@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fast.validation import broadcast_shape, check_positive_int, check_tensor
+from fast.validation import broadcast_shape, check_positive_int, check_tokens
 
 
 class CausalMask:
@@ -34,7 +34,7 @@ class CausalMask:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x = cumulative sum over tokens, x: (..., N, c)."""
-        _check_n("x", x, self.n)
+        check_tokens("x", x, self.n)
         return torch.cumsum(x, dim=-2)
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,12 +69,6 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([zero, inc.narrow(dim, 0, inc.shape[dim] - 1)], dim=dim)
 
 
-def _check_n(name: str, x: torch.Tensor, n: int) -> None:
-    check_tensor(name, x, check_finite=False)
-    if x.shape[-2] != n:
-        raise ValueError(f"{name} must have N={n} tokens on axis -2, got shape {tuple(x.shape)}")
-
-
 class PackingMask:
     """M_ij = 1 if segment_ids[i] == segment_ids[j]: packed sequences never attend to each other.
 
@@ -96,7 +90,7 @@ class PackingMask:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """Segment sums broadcast back to tokens, x: (..., N, c) -> (..., N, c)."""
-        _check_n("x", x, self.n)
+        check_tokens("x", x, self.n)
         lead = broadcast_shape(tuple(x.shape[:-2]), tuple(self.segment_index.shape[:-1]), "x and segment_ids leading dims")
         x = x.expand(*lead, *x.shape[-2:])
         idx = self.segment_index.to(x.device).expand(*lead, self.n).unsqueeze(-1).expand(x.shape)
@@ -148,7 +142,7 @@ class PaddingMask:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """Every row gets the sum of x over real keys, x: (..., N, c) -> (..., N, c). Rank one."""
-        _check_n("x", x, self.n)
+        check_tokens("x", x, self.n)
         total = (x * self._weights(x)).sum(-2, keepdim=True)
         return total.expand(broadcast_shape(tuple(total.shape[:-2]), tuple(x.shape[:-2])) + tuple(x.shape[-2:]))
 

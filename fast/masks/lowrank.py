@@ -1,0 +1,53 @@
+"""Low-rank masks: M = M1 M2 from factors, and the stochastic RPE (choromanski22 Sec. 3.4).
+
+M @ x = M1 (M2 x): O(N r c) for rank r, never N x N. The stochastic relative-position encoding
+is the softmax-kernel mask M_ij = exp(p_i . p_j) over positional encodings p_i, replaced by its
+FAVOR+ random-feature factorisation M_hat = phi(P) phi(P)^T (r features): positive, and unbiased,
+E M_hat = M (Performer Lemma 1). Sinusoidal p_i make p_i . p_j a function of i - j, so the
+expected mask is a relative-position (Toeplitz) mask.
+
+Factors with negative entries give a mask that need not be positive: attention denominators can
+then vanish or turn negative (masked_linear_attention reports a vanishing one).
+"""
+from __future__ import annotations
+
+import torch
+
+from fast.features import FavorPlus
+from fast.validation import check_tensor, check_tokens, compute_dtype
+
+
+class LowRankMask:
+    """M = left @ right with left (..., N, r) and right (..., r, N); leading dims broadcast with x's."""
+
+    def __init__(self, left: torch.Tensor, right: torch.Tensor):
+        check_tensor("left", left)
+        check_tensor("right", right)
+        if left.shape[-1] != right.shape[-2] or left.shape[-2] != right.shape[-1]:
+            raise ValueError(f"left (..., N, r) and right (..., r, N) do not match: {tuple(left.shape)} and {tuple(right.shape)}")
+        if left.device != right.device:
+            raise ValueError(f"left and right must be on one device, got {left.device} and {right.device}")
+        self.left, self.right = left, right
+        self.n, self.rank = left.shape[-2], left.shape[-1]
+        self.nonnegative = bool((left >= 0).all()) and bool((right >= 0).all())
+
+    @classmethod
+    def stochastic_rpe(cls, encodings: torch.Tensor, projection: torch.Tensor) -> "LowRankMask":
+        """M_hat = phi(P) phi(P)^T, FAVOR+ features with W = projection (r, d_p) of encodings P (..., N, d_p).
+
+        Unstabilised features: E M_hat_ij = exp(p_i . p_j) exactly (a stabiliser would rescale M).
+        """
+        check_tensor("encodings", encodings)
+        check_tensor("projection", projection)
+        if projection.shape[-1] != encodings.shape[-1]:
+            raise ValueError(f"projection must have shape (r, {encodings.shape[-1]}) for encodings "
+                             f"{tuple(encodings.shape)}, got {tuple(projection.shape)}")
+        phi = FavorPlus(projection.to(encodings.dtype), stabilize=False)(encodings)
+        return cls(phi, phi.transpose(-1, -2))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x = left (right x) for x (..., N, c) -> (..., N, c), O(N r c)."""
+        check_tokens("x", x, self.n)
+        work = compute_dtype(x.dtype)
+        left, right = (f.to(device=x.device, dtype=work) for f in (self.left, self.right))
+        return (left @ (right @ x.to(work))).to(x.dtype)

@@ -1,0 +1,57 @@
+"""Graph diffusion kernel of the hypercube {0,1}^k, dense (choromanski22 Sec. 4.1).
+
+Node i is the k-bit binary word of i; two nodes are adjacent when their words differ in one bit,
+and dist(i, j) = popcount(i xor j). With the graph Laplacian L = D - A = sum over bits of
+I x .. x L_2 x .. x I, L_2 = [[1, -1], [-1, 1]],
+
+    exp(-lambda L) = kron_{bits} exp(-lambda L_2) = (e^-lambda cosh lambda)^k kron_{bits} [[1, t], [t, 1]],
+
+t = tanh(lambda), so exp(-lambda L)_ij = (e^-lambda cosh lambda)^k t^dist(i, j). The mask used for
+attention drops the constant (it cancels in the normalised output): M_ij = tanh(lambda)^dist(i, j).
+
+The printed claim extends this to "d-dimensional grids"; that is false for sides > 2 (NOTES.md
+Sec. 1 erratum): see ``diffusion_kernel`` on a path of 3+ nodes, whose diagonal is not constant.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from reference.budget import check_dense_budget
+
+
+def hypercube_dimension(n: int) -> int:
+    """k with n = 2^k, else ValueError."""
+    if isinstance(n, bool) or int(n) != n or n <= 0 or int(n) & (int(n) - 1):
+        raise ValueError(f"a hypercube has N = 2^k nodes; n must be a power of two, got {n!r}")
+    return int(n).bit_length() - 1
+
+
+def hypercube_distance(n: int) -> np.ndarray:
+    """Hamming distances popcount(i xor j) between the n = 2^k nodes: (n, n) ints."""
+    k = hypercube_dimension(n)
+    check_dense_budget(n, "hypercube distance")
+    x = np.arange(n)[:, None] ^ np.arange(n)[None, :]
+    return sum((x >> b) & 1 for b in range(k)) if k else np.zeros((1, 1), dtype=np.int64)
+
+
+def hypercube_adjacency(n: int) -> np.ndarray:
+    """Adjacency of the hypercube on n = 2^k nodes: (n, n), 1 where the words differ in one bit."""
+    return (hypercube_distance(n) == 1).astype(np.float64)
+
+
+def hypercube_mask(n: int, lam: float) -> np.ndarray:
+    """M_ij = tanh(lam)^dist(i, j), (n, n); lam > 0 (lam -> inf: all ones)."""
+    if not np.isfinite(lam) or lam <= 0:
+        raise ValueError(f"lam must be a positive finite diffusion time, got {lam!r}")
+    return np.tanh(lam) ** hypercube_distance(n)
+
+
+def diffusion_kernel(adjacency: np.ndarray, lam: float) -> np.ndarray:
+    """exp(-lam L), L = D - A, for a dense symmetric adjacency (n, n); via scipy.linalg.expm."""
+    a = np.asarray(adjacency, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] != a.shape[1] or not np.allclose(a, a.T):
+        raise ValueError(f"adjacency must be a symmetric (n, n) matrix, got shape {a.shape}")
+    check_dense_budget(a.shape[0], "diffusion kernel")
+    lap = np.diag(a.sum(1)) - a
+    return scipy.linalg.expm(-lam * lap)

@@ -1,0 +1,97 @@
+"""Relative-position masks, dense: 1-D Toeplitz and d-D block-Toeplitz (choromanski22 Sec. 3.2).
+
+Offsets run query minus key: M_ij = xi(i - j). A coefficient vector for N tokens has 2N - 1
+entries, ``coeffs[k] = xi(k - (N - 1))``, i.e. offsets -(N-1), ..., 0, ..., N-1 in that order;
+negative offsets are keys AFTER the query (xi = 0 there gives a causal mask).
+
+On an n_1 x ... x n_d grid (row-major node order) the offset is a vector delta = x - y and the
+table has shape (2 n_1 - 1, ..., 2 n_d - 1) with ``table[delta + (n - 1)] = f(delta)``.
+With that order M is d-level block-Toeplitz (Lemma 3.3).
+
+Attention needs M >= 0 (a weighted average). Masks given in log space (M = exp(b), as in
+Luo et al. 2021 and the ViT experiments) are positive by construction.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from reference.budget import check_dense_budget
+
+
+def _finite(name: str, a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} contains non-finite values (NaN or inf)")
+    return a
+
+
+def check_grid_shape(shape) -> tuple[int, ...]:
+    """A grid shape: a non-empty tuple of positive ints."""
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"shape must be a tuple of positive ints (n_1, ..., n_d), got {shape!r}") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise ValueError(f"shape must be a non-empty tuple of positive ints (an empty grid has no nodes), got {shape}")
+    return shape
+
+
+def toeplitz_mask(coeffs: np.ndarray) -> np.ndarray:
+    """M_ij = xi(i - j) from coeffs (2N - 1,) over offsets -(N-1)..N-1 -> (N, N)."""
+    c = _finite("coeffs", coeffs)
+    if c.ndim != 1 or c.size % 2 != 1:
+        raise ValueError(f"coeffs must have shape (2N - 1,) for offsets -(N-1)..N-1, got {c.shape}")
+    n = (c.size + 1) // 2
+    check_dense_budget(n, "Toeplitz mask")
+    i = np.arange(n)
+    return c[i[:, None] - i[None, :] + n - 1]
+
+
+def symmetric_coefficients(f: Callable[[np.ndarray], np.ndarray], n: int) -> np.ndarray:
+    """coeffs (2n - 1,) of M_ij = f(|i - j|); f maps an int array of distances to floats."""
+    d = np.abs(np.arange(-(n - 1), n))
+    return _finite("f(|i - j|)", np.broadcast_to(f(d), d.shape))
+
+
+def grid_offsets(shape: tuple[int, ...]) -> np.ndarray:
+    """Offset vectors of a table for ``shape``: (2 n_1 - 1, ..., 2 n_d - 1, d) ints."""
+    shape = check_grid_shape(shape)
+    axes = [np.arange(-(n - 1), n) for n in shape]
+    return np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)
+
+
+def l1_table(f: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """Table of M_xy = f(|x - y|_1) (the L1 grid distance) for ``shape``."""
+    dist = np.abs(grid_offsets(shape)).sum(-1)
+    return _finite("f(L1 distance)", np.broadcast_to(f(dist), dist.shape))
+
+
+def grid_coordinates(shape: tuple[int, ...]) -> np.ndarray:
+    """Row-major coordinates of the grid's nodes: (prod(shape), d) ints."""
+    shape = check_grid_shape(shape)
+    return np.stack(np.unravel_index(np.arange(int(np.prod(shape))), shape), axis=-1)
+
+
+def block_toeplitz_mask(shape: tuple[int, ...], table: np.ndarray, cls_token: bool = False) -> np.ndarray:
+    """M_xy = table[x - y + (n - 1)] on the grid ``shape`` in row-major order -> (N, N), N = prod(shape).
+
+    table: (2 n_1 - 1, ..., 2 n_d - 1). cls_token=True prepends one token (index 0, the vision
+    CLS token) that attends to and is attended by every token with weight 1: (N + 1, N + 1).
+    """
+    shape = check_grid_shape(shape)
+    t = _finite("table", table)
+    want = tuple(2 * n - 1 for n in shape)
+    if t.shape != want:
+        raise ValueError(f"table must have shape {want} (2 n_k - 1 offsets per axis) for grid {shape}, got {t.shape}")
+    n = int(np.prod(shape))
+    check_dense_budget(n + int(cls_token), "block-Toeplitz mask")
+    x = grid_coordinates(shape)
+    delta = x[:, None, :] - x[None, :, :] + np.asarray(shape) - 1  # (N, N, d)
+    m = t[tuple(np.moveaxis(delta, -1, 0))]
+    if cls_token:
+        full = np.ones((n + 1, n + 1))
+        full[1:, 1:] = m
+        m = full
+    return m
