@@ -3,7 +3,7 @@
     python -m verify.scale_worker MECHANISM N [--device cpu] [--seed 0]
 
 Runs in its own process so that its peak RSS (ru_maxrss) belongs to this problem alone.
-Prints one JSON object: setup_s, first_s, second_s, baseline_rss (before setup), after_setup_rss,
+Prints one JSON object: setup_s, first_s, second_s (the last call), calls_s (all), baseline_rss (before setup), after_setup_rss,
 peak_rss (bytes; the peak mark is reset after setup where Linux allows, so it is the run's peak),
 finite, shape.
 """
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("n", type=int)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--calls", type=int, default=2, help="timed calls (>= 1); the report keeps each")
     args = ap.parse_args(argv)
 
     import torch
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     reset = _reset_peak()
     timings = []
     with torch.inference_mode():
-        for _ in range(2):
+        for _ in range(max(1, args.calls)):
             t0 = time.perf_counter()
             out = runner()
             if args.device.startswith("cuda"):
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             del out
     peak = _peak_rss()
     report = {"mechanism": mech.id, "n": args.n, "setup_s": setup_s, "first_s": timings[0],
-              "second_s": timings[1], "baseline_rss": baseline, "after_setup_rss": after_setup,
+              "second_s": timings[-1], "calls_s": timings, "baseline_rss": baseline, "after_setup_rss": after_setup,
               "peak_rss": peak, "peak_reset_after_setup": reset, "finite": finite,
               "shape": shape, "threads": torch.get_num_threads(), "device": args.device}
     if args.device.startswith("cuda"):

@@ -5,9 +5,12 @@ up to the constant (e^-lambda cosh lambda)^k that cancels in attention,
 
     M = kron_{b = k-1..0} [[1, t], [t, 1]],   t = tanh(lambda),   M_ij = t^popcount(i xor j).
 
-M @ x applies one 2 x 2 factor per bit: viewing the token axis as (N / 2^(b+1), 2, 2^b), the
-factor mixes the two halves of axis "2": y = x + t * (x with the halves swapped). k = log2 N
-passes over N c numbers: O(N c log N), no N x N matrix and no FFT. M is positive (t in (0, 1)).
+M @ x applies the factors a group of g bits at a time: kron of g 2 x 2 factors is the 2^g x 2^g
+matrix K_g[a, b] = t^popcount(a xor b), and viewing the token axis as (N / 2^(b+g), 2^g, 2^b) it
+acts on the middle axis (a batched GEMM). ceil(k / g) passes over N c numbers with 2^g flops per
+number each: O(N c 2^g log(N) / g) = O(N c log N) for fixed g; g = 5 (32 x 32) is ~10x faster
+than one memory-bound pass per bit on CPU (measured at N = 2^17, c = 272). No N x N matrix and
+no FFT; M is positive (t in (0, 1)).
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ import math
 import torch
 
 from fast.validation import check_tokens, compute_dtype
+
+#: Bits per Kronecker pass: the 2^g x 2^g factor applied as one batched GEMM.
+GROUP_BITS = 5
 
 
 def hypercube_dimension(n: int) -> int:
@@ -38,7 +44,7 @@ class HypercubeDiffusionMask:
         if isinstance(lam, torch.Tensor):
             if lam.numel() != 1 or not lam.is_floating_point():
                 raise ValueError(f"lam must be a positive scalar, got a tensor of shape {tuple(lam.shape)}")
-            bad = not bool(torch.isfinite(lam)) or float(lam) <= 0
+            bad = not bool(torch.isfinite(lam.detach())) or float(lam.detach()) <= 0
         else:
             bad = isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam <= 0
         if bad:
@@ -49,15 +55,27 @@ class HypercubeDiffusionMask:
         """The Kronecker factor's off-diagonal tanh(lam), as a 0-d tensor."""
         return torch.tanh(torch.as_tensor(self.lam, dtype=dtype, device=device))
 
+    def group_factor(self, bits: int, device=None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """K_bits = kron of ``bits`` factors [[1, t], [t, 1]]: (2^bits, 2^bits), K[a, b] = t^popcount(a xor b)."""
+        a = torch.arange(1 << bits, device=device)
+        x = a[:, None] ^ a[None, :]
+        dist = sum((x >> b) & 1 for b in range(bits)) if bits else torch.zeros_like(x)
+        return self.t(device, dtype) ** dist.to(dtype)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M @ x for x (..., n, c) -> (..., n, c): one 2 x 2 Kronecker factor per bit, O(n c log n)."""
+        """M @ x for x (..., n, c) -> (..., n, c): GROUP_BITS bits per batched GEMM, O(n c log n)."""
         check_tokens("x", x, self.n)
         out_dtype = x.dtype
         y = x.to(compute_dtype(x.dtype))
-        t = self.t(y.device, y.dtype)
         lead, c = y.shape[:-2], y.shape[-1]
-        for b in range(self.k):
-            # token index = high * 2^(b+1) + bit * 2^b + low: axis -3 of this view is bit b
-            z = y.reshape(*lead, self.n >> (b + 1), 2, (1 << b) * c)
-            y = (z + t * z.flip(-2)).reshape(*lead, self.n, c)
+        factors: dict[int, torch.Tensor] = {}
+        b = 0
+        while b < self.k:
+            g = min(GROUP_BITS, self.k - b)
+            if g not in factors:
+                factors[g] = self.group_factor(g, y.device, y.dtype)
+            # token index = high * 2^(b+g) + mid * 2^b + low: axis -2 of this view is "mid"
+            z = y.reshape(*lead, self.n >> (b + g), 1 << g, (1 << b) * c)
+            y = (factors[g] @ z).reshape(*lead, self.n, c)
+            b += g
         return y.to(out_dtype)

@@ -170,11 +170,14 @@ class BlockToeplitzMask:
         per_col = spec.numel() * spec.element_size() * 2  # spectrum of x and the product
         step = max(1, self.max_chunk_bytes // per_col)
         crop = (slice(None),) + tuple(slice(0, n) for n in self.grid_shape)
-        parts = []
-        for a in range(0, cols.shape[0], step):
-            f = torch.fft.rfftn(cols[a:a + step], s=self.n_fft, dim=dims)
-            parts.append(torch.fft.irfftn(f * spec, s=self.n_fft, dim=dims)[crop])
-        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if step >= cols.shape[0]:
+            out = torch.fft.irfftn(torch.fft.rfftn(cols, s=self.n_fft, dim=dims) * spec, s=self.n_fft, dim=dims)[crop]
+        else:
+            # chunks write into one buffer: a cropped view would keep the padded irfft output alive
+            out = torch.empty_like(cols)
+            for a in range(0, cols.shape[0], step):
+                f = torch.fft.rfftn(cols[a:a + step], s=self.n_fft, dim=dims)
+                out[a:a + step] = torch.fft.irfftn(f * spec, s=self.n_fft, dim=dims)[crop]
         return out.reshape(*lead, c, self.num_grid).transpose(-1, -2)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -201,17 +204,25 @@ class BlockToeplitzMask:
         return _ROUNDOFF_C * u * size * tnorm * torch.linalg.vector_norm(x, dim=-2)
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with [vec(phi_k v^T), phi_k] in one transform.
+        """(num (..., N, d), den (..., N)) of Algorithm 1: D1 = M [vec(phi_k v^T)], D2 = M phi_k.
 
+        The m d + m columns go through batched transforms in feature blocks of about
+        ``max_chunk_bytes`` of token-domain data each (the whole of D1 at once would be
+        O(N m d) memory: 1.1 GiB at N = 2^20, m = d = 16 in float32, times the copies).
         Raises DenominatorError where |den_i| is within the FFT round-off bound of zero (a
         vanishing or sign-flipped denominator: M or phi not positive, or round-off at the scale
         of the largest terms), rather than dividing by noise.
         """
         m, d = phi_k.shape[-1], v.shape[-1]
-        cols = torch.cat([(phi_k[..., :, None] * v[..., None, :]).flatten(-2), phi_k], dim=-1)
-        mixed = self.matmul(cols)
-        num = torch.einsum("...nk,...nkd->...nd", phi_q, mixed[..., : m * d].unflatten(-1, (m, d)))
-        den = (phi_q * mixed[..., m * d:]).sum(-1)
+        den = (phi_q * self.matmul(phi_k)).sum(-1)
+        per_feature = math.prod(v.shape) * v.element_size()  # one feature's d columns over all tokens
+        step = max(1, min(m, self.max_chunk_bytes // max(1, per_feature)))
+        num = None
+        for a in range(0, m, step):
+            b = min(m, a + step)
+            cols = (phi_k[..., a:b, None] * v[..., None, :]).flatten(-2)  # (..., N, (b - a) d)
+            part = torch.einsum("...nk,...nkd->...nd", phi_q[..., a:b], self.matmul(cols).unflatten(-1, (b - a, d)))
+            num = part if num is None else num + part
         floor = (phi_q.abs() * self.roundoff_bound(phi_k).unsqueeze(-2)).sum(-1)
         bad = den.abs() <= floor
         if bool(bad.any()):
