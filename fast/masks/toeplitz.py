@@ -101,13 +101,16 @@ class BlockToeplitzMask:
     """
 
     def __init__(self, shape: Sequence[int], table: torch.Tensor, *, cls_token: bool = False,
-                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
+                 n: int | None = None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
         self.grid_shape = _check_shape(shape)
-        want = tuple(2 * n - 1 for n in self.grid_shape)
+        want = tuple(2 * s - 1 for s in self.grid_shape)
         self.table = _check_table("table", table, want, self.grid_shape)
         self.cls_token = bool(cls_token)
         self.num_grid = math.prod(self.grid_shape)
         self.n = self.num_grid + int(self.cls_token)
+        if n is not None and n != self.n:
+            raise ValueError(f"grid shape {self.grid_shape} has {self.num_grid} nodes"
+                             f"{' + 1 CLS token' if self.cls_token else ''} = {self.n} tokens, but n={n!r}")
         self.n_fft = tuple(fast_fft_size(w) for w in want)
         if not isinstance(max_chunk_bytes, int) or max_chunk_bytes <= 0:
             raise ValueError(f"max_chunk_bytes must be a positive int, got {max_chunk_bytes!r}")

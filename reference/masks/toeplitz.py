@@ -74,17 +74,22 @@ def grid_coordinates(shape: tuple[int, ...]) -> np.ndarray:
     return np.stack(np.unravel_index(np.arange(int(np.prod(shape))), shape), axis=-1)
 
 
-def block_toeplitz_mask(shape: tuple[int, ...], table: np.ndarray, cls_token: bool = False) -> np.ndarray:
+def block_toeplitz_mask(shape: tuple[int, ...], table: np.ndarray, cls_token: bool = False,
+                        n: int | None = None) -> np.ndarray:
     """M_xy = table[x - y + (n - 1)] on the grid ``shape`` in row-major order -> (N, N), N = prod(shape).
 
     table: (2 n_1 - 1, ..., 2 n_d - 1). cls_token=True prepends one token (index 0, the vision
     CLS token) that attends to and is attended by every token with weight 1: (N + 1, N + 1).
+    n (optional): the expected matrix size; a shape whose product does not give it is refused.
     """
     shape = check_grid_shape(shape)
     t = _finite("table", table)
     want = tuple(2 * n - 1 for n in shape)
     if t.shape != want:
         raise ValueError(f"table must have shape {want} (2 n_k - 1 offsets per axis) for grid {shape}, got {t.shape}")
+    if n is not None and n != int(np.prod(shape)) + int(cls_token):
+        raise ValueError(f"grid shape {shape} gives {int(np.prod(shape)) + int(cls_token)} tokens"
+                         f"{' (with CLS)' if cls_token else ''}, but n={n!r}")
     n = int(np.prod(shape))
     check_dense_budget(n + int(cls_token), "block-Toeplitz mask")
     x = grid_coordinates(shape)

@@ -75,12 +75,12 @@ def block_toeplitz_problem(n: int, seed: int) -> Problem:
 
 
 def _block_dense(p: Problem) -> np.ndarray:
-    return ref_toeplitz.block_toeplitz_mask(tuple(p.extras["grid_shape"]), np.exp(p.extras["log_table"]))
+    return ref_toeplitz.block_toeplitz_mask(tuple(p.extras["grid_shape"]), np.exp(p.extras["log_table"]), n=p.n)
 
 
 def _block_fast(p: Problem, device) -> fast.BlockToeplitzMask:
     return fast.BlockToeplitzMask.from_log_table(tuple(int(s) for s in p.extras["grid_shape"]),
-                                                 torch.as_tensor(p.extras["log_table"], device=device))
+                                                 torch.as_tensor(p.extras["log_table"], device=device), n=p.n)
 
 
 # ------------------------------------------------------------------------------------ low-rank
