@@ -6,6 +6,7 @@ the PNG figures beside it and DIR/results.json with every number. Modules:
     sweeps       in-process timing sweeps over the registry, exponent fits, crossovers
     memory       peak memory per (mechanism, impl), one subprocess each (also the child)
     favor        FAVOR+ kernel estimation error vs the number of features m
+    gallery      dense masks M of small instances (heatmaps; summaries in results.json)
     asv_history  asv result files -> per-benchmark series across commits
     data         ReportData: everything the page shows; results.json schema
     figures      matplotlib (Agg) figures

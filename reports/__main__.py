@@ -1,10 +1,10 @@
 """python -m reports: sweeps + peak memory + verification + figures -> DIR/index.html.
 
 Stages (each reports progress on stderr): timing sweeps of every registered mechanism (threads
-pinned to 1), peak memory in subprocesses, the FAVOR+ error experiment, ``verify`` (quick by
-default), asv history, then figures, index.html and results.json. Exit status 0 when the page was
-written, even if checks failed (the page shows them; ``python -m verify`` is the gate); 2 on bad
-arguments.
+pinned to 1), peak memory in subprocesses, the FAVOR+ error experiment, the mask gallery,
+``verify`` (quick by default), asv history, then figures, index.html and results.json. Exit status
+0 when the page was written, even if checks failed (the page shows them; ``python -m verify`` is
+the gate); 2 on bad arguments.
 """
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ def collect(args: argparse.Namespace):
     from reports.asv_history import load_history
     from reports.data import MechanismInfo, ReportData, environment
     from reports.favor import favor_error
+    from reports.gallery import mask_gallery
     from reports.memory import run_memory
     from reports.sweeps import run_sweeps
     from verify.registry import mechanisms
@@ -102,6 +103,10 @@ def collect(args: argparse.Namespace):
             data.memory = run_memory(mechs, args.quick, args.device, progress=progress)
     with _stage("FAVOR+ error vs m", secs):
         data.favor = favor_error(draws=1000 if args.quick else 4000, progress=progress)
+    with _stage("mask gallery", secs):
+        data.gallery = mask_gallery(mechs)
+        for p in data.gallery.errors:
+            _status(f"  mask gallery: {p.id} failed: {p.error}")
     if args.verify_json:
         data.verify = _load_verify_json(args.verify_json)
         data.verify_note = f"Results loaded from {args.verify_json}."
@@ -135,6 +140,18 @@ def _print_summary(data) -> None:
                 + (f"; FAILED: {', '.join(fails)}" if fails else ""))
 
 
+def _gallery_for_rerender(data) -> None:
+    """--from-json: results.json keeps only mask summaries, so re-draw the matrices from the registry
+    (cheap, deterministic); a JSON written before the gallery existed gets one built now, so noted."""
+    from reports.gallery import mask_gallery, restore_matrices
+
+    if data.gallery is None:
+        data.gallery = mask_gallery()
+        data.gallery.note = "results.json had no mask gallery; built from this checkout when re-rendering."
+    else:
+        restore_matrices(data.gallery)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
@@ -145,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # Numbers, environment and stage times all describe the run that wrote the JSON.
         data = ReportData.from_dict(json.loads(Path(args.from_json).read_text()))
+        _gallery_for_rerender(data)
     else:
         data = collect(args)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from reports.asv_history import AsvHistory
 from reports.favor import FavorError
+from reports.gallery import MaskGallery
 from reports.memory import MemoryCurve
 from reports.sweeps import SWEEP_THREADS, MechanismTiming
 from verify.result import CheckResult
@@ -52,6 +53,7 @@ class ReportData:
     verify_note: str = ""  # why verify is missing, or where its results came from
     asv: AsvHistory | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    gallery: MaskGallery | None = None  # dense masks of small instances (summaries only in JSON)
 
     def checks_for(self, mech_id: str) -> list[CheckResult]:
         """Checks about one mechanism: ids "<family>/<mech_id>" (equivalence/, complexity/, ...)."""
@@ -68,6 +70,7 @@ class ReportData:
             "verify_note": self.verify_note,
             "asv": None if self.asv is None else self.asv.to_dict(),
             "stage_seconds": self.stage_seconds,
+            "mask_gallery": None if self.gallery is None else self.gallery.to_dict(),
         }
 
     @classmethod
@@ -99,8 +102,10 @@ class ReportData:
         a = d.get("asv")
         asv = None if a is None else AsvHistory(
             **{**a, "series": [AsvSeries(**{**x, "params": tuple(x["params"])}) for x in a["series"]]})
+        g = d.get("mask_gallery")
+        gallery = None if g is None else MaskGallery.from_dict(g)
         return cls(d["environment"], [MechanismInfo(**m) for m in d["mechanisms"]], timings, memory, favor, verify,
-                   d.get("verify_note", ""), asv, d.get("stage_seconds", {}))
+                   d.get("verify_note", ""), asv, d.get("stage_seconds", {}), gallery)
 
     def write_json(self, path: str | Path, **extra) -> None:
         """results.json: every number on the page, so it can be quoted (plus ``extra`` keys)."""

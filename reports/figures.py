@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 from reports.asv_history import AsvHistory, unquote, unit_of  # noqa: E402
 from reports.data import MechanismInfo, ReportData  # noqa: E402
 from reports.favor import FavorError  # noqa: E402
+from reports.gallery import MaskGallery  # noqa: E402
 from reports.memory import MemoryCurve, mib_text  # noqa: E402
 from reports.sweeps import ImplTiming, MechanismTiming, fitted_mask  # noqa: E402
 
@@ -26,6 +27,8 @@ DPI = 110
 #: Panel caps keep the asv figure legible when the registry grows; the caption says so.
 MAX_ASV_PANELS = 36
 MAX_ASV_LINES = 10
+#: Perceptually uniform, readable in grey scale and by colour-blind readers.
+MASK_CMAP = "viridis"
 
 
 def _grid(n_panels: int, ncols: int = 3, w: float = 4.2, h: float = 3.2):
@@ -278,6 +281,46 @@ def plot_asv(history: AsvHistory | None, out_dir: Path, name: str = "asv_history
     return _save(fig, out_dir, name)
 
 
+def plot_gallery(gallery: MaskGallery | None, out_dir: Path, name: str = "mask_gallery.png") -> str | None:
+    """Mask gallery: one heatmap per mechanism of its dense mask M, shape (n, n): row = query i,
+    column = key j, linear colour scale from 0 to that panel's max (own colorbar). A panel whose
+    mask failed shows the error text instead; one with no matrix (re-render) shows its note."""
+    if gallery is None or not gallery.panels:
+        return None
+    import textwrap
+
+    from matplotlib.colors import Normalize
+
+    fig, axes = _grid(len(gallery.panels), ncols=4, w=3.0, h=2.7)
+    for ax, p in zip(axes, gallery.panels):
+        title = p.id + (f"  (N={p.n})" if p.n != gallery.n else "")
+        if p.matrix is None:
+            text = p.error or p.note or "no matrix"
+            ax.text(0.5, 0.5, textwrap.fill(text, 34), ha="center", va="center", fontsize=7, wrap=True,
+                    color="tab:red" if p.error else "0.3", transform=ax.transAxes)
+            ax.set_xticks([]), ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_edgecolor("tab:red" if p.error else "0.6")
+            ax.set_title(title + (" — FAILED" if p.error else ""), fontsize=9,
+                         color="tab:red" if p.error else "black")
+            continue
+        hi = float(p.matrix.max())
+        im = ax.imshow(p.matrix, cmap=MASK_CMAP, norm=Normalize(0.0, hi if hi > 0 else 1.0),
+                       interpolation="nearest", origin="upper")
+        ticks = [0, p.n - 1]
+        ax.set_xticks(ticks), ax.set_yticks(ticks)
+        ax.tick_params(labelsize=7)
+        ax.set_title(title, fontsize=9)
+        cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, ticks=[0.0, hi if hi > 0 else 1.0])
+        cb.ax.tick_params(labelsize=7)
+        cb.ax.set_yticklabels(["0", f"{hi:.3g}"])
+        if p.note:
+            ax.set_xlabel(textwrap.fill(p.note, 40), fontsize=6, color="tab:orange")
+    fig.supxlabel("key j", fontsize=10)
+    fig.supylabel("query i", fontsize=10)
+    return _save(fig, out_dir, name)
+
+
 def make_figures(data: ReportData, out_dir: str | Path) -> dict[str, str | None]:
     """Write every figure into ``out_dir``; returns {figure key: file name or None}."""
     out = Path(out_dir)
@@ -288,4 +331,5 @@ def make_figures(data: ReportData, out_dir: str | Path) -> dict[str, str | None]
         "crossover": plot_crossover(data.mechanisms, data.timings, out),
         "favor": plot_favor(data.favor, out),
         "asv": plot_asv(data.asv, out),
+        "gallery": plot_gallery(data.gallery, out),
     }

@@ -11,6 +11,7 @@ import math
 
 from reports.data import ReportData
 from reports.favor import FavorError
+from reports.gallery import MaskGallery
 from reports.memory import MemoryCurve, mib_text
 from reports.sweeps import ImplTiming, MechanismTiming
 from verify.result import CheckResult
@@ -209,6 +210,53 @@ def _asv_section(data: ReportData, src: str | None) -> str:
     return _figure(src, cap, "asv history")
 
 
+def _gallery_sizes(g: MaskGallery) -> str:
+    """"N = 64" or, where some mechanisms needed another admissible size, which used which."""
+    by_n: dict[int, list[str]] = {}
+    for p in g.panels:
+        by_n.setdefault(p.n, []).append(p.id)
+    if set(by_n) <= {g.n}:
+        return f"N = {g.n}"
+    used = "; ".join(f"N = {n}: {', '.join(ids)}" for n, ids in sorted(by_n.items(), reverse=True))
+    return f"N = {g.n} requested, the nearest admissible size at or below it used ({used})"
+
+
+def gallery_section(g: MaskGallery | None, src: str | None) -> str:
+    """The mask gallery: figure, caption, failures in plain view, summary numbers in a details."""
+    if g is None:
+        return "<p class='muted'>No mask gallery in this run.</p>"
+    if not g.panels:
+        return "<p class='muted'>No registered mechanism has a dense mask.</p>"
+    cap = (
+        "What each mechanism computes is out_i = Σ_j M_ij K(q_i, k_j) v_j / Σ_j M_ij K(q_i, k_j): the mask "
+        "M (N × N, non-negative) weighs how much key j contributes to query i; the sub-quadratic fast paths "
+        "apply it without ever forming it. Each panel is the exact dense mask from "
+        "<code>reference/</code> (the mechanism's <code>dense_mask</code> on its own "
+        f"<code>make_problem(N, seed={esc(g.seed)})</code>, so data-dependent masks show one draw) for a "
+        f"small instance, {esc(_gallery_sizes(g))}. Rows: query i (top to bottom); columns: key j. Colour: "
+        "viridis on a linear scale normalised per panel to [0, max M] (each colorbar gives its max), so "
+        "masks spanning orders of magnitude (exponential decay) show their small entries near 0: min, max "
+        "and the fraction of nonzero entries are in the table below and in results.json (mask_gallery).")
+    if g.without_mask:
+        cap += f" No dense mask registered (not drawn): {esc(', '.join(g.without_mask))}."
+    if g.errors:
+        cap += " Red panels: building the mask raised; the message is in the panel and below."
+    parts = [_figure(src, cap, "mask gallery")]
+    if g.note:
+        parts.append(f"<p class='muted'>{esc(g.note)}</p>")
+    if g.errors:
+        items = "".join(f"<li><code>{esc(p.id)}</code> (N = {p.n}): <code>{esc(p.error)}</code></li>" for p in g.errors)
+        parts.append(f"<div class='fail'><p>dense_mask failed for {len(g.errors)} mechanism(s):</p>"
+                     f"<ul>{items}</ul></div>")
+    rows = [[_td(p.id), _td(p.n, "num"), _td(_num(p.min), "num"), _td(_num(p.max), "num"),
+             _td(_num(p.nonzero_fraction, ".4f"), "num"), _td(p.error or p.note or "", "fail" if p.error else "")]
+            for p in g.panels]
+    parts.append("<details><summary>mask summaries</summary>"
+                 + _table(["mechanism", "N", "min M", "max M", "fraction nonzero", "error / note"], rows)
+                 + "</details>")
+    return "\n".join(parts)
+
+
 def build_page(data: ReportData, figures: dict[str, str | None]) -> str:
     """The whole index.html as a string."""
     env = data.environment
@@ -269,6 +317,7 @@ def build_page(data: ReportData, figures: dict[str, str | None]) -> str:
         "Crossover: see figure 3. Peak memory: extra memory of one call at the largest measured N "
         "(figure 2). Verify: the checks whose id ends in the mechanism id (equivalence/, complexity/, "
         "scale/).</p>",
+        "<h2>Masks M (gallery)</h2>", gallery_section(data.gallery, figures.get("gallery")),
         "<h2>1. Time vs N</h2>", _figure(figures.get("timing"), timing_cap, "time vs N"),
         "<h2>2. Peak memory vs N</h2>", _figure(figures.get("memory"), memory_cap, "memory vs N"),
         _memory_details(data),

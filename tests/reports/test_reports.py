@@ -9,6 +9,7 @@ import pytest
 from reports.asv_history import load_history
 from reports.data import MechanismInfo, ReportData
 from reports.favor import FavorError, FavorErrorCurve, predicted_variance
+from reports.gallery import mask_gallery
 from reports.html import build_page, esc
 from reports.memory import MemoryCurve, MemoryPoint
 from reports.render import write_report
@@ -50,7 +51,7 @@ def synthetic_data(with_asv_dir=None) -> ReportData:
                               float("inf"), 0.01, 1.0, {"error": "Traceback <module>"}))
     env = {"mode": "quick", "date": "2026-01-01", "threads": 2, "cpus": 2, "sweep_threads": 1, "sweep_rounds": 3}
     return ReportData(env, [MechanismInfo.from_mechanism(m) for m in mechs], timings, memory, favor, checks,
-                      "synthetic", load_history(with_asv_dir) if with_asv_dir else None)
+                      "synthetic", load_history(with_asv_dir) if with_asv_dir else None, gallery=mask_gallery(mechs))
 
 
 def _asv_results(root) -> None:
@@ -78,7 +79,8 @@ def test_page_lists_every_mechanism_and_figures_exist(tmp_path):
     page = index.read_text()
     for m in mechanisms():
         assert f"<code>{esc(m.id)}</code>" in page
-    for name in ("time_vs_n.png", "memory_vs_n.png", "crossover.png", "favor_error.png", "asv_history.png"):
+    for name in ("time_vs_n.png", "memory_vs_n.png", "crossover.png", "favor_error.png", "asv_history.png",
+                 "mask_gallery.png"):
         assert (tmp_path / "out" / name).stat().st_size > 1000
         assert f'src="{name}"' in page
     # escaped, never raw: check details contain < and &

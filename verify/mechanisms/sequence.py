@@ -121,9 +121,9 @@ _favor_mechanism(
 
 
 def packing_problem(n: int, seed: int) -> Problem:
-    """Contiguous packed segments, about one per 256 tokens, random boundaries."""
+    """Contiguous packed segments, about one per 256 tokens (at least min(n, 4)), random boundaries."""
     rng = rng_for(seed, 20)
-    segments = max(1, n // 256)
+    segments = max(min(n, 4), n // 256)  # small N still has several segments to keep apart
     cuts = np.sort(rng.choice(np.arange(1, n), size=min(segments - 1, n - 1), replace=False)) if n > 1 else []
     ids = np.zeros(n, dtype=np.int64)
     ids[np.asarray(cuts, dtype=np.int64)] = 1
