@@ -15,6 +15,7 @@ no FFT; M is positive (t in (0, 1)).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -26,9 +27,9 @@ GROUP_BITS = 5
 
 def hypercube_dimension(n: int) -> int:
     """k with n = 2^k, else ValueError naming n."""
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n & (n - 1):
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n <= 0 or int(n) & (int(n) - 1):
         raise ValueError(f"a hypercube has N = 2^k nodes; n must be a power of two, got {n!r}")
-    return n.bit_length() - 1
+    return int(n).bit_length() - 1
 
 
 class HypercubeDiffusionMask:
@@ -40,13 +41,14 @@ class HypercubeDiffusionMask:
 
     def __init__(self, n: int, lam: float | torch.Tensor):
         self.k = hypercube_dimension(n)
-        self.n = n
+        self.n = int(n)
         if isinstance(lam, torch.Tensor):
             if lam.numel() != 1 or not lam.is_floating_point():
                 raise ValueError(f"lam must be a positive scalar, got a tensor of shape {tuple(lam.shape)}")
             bad = not bool(torch.isfinite(lam.detach())) or float(lam.detach()) <= 0
         else:
-            bad = isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam <= 0
+            bad = isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not math.isfinite(lam) or lam <= 0
+            lam = float(lam) if not bad else lam
         if bad:
             raise ValueError(f"lam must be a positive finite diffusion time, got {lam!r}")
         self.lam = lam

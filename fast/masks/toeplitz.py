@@ -24,12 +24,13 @@ M = exp(b)) are positive by construction and are the safe choice.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable, Sequence
 
 import torch
 
 from fast.attention import DenominatorError
-from fast.validation import check_tokens, compute_dtype
+from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: Bound on the complex spectral buffer of one batched transform (bytes); more columns are chunked.
 DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20
@@ -57,10 +58,13 @@ def fast_fft_size(n: int) -> int:
 
 def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
     try:
-        out = tuple(int(s) for s in shape)
+        items = tuple(shape)
     except TypeError:
-        raise TypeError(f"shape must be a tuple of positive ints (n_1, ..., n_d), got {shape!r}") from None
-    if not out or any(s <= 0 for s in out) or any(int(s) != s for s in shape):
+        items = None
+    if items is None or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in items):
+        raise TypeError(f"shape must be a tuple of positive ints (n_1, ..., n_d), got {shape!r}")
+    out = tuple(int(s) for s in items)
+    if not out or any(s <= 0 for s in out):
         raise ValueError(f"shape must be a non-empty tuple of positive ints (an empty grid has no nodes), got {tuple(shape)}")
     return out
 
@@ -100,11 +104,13 @@ class BlockToeplitzMask:
     ``matmul`` takes x (..., N, c). Construction validates and is O(prod(n_fft)).
     """
 
+    _TABLE_NAME = "table"  # the argument named in errors
+
     def __init__(self, shape: Sequence[int], table: torch.Tensor, *, cls_token: bool = False,
                  n: int | None = None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
         self.grid_shape = _check_shape(shape)
         want = tuple(2 * s - 1 for s in self.grid_shape)
-        self.table = _check_table("table", table, want, self.grid_shape)
+        self.table = _check_table(self._TABLE_NAME, table, want, self.grid_shape)
         self.cls_token = bool(cls_token)
         self.num_grid = math.prod(self.grid_shape)
         self.n = self.num_grid + int(self.cls_token)
@@ -123,8 +129,8 @@ class BlockToeplitzMask:
     @classmethod
     def from_distance(cls, shape: Sequence[int], f: Callable[[torch.Tensor], torch.Tensor], *,
                       dtype: torch.dtype = torch.float32, device=None, **kw) -> "BlockToeplitzMask":
-        """M_xy = f(|x - y|_1), f mapping an int64 tensor of L1 grid distances to floats."""
-        dist = grid_offsets(shape, device).abs().sum(-1)
+        """M_xy = f(|x - y|_1), f mapping a ``dtype`` tensor of L1 grid distances to values."""
+        dist = grid_offsets(shape, device).abs().sum(-1).to(dtype)
         values = f(dist)
         if not isinstance(values, torch.Tensor):
             values = torch.as_tensor(values, device=device)
@@ -148,7 +154,8 @@ class BlockToeplitzMask:
     def spectrum(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """rfftn of the circulant embedding of the table: (n_fft_1, ..., n_fft_d // 2 + 1) complex."""
         learnable = self.table.requires_grad and torch.is_grad_enabled()
-        key = (str(device), dtype)
+        # the version counter moves on every in-place update (an optimiser step): no stale spectrum
+        key = (str(device), dtype, self.table._version)
         if not learnable and key in self._spectra:
             return self._spectra[key]
         t = self.table.to(device=device, dtype=dtype)
@@ -160,6 +167,7 @@ class BlockToeplitzMask:
         first_col = torch.roll(first_col, shifts=[-(n - 1) for n in self.grid_shape], dims=list(range(len(self.n_fft))))
         spec = torch.fft.rfftn(first_col, s=self.n_fft)
         if not learnable:
+            self._spectra = {k: v for k, v in self._spectra.items() if k[2] == key[2]}
             self._spectra[key] = spec.detach()
         return spec
 
@@ -242,6 +250,8 @@ class ToeplitzMask(BlockToeplitzMask):
     Asymmetric xi allowed; xi = 0 on negative offsets (keys after the query) is a causal RPE.
     """
 
+    _TABLE_NAME = "coeffs"
+
     def __init__(self, coeffs: torch.Tensor, **kw):
         if not isinstance(coeffs, torch.Tensor) or coeffs.dim() != 1 or coeffs.numel() % 2 != 1:
             shape = tuple(coeffs.shape) if isinstance(coeffs, torch.Tensor) else type(coeffs).__name__
@@ -255,11 +265,10 @@ class ToeplitzMask(BlockToeplitzMask):
     @classmethod
     def from_function(cls, f: Callable[[torch.Tensor], torch.Tensor], n: int, *, causal: bool = False,
                       dtype: torch.dtype = torch.float32, device=None, **kw) -> "ToeplitzMask":
-        """M_ij = f(|i - j|) (f maps int64 distances to floats); causal=True zeroes keys j > i."""
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise ValueError(f"n must be a positive integer, got {n!r}")
+        """M_ij = f(|i - j|) (f maps a ``dtype`` tensor of distances to values); causal=True zeroes keys j > i."""
+        n = check_positive_int("n", n)
         offsets = torch.arange(-(n - 1), n, device=device)
-        values = f(offsets.abs())
+        values = f(offsets.abs().to(dtype))
         if not isinstance(values, torch.Tensor):
             values = torch.as_tensor(values, device=device)
         values = values.to(dtype).expand(offsets.shape)

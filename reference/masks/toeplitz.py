@@ -52,7 +52,7 @@ def toeplitz_mask(coeffs: np.ndarray) -> np.ndarray:
 def symmetric_coefficients(f: Callable[[np.ndarray], np.ndarray], n: int) -> np.ndarray:
     """coeffs (2n - 1,) of M_ij = f(|i - j|); f maps an int array of distances to floats."""
     d = np.abs(np.arange(-(n - 1), n))
-    return _finite("f(|i - j|)", np.broadcast_to(f(d), d.shape))
+    return _finite("f(|i - j|)", np.array(np.broadcast_to(f(d), d.shape)))
 
 
 def grid_offsets(shape: tuple[int, ...]) -> np.ndarray:
@@ -65,7 +65,7 @@ def grid_offsets(shape: tuple[int, ...]) -> np.ndarray:
 def l1_table(f: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
     """Table of M_xy = f(|x - y|_1) (the L1 grid distance) for ``shape``."""
     dist = np.abs(grid_offsets(shape)).sum(-1)
-    return _finite("f(L1 distance)", np.broadcast_to(f(dist), dist.shape))
+    return _finite("f(L1 distance)", np.array(np.broadcast_to(f(dist), dist.shape)))
 
 
 def grid_coordinates(shape: tuple[int, ...]) -> np.ndarray:
