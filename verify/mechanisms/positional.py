@@ -134,6 +134,8 @@ _register(
 _register(
     "block-toeplitz", "2-D grid RPE (2-level block-Toeplitz), rfftn", "choromanski22 Sec. 3.2, Lemma 3.3",
     "N log N", block_toeplitz_problem, _block_dense, _block_fast,
+    # 2-D circulant embedding transforms 4N points per column: 2^15 keeps the quick sweep short
+    quick_fast_sizes=tuple(2**p for p in range(7, 16)),
     notes="M_xy = exp(b(x - y)) on the near-square grid grid_shape(N), row-major order.",
 )
 _register(
