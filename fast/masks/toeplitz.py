@@ -94,6 +94,14 @@ def grid_offsets(shape: Sequence[int], device=None) -> torch.Tensor:
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
 
 
+def _version(t: torch.Tensor) -> int:
+    """torch's in-place version counter; inference-mode tensors have none (-1: they are constants)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 class BlockToeplitzMask:
     """M_xy = table[x - y + (n - 1)] for nodes x, y of an n_1 x ... x n_d grid (row-major order).
 
@@ -155,7 +163,7 @@ class BlockToeplitzMask:
         """rfftn of the circulant embedding of the table: (n_fft_1, ..., n_fft_d // 2 + 1) complex."""
         learnable = self.table.requires_grad and torch.is_grad_enabled()
         # the version counter moves on every in-place update (an optimiser step): no stale spectrum
-        key = (str(device), dtype, self.table._version)
+        key = (str(device), dtype, _version(self.table))
         if not learnable and key in self._spectra:
             return self._spectra[key]
         t = self.table.to(device=device, dtype=dtype)

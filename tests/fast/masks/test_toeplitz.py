@@ -455,3 +455,16 @@ def test_attention_rejects_mask_of_another_size():
     ones = torch.ones(4, 2)
     with pytest.raises(ValueError, match="mask is for N=5"):
         masked_linear_attention(ones, ones, ones, mask)
+
+
+def test_mask_built_in_inference_mode_works_in_and_out_of_it():
+    """Inference tensors have no version counter; the spectrum cache must not need one."""
+    x = randn((6, 2), gen(7))
+    with torch.inference_mode():
+        mask = ToeplitzMask(randn((11,), gen(8)))
+        inside = mask.matmul(x)
+        again = mask.matmul(x)
+    outside = mask.matmul(x)
+    dense = torch.as_tensor(toeplitz_mask(np_(mask.coeffs)))
+    for got in (inside, again, outside):
+        assert_fft_close(got, dense, mask.coeffs, x)
