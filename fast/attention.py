@@ -116,16 +116,26 @@ def masked_linear_attention(
         num, den = mask.attend(phi_q, phi_k, v)
         return _divide(num, den).to(out_dtype)
 
-    m, d = phi_k.shape[-1], v.shape[-1]
     den = (phi_q * mask.matmul(phi_k)).sum(-1)
-    num = torch.zeros_like(v)
-    step = max(1, block_cols // d)  # features per block: the block holds step * d columns
-    for a in range(0, m, step):
-        b = min(m, a + step)
-        cols = (phi_k[..., a:b, None] * v[..., None, :]).flatten(-2)  # (..., N, (b-a) d)
-        mixed = mask.matmul(cols).unflatten(-1, (b - a, d))
-        num = num + torch.einsum("...nk,...nkd->...nd", phi_q[..., a:b], mixed)
+    num = blocked_numerator(phi_q, phi_k, v, mask.matmul, max(1, block_cols // v.shape[-1]))
     return _divide(num, den).to(out_dtype)
+
+
+def blocked_numerator(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, matmul, features_per_block: int) -> torch.Tensor:
+    """Algorithm 1's numerator phi_q_i^T devec(D1_i), D1 = M [vec(phi_k_j v_j^T)], in feature blocks.
+
+    phi_q, phi_k: (..., N, m); v: (..., N, d); matmul(x) = M @ x for x (..., N, c) -> (..., N, d).
+    Each block pushes ``features_per_block * d`` columns through the mask at once and contracts
+    them with phi_q immediately, so the O(N m d) matrix D1 never exists whole.
+    """
+    m, d = phi_k.shape[-1], v.shape[-1]
+    num = torch.zeros_like(v)
+    for a in range(0, m, features_per_block):
+        b = min(m, a + features_per_block)
+        cols = (phi_k[..., a:b, None] * v[..., None, :]).flatten(-2)  # (..., N, (b-a) d)
+        mixed = matmul(cols).unflatten(-1, (b - a, d))
+        num = num + torch.einsum("...nk,...nkd->...nd", phi_q[..., a:b], mixed)
+    return num
 
 
 def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

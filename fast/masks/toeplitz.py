@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fast.attention import DenominatorError
+from fast.attention import DenominatorError, blocked_numerator
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: Bound on the complex spectral buffer of one batched transform (bytes); more columns are chunked.
@@ -232,16 +232,9 @@ class BlockToeplitzMask:
         vanishing or sign-flipped denominator: M or phi not positive, or round-off at the scale
         of the largest terms), rather than dividing by noise.
         """
-        m, d = phi_k.shape[-1], v.shape[-1]
         den = (phi_q * self.matmul(phi_k)).sum(-1)
         per_feature = math.prod(v.shape) * v.element_size()  # one feature's d columns over all tokens
-        step = max(1, min(m, self.max_chunk_bytes // max(1, per_feature)))
-        num = None
-        for a in range(0, m, step):
-            b = min(m, a + step)
-            cols = (phi_k[..., a:b, None] * v[..., None, :]).flatten(-2)  # (..., N, (b - a) d)
-            part = torch.einsum("...nk,...nkd->...nd", phi_q[..., a:b], self.matmul(cols).unflatten(-1, (b - a, d)))
-            num = part if num is None else num + part
+        num = blocked_numerator(phi_q, phi_k, v, self.matmul, max(1, self.max_chunk_bytes // max(1, per_feature)))
         floor = (phi_q.abs() * self.roundoff_bound(phi_k).unsqueeze(-2)).sum(-1)
         bad = den.abs() <= floor
         if bool(bad.any()):
