@@ -1,0 +1,133 @@
+"""Tree-distance masks, dense: M_ij = f(dist_T(i, j)) on a forest (choromanski22 Sec. 3.3, 6).
+
+dist_T is the (weighted) path length in the forest; nodes in different trees get M_ij = 0.
+A forest may be given as a parent array (parent[i] = -1 for a root), a scipy.sparse adjacency
+(symmetric, weights = edge lengths) or an edge_index (2, E) with optional weights. Distances
+come from scipy.sparse.csgraph.shortest_path (all pairs, dense): the ground truth the fast
+recursions are checked against.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.csgraph as csgraph
+
+from reference.budget import check_dense_budget
+
+
+def forest_adjacency(parent: np.ndarray | None = None, *, adjacency=None, edge_index: np.ndarray | None = None,
+                     weights: np.ndarray | None = None, n: int | None = None) -> sp.csr_matrix:
+    """A symmetric CSR adjacency (n, n) of a forest from exactly one of the three input forms.
+
+    parent: (n,) ints, -1 for roots; weights (n,) edge length to the parent (ignored at roots).
+    adjacency: scipy.sparse or dense (n, n), symmetric, entries = edge lengths.
+    edge_index: (2, E) ints, each undirected edge once or in both directions; weights (E,); n.
+    Raises ValueError for a cycle, a self-loop, a negative or non-finite length, bad shapes.
+    """
+    given = [x is not None for x in (parent, adjacency, edge_index)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of parent, adjacency, edge_index")
+    if parent is not None:
+        p = np.asarray(parent)
+        if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+            raise ValueError(f"parent must be a non-empty 1-D integer array (-1 for roots), got {p.dtype} {p.shape}")
+        n = p.size
+        if ((p < -1) | (p >= n)).any() or (p == np.arange(n)).any():
+            raise ValueError("parent entries must be -1 (root) or another node's index in [0, n)")
+        child = np.flatnonzero(p >= 0)
+        w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+        if w.shape != (n,):
+            raise ValueError(f"weights must have shape ({n},) (edge length to the parent), got {w.shape}")
+        rows, cols, vals = child, p[child], w[child]
+    elif edge_index is not None:
+        e = np.asarray(edge_index)
+        if e.ndim != 2 or e.shape[0] != 2 or not np.issubdtype(e.dtype, np.integer):
+            raise ValueError(f"edge_index must be a (2, E) integer array, got {e.dtype} {e.shape}")
+        n = int(n) if n is not None else int(e.max()) + 1 if e.size else 0
+        if n <= 0:
+            raise ValueError("n must be given (and positive) for an edge_index without edges")
+        if e.size and (e.min() < 0 or e.max() >= n):
+            raise ValueError(f"edge_index entries must lie in [0, n={n})")
+        vals = np.ones(e.shape[1]) if weights is None else np.asarray(weights, dtype=np.float64)
+        if vals.shape != (e.shape[1],):
+            raise ValueError(f"weights must have shape ({e.shape[1]},) (one per edge), got {vals.shape}")
+        # an edge listed in both directions is one undirected edge: keep (min, max) once
+        lo, hi = np.minimum(e[0], e[1]), np.maximum(e[0], e[1])
+        _, first = np.unique(lo * n + hi, return_index=True)
+        rows, cols, vals = lo[first], hi[first], vals[first]
+        if (rows == cols).any():
+            raise ValueError("a forest has no self-loops; edge_index has one")
+    else:
+        a = sp.csr_matrix(adjacency, dtype=np.float64)
+        if a.shape[0] != a.shape[1] or a.shape[0] == 0:
+            raise ValueError(f"adjacency must be square and non-empty, got shape {a.shape}")
+        if abs(a - a.T).max() > 0:
+            raise ValueError("adjacency must be symmetric (an undirected forest)")
+        if a.diagonal().any():
+            raise ValueError("a forest has no self-loops; adjacency has a non-zero diagonal")
+        n = a.shape[0]
+        upper = sp.triu(a, k=1).tocoo()
+        rows, cols, vals = upper.row, upper.col, upper.data
+    if not np.isfinite(vals).all() or (vals < 0).any():
+        raise ValueError("edge weights (lengths) must be finite and non-negative")
+    adj = sp.coo_matrix((np.concatenate([vals, vals]), (np.concatenate([rows, cols]), np.concatenate([cols, rows]))),
+                        shape=(n, n)).tocsr()
+    components, _ = csgraph.connected_components(_pattern(rows, cols, n), directed=False)
+    if len(rows) != n - components:
+        raise ValueError(f"not a forest: {len(rows)} edges on {n} nodes in {components} components (a cycle)")
+    return adj
+
+
+def _pattern(rows: np.ndarray, cols: np.ndarray, n: int) -> sp.csr_matrix:
+    """The unweighted edge pattern (zero-length edges still connect)."""
+    ones = np.ones(2 * len(rows))
+    return sp.coo_matrix((ones, (np.concatenate([rows, cols]), np.concatenate([cols, rows]))), shape=(n, n)).tocsr()
+
+
+def tree_distances(adjacency: sp.spmatrix) -> np.ndarray:
+    """All-pairs path lengths (n, n) in the forest; inf between trees (csgraph.shortest_path)."""
+    a = sp.csr_matrix(adjacency)
+    check_dense_budget(a.shape[0], "tree distances")
+    coo = a.tocoo()
+    # csgraph treats explicit zeros as missing edges: lengths of exactly 0 become a tiny epsilon
+    # and are rounded away below (tree distances are sums of the given lengths)
+    data = np.where(coo.data == 0, np.finfo(float).tiny, coo.data)
+    return csgraph.shortest_path(sp.csr_matrix((data, (coo.row, coo.col)), shape=a.shape), directed=False)
+
+
+def tree_mask(adjacency: sp.spmatrix, f: Callable[[np.ndarray], np.ndarray] | np.ndarray) -> np.ndarray:
+    """M_ij = f(dist(i, j)) within a tree, 0 across trees: (n, n).
+
+    f: a callable on an array of finite distances, or a vector (f(0), ..., f(n-1)) for an
+    unweighted forest (integer distances index it).
+    """
+    dist = tree_distances(adjacency)
+    finite = np.isfinite(dist)
+    out = np.zeros_like(dist)
+    if callable(f):
+        out[finite] = f(dist[finite])
+    else:
+        table = np.asarray(f, dtype=np.float64)
+        n = dist.shape[0]
+        if table.shape != (n,):
+            raise ValueError(f"f must have shape ({n},): f(0), ..., f(n - 1), got {table.shape}")
+        if not np.isfinite(table).all():
+            raise ValueError("f contains non-finite values")
+        d = dist[finite]
+        if not np.allclose(d, np.round(d)):
+            raise ValueError("a vector f needs an unweighted forest (integer distances)")
+        out[finite] = table[np.round(d).astype(np.int64)]
+    return out
+
+
+def exp_affine_mask(adjacency: sp.spmatrix, a: float, b: float) -> np.ndarray:
+    """M_ij = exp(a dist(i, j) + b) within a tree, 0 across trees (Lemma 3.5's f): (n, n)."""
+    return tree_mask(adjacency, lambda d: np.exp(a * d + b))
+
+
+def diameter(adjacency: sp.spmatrix) -> float:
+    """The largest finite distance in the forest (dense; the fast side uses two BFS passes)."""
+    d = tree_distances(adjacency)
+    return float(d[np.isfinite(d)].max())
