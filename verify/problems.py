@@ -96,7 +96,7 @@ def random_tree(n: int, seed: int = 0) -> sp.csr_matrix:
     """Uniform random recursive tree: node i > 0 attaches to a uniform earlier node."""
     rng = rng_for(seed, 2)
     child = np.arange(1, n)
-    parent = np.array([rng.integers(0, i) for i in child], dtype=np.int64)
+    parent = np.floor(rng.random(n - 1) * child).astype(np.int64)  # uniform on 0..i-1, vectorised
     return _symmetric_csr(parent, child, n)
 
 

@@ -85,6 +85,7 @@ def _load_families() -> None:
     # Importing a family module registers its mechanisms. One line per family.
     import verify.mechanisms.sequence  # noqa: F401
     import verify.mechanisms.positional  # noqa: F401
+    import verify.mechanisms.tree  # noqa: F401
 
 
 def mechanisms() -> list[Mechanism]:

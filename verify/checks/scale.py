@@ -20,7 +20,8 @@ N = 2**20
 TIME_LIMIT_S = 300.0
 #: Mechanisms proven at scale in this issue; later families add theirs.
 SCALE_MECHANISMS = {"linear": "choromanski22 Eq. 3", "causal": "choromanski22 Sec. 3.1",
-                    "block-toeplitz": "choromanski22 Sec. 3.2, Lemma 3.3 (a 1024 x 1024 grid, d = m = 16)"}
+                    "block-toeplitz": "choromanski22 Sec. 3.2, Lemma 3.3 (a 1024 x 1024 grid, d = m = 16)",
+                    "tree-exp": "choromanski22 Lemma 3.5 (random recursive forest)"}
 
 
 def run_worker(mech_id: str, n: int, device: str, seed: int, timeout: float, calls: int = 2) -> dict:
