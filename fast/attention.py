@@ -13,9 +13,12 @@ from fast.features import FavorPlus
 from fast.masks.base import MaskOperator
 from fast.validation import check_positive_int, check_same_device, check_tensor, compute_dtype
 
-#: Default number of columns of [vec(phi_k v^T)] pushed through the mask at once: peak extra
-#: memory of the generic path is O(N * block_cols).
+#: Most columns of [vec(phi_k v^T)] pushed through the mask at once: peak extra memory of the
+#: generic path is O(N * block_cols).
 DEFAULT_BLOCK_COLS = 256
+#: block_cols=None: as many columns as keep one block of (..., N, cols) within this many bytes
+#: (a mask's matmul makes a few copies of it), between d and DEFAULT_BLOCK_COLS.
+DEFAULT_BLOCK_BYTES = 256 * 2**20
 
 
 class DenominatorError(ArithmeticError):
@@ -78,7 +81,7 @@ def masked_linear_attention(
     v: torch.Tensor,
     mask: MaskOperator | None = None,
     *,
-    block_cols: int = DEFAULT_BLOCK_COLS,
+    block_cols: int | None = None,
 ) -> torch.Tensor:
     """Masked linear attention, choromanski22 Algorithm 1.
 
@@ -91,6 +94,8 @@ def masked_linear_attention(
     Otherwise: D1 = M [vec(phi_k_j v_j^T)] is applied to column blocks of about ``block_cols``
     columns and contracted with phi_q at once, so peak extra memory is O(N (m + d) + N block_cols),
     never O(N m d); D2 = M phi_k gives the denominator. Cost O((T_M(N) + N) m d) (Lemma 3.1).
+    block_cols=None picks it from N: at most DEFAULT_BLOCK_COLS, and one block within
+    DEFAULT_BLOCK_BYTES (64 columns at N = 2^20 in float32), at least d.
 
     float16/bfloat16 inputs accumulate in float32 and are cast back.
 
@@ -98,7 +103,8 @@ def masked_linear_attention(
         DenominatorError: a denominator is 0 or not finite (reported, never divided by).
     """
     _check_features(phi_q, phi_k, v)
-    check_positive_int("block_cols", block_cols)
+    if block_cols is not None:
+        check_positive_int("block_cols", block_cols)
     out_dtype = v.dtype
     work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
     phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
@@ -116,6 +122,9 @@ def masked_linear_attention(
         num, den = mask.attend(phi_q, phi_k, v)
         return _divide(num, den).to(out_dtype)
 
+    if block_cols is None:
+        rows = v.numel() // v.shape[-1]  # batch x N
+        block_cols = min(DEFAULT_BLOCK_COLS, max(v.shape[-1], DEFAULT_BLOCK_BYTES // (rows * v.element_size())))
     den = (phi_q * mask.matmul(phi_k)).sum(-1)
     num = blocked_numerator(phi_q, phi_k, v, mask.matmul, max(1, block_cols // v.shape[-1]))
     return _divide(num, den).to(out_dtype)

@@ -241,3 +241,469 @@ class TreeExpMask:
         for _, lo, hi in levels[1:]:
             w[..., lo:hi, :] = down[lo:hi] * w.index_select(-2, parent_pos[lo:hi]) + keep[lo:hi] * s[..., lo:hi, :]
         return f.from_level_order(w).to(out_dtype)
+
+
+# =========================================================================================
+# Any f on unweighted forests: Lemma 6.2 (O(n diam c)) and Lemma 6.1 (O(n log^2 n c)).
+# =========================================================================================
+
+#: Bound on the transient buffers of one product step (bytes); more columns / rows are chunked.
+DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20
+
+
+def _check_unweighted(forest: Forest, who: str) -> None:
+    if not isinstance(forest, Forest):
+        raise TypeError(f"forest must be a fast.masks.tree.Forest, got {type(forest).__name__}")
+    edges = forest.parent_pos >= 0
+    if not np.all(forest.weight[edges] == 1.0):
+        raise ValueError(f"{who} needs an unweighted forest (every edge length 1); this forest has edge lengths "
+                         f"in [{forest.weight[edges].min():.3g}, {forest.weight[edges].max():.3g}]. Use TreeExpMask "
+                         "for exp-affine f on weighted forests, or rebuild the Forest without weights.")
+
+
+def _check_f(f, n: int) -> torch.Tensor:
+    """f (n,) = f(0), ..., f(n - 1) as a floating tensor (kept as given, so it may require grad)."""
+    if isinstance(f, torch.Tensor):
+        if f.is_complex():
+            raise TypeError(f"f must be a real tensor, got {f.dtype}")
+        t = f if f.is_floating_point() else f.to(torch.float64)
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(f, dtype=np.float64))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"f must be a tensor (or array) of shape ({n},): f(0), ..., f(n - 1)") from err
+    if tuple(t.shape) != (n,):
+        raise ValueError(f"f must have shape ({n},): f(0), ..., f(n - 1) for the n = {n} nodes, got {tuple(t.shape)}")
+    if not bool(torch.isfinite(t.detach()).all()):
+        raise ValueError("f contains non-finite values (NaN or inf)")
+    return t
+
+
+def _check_chunk_bytes(max_chunk_bytes) -> int:
+    if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, numbers.Integral) or max_chunk_bytes <= 0:
+        raise ValueError(f"max_chunk_bytes must be a positive integer, got {max_chunk_bytes!r}")
+    return int(max_chunk_bytes)
+
+
+def _edges(forest: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """(child, parent) node ids of every edge."""
+    has = np.flatnonzero(forest.parent_pos >= 0)
+    return forest.order[has], forest.order[forest.parent_pos[has]]
+
+
+def _node_depths(forest: Forest) -> np.ndarray:
+    """Depth (edges to its root) of every node id."""
+    depth = np.empty(forest.n, dtype=np.int64)
+    depth[forest.order] = np.repeat(np.arange(forest.height + 1), np.diff(forest.level_starts))
+    return depth
+
+
+def forest_diameter(forest: Forest) -> int:
+    """The largest number of edges on a path within one tree of ``forest`` (max over its trees).
+
+    Two breadth-first passes (choromanski22 Cor. 6.4), all trees at once, O(n) in SciPy's C
+    csgraph: the deepest node of each tree (depths come with the level order: the first pass from
+    the root) is an end of a longest path of that tree; one multi-source BFS from all those ends
+    gives each tree's eccentricity of that end = its diameter. Edge lengths are ignored (hops).
+    """
+    if not isinstance(forest, Forest):
+        raise TypeError(f"forest must be a fast.masks.tree.Forest, got {type(forest).__name__}")
+    n = forest.n
+    if forest.height == 0:
+        return 0
+    child, parent = _edges(forest)
+    pattern = sp.coo_matrix((np.ones(child.size), (child, parent)), shape=(n, n)).tocsr()
+    _, labels = csgraph.connected_components(pattern, directed=False)
+    depth = _node_depths(forest)
+    by_depth = np.argsort(-depth, kind="stable")
+    ends = by_depth[np.unique(labels[by_depth], return_index=True)[1]]  # deepest node per tree
+    rows = np.concatenate([child, parent, np.full(ends.size, n)])
+    cols = np.concatenate([parent, child, ends])
+    g = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n + 1, n + 1)).tocsr()
+    dist = csgraph.shortest_path(g, method="D", directed=True, unweighted=True, indices=n)
+    return int(dist[np.isfinite(dist)].max()) - 1
+
+
+class TreeDiamMask:
+    """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n diam c) (Lemma 6.2).
+
+    forest: an unweighted ``Forest`` (all edge lengths 1, else ValueError); f: (n,) tensor (or
+    array) f(0), ..., f(n - 1), finite, any sign; it may require grad. ``matmul`` takes x (..., n, c).
+
+    With the forest rooted (level order) and T_i the subtree of i:
+        g_i[l] = sum_{j in T_i, dist(i, j) = l} x_j:  g_i[0] = x_i,  g_i[l] = sum_{c child of i} g_c[l - 1]
+        h_i[l] = sum_{j, dist(i, j) = l} x_j:         h_root = g_root,  h_i = g_i + shift(h_p(i) - shift(g_i))
+        (M x)_i = sum_l f(l) h_i[l]                   (Eqs. 27-29; shift(z)[0] = 0, shift(z)[l] = z[l - 1])
+    h_p(i)[l - 1] counts the nodes at distance l from i through its parent, except those of T_i at
+    depth l - 2 below i, which the second shift removes. Both passes go level by level: one
+    index_add (children into parents) or index_select (parents to children) per depth.
+
+    Array lengths (H the height, D = forest_diameter <= 2H): a depth-k node's g has length
+    H - k + 1 (its subtree is at most that deep) and its h length min(k + H, D) + 1 (no node is
+    farther). Work O(n D c); memory: all g (sum_k n_k (H - k + 1) c <= n (H + 1) c) plus h of two
+    adjacent levels (without autograd), or of all levels, <= n (D + 1) c, when x or f requires
+    grad (autograd keeps them): O(n (2H + 1) c) in all. Columns are processed in chunks whose
+    no-grad buffers stay under ``max_chunk_bytes`` (default 256 MiB; at least one column).
+    Half precision inputs compute in float32.
+    """
+
+    def __init__(self, forest: Forest, f, *, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
+        _check_unweighted(forest, "TreeDiamMask")
+        self.forest = forest
+        self.n = forest.n
+        self.f = _check_f(f, self.n)
+        self.max_chunk_bytes = _check_chunk_bytes(max_chunk_bytes)
+        self.height = forest.height
+        self.diameter = forest_diameter(forest)
+        counts = np.diff(forest.level_starts)
+        H, D = self.height, self.diameter
+        self._g_len = [H - k + 1 for k in range(H + 1)]
+        self._h_len = [min(k + H, D) + 1 for k in range(H + 1)]
+        h_elems = [int(c) * m for c, m in zip(counts, self._h_len)]
+        pairs = max([a + b for a, b in zip(h_elems, h_elems[1:])] + h_elems)
+        #: numbers per column held at the peak of a no-grad product (all g, two levels of h, out)
+        self.elems_per_column = int(np.dot(counts, self._g_len)) + pairs + self.n
+        self._local_parents: dict = {}
+
+    def _parents(self, device) -> list:
+        """Per depth k >= 1: each node's parent as an index into level k - 1 (cached per device)."""
+        key = str(device)
+        if key not in self._local_parents:
+            f = self.forest
+            self._local_parents[key] = [None] + [
+                torch.as_tensor(f.parent_pos[lo:hi] - f.level_starts[k - 1], device=device)
+                for k, lo, hi in f.levels()[1:]]
+        return self._local_parents[key]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x for x (..., n, c) -> (..., n, c): two passes over the depths, O(n diam c) work."""
+        check_tokens("x", x, self.n)
+        out_dtype, work = x.dtype, compute_dtype(x.dtype)
+        lead, c = x.shape[:-2], x.shape[-1]
+        xs = self.forest.to_level_order(x.to(work).reshape(-1, self.n, c))  # (B, n, c) in level order
+        f = self.f.to(device=x.device, dtype=work)
+        per_col = xs.shape[0] * self.elems_per_column * xs.element_size()
+        step = max(1, self.max_chunk_bytes // per_col)
+        out = torch.cat([self._levels(xs[..., j:j + step], f) for j in range(0, c, step)], dim=-1)
+        return self.forest.from_level_order(out).reshape(*lead, self.n, c).to(out_dtype)
+
+    def _levels(self, xs: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """The two passes on xs (B, n, c) in level order; returns (B, n, c) in level order."""
+        parents = self._parents(xs.device)
+        levels = self.forest.levels()
+        B, _, c = xs.shape
+        g: list = [None] * len(levels)
+        for k, lo, hi in reversed(levels):  # bottom-up: g_i[0] = x_i, g_i[1:] = sum of children's g
+            xk = xs[:, lo:hi].unsqueeze(-2)  # (B, n_k, 1, c)
+            if k == len(levels) - 1:
+                g[k] = xk
+            else:
+                below = xs.new_zeros(B, hi - lo, self._g_len[k] - 1, c).index_add_(1, parents[k + 1], g[k + 1])
+                g[k] = torch.cat([xk, below], dim=-2)
+        pad = torch.nn.functional.pad
+        h = g[0]  # roots: the subtree is the tree
+        outs = [torch.einsum("bnlc,l->bnc", h, f[:self._h_len[0]])]
+        for k, lo, hi in levels[1:]:
+            m, gl = self._h_len[k], self._g_len[k]
+            hp = h.index_select(1, parents[k])[:, :, :m - 1]  # h of the parent, as far as needed
+            g_k = g[k]
+            back = g_k[:, :, :m - 2]  # g_i[l - 2]: T_i's nodes reached through the parent
+            h = (pad(g_k, (0, 0, 0, m - gl)) + pad(hp, (0, 0, 1, 0))
+                 - pad(back, (0, 0, 2, m - 2 - back.shape[2])))
+            outs.append(torch.einsum("bnlc,l->bnc", h, f[:m]))
+        return torch.cat(outs, dim=1)
+
+
+def _subtree_ends(depth: np.ndarray) -> np.ndarray:
+    """For a preorder depth sequence: end[p] = first q > p with depth[q] <= depth[p] (or n).
+
+    The subtree of the node at p is positions [p, end[p]). Range minima in a sparse table and
+    binary lifting: O(n log n), vectorised.
+    """
+    n = depth.size
+    d = np.concatenate([depth, [-1]])  # sentinel: every subtree ends by n
+    tables = [d]
+    span = 1
+    while span < n + 1:
+        prev = tables[-1]
+        tables.append(np.minimum(prev, prev[np.minimum(np.arange(n + 1) + span, n)]))
+        span *= 2
+    q = np.arange(1, n + 1)
+    for j in range(len(tables) - 1, -1, -1):
+        ok = tables[j][np.minimum(q, n)] > depth  # all of [q, q + 2^j) is deeper: skip it
+        q = np.where(ok & (q < n), np.minimum(q + (1 << j), n), q)
+    return q
+
+
+def _fft_size(m: int) -> int:
+    """The smallest 5-smooth integer >= m (a size pocketfft / cuFFT transform fast)."""
+    from fast.masks.toeplitz import fast_fft_size
+    return fast_fft_size(m)
+
+
+class TreeDCMask:
+    """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n log^2 n c) (Lemma 6.1).
+
+    forest: an unweighted ``Forest``; f: (n,) tensor (or array) f(0), ..., f(n - 1), finite, any
+    sign, may require grad. ``matmul`` takes x (..., n, c). dense_threshold: subproblems with at
+    most max(dense_threshold, 2) nodes are dense blocks. max_chunk_bytes bounds the transient
+    buffers of one step of the product (default 256 MiB; at least one row or block per step).
+
+    Balanced separator recursion (planned once, in __init__). For a tree T with more than
+    dense_threshold nodes take a centroid v (every component of T - v has <= |T|/2 nodes), split
+    those components greedily by size into two groups and set T_1 = {v} + group 1,
+    T_2 = {v} + group 2 (each <= about 2|T|/3 + 1 nodes; V(T_1) u V(T_2) = V(T), V(T_1) n V(T_2)
+    = {v}). With s^k_i = sum_{j in T_k} f(dist(i, j)) x_j (Eq. 26) computed recursively,
+
+        (M x)_i = s^1_i + z^2[dist(i, v)]      for i in T_1 - {v}
+        (M x)_i = s^2_i + z^1[dist(i, v)]      for i in T_2 - {v}
+        (M x)_v = s^1_v + s^2_v - f(0) x_v     (v counted in both)
+        z^k[a] = sum_b f(a + b) y^k[b],  y^k[b] = sum_{j in T_k - {v}, dist(j, v) = b} x_j
+
+    since a path from T_1 - {v} to T_2 - {v} passes v. z = H y with the Hankel matrix
+    H_ab = f(a + b) is a correlation with f, done by FFT (rfft/irfft of size N >= a_max + b_max + 1,
+    5-smooth, so nothing wraps): z = irfft(conj(rfft(y)) rfft(f[:N])). Subproblems of at most
+    dense_threshold nodes (and trees of a forest that small, packed together) use the dense block
+    f(dist) with distances counted within the block. The recursion depth is
+    O(log n); each level costs O(n log n c) in FFTs and O(n c) in scatters and gathers, the
+    leaves O(n dense_threshold c): O(n log^2 n c) in all. The plan (index and distance arrays)
+    takes O(n log n) memory and set-up; ``recursion_depth`` and ``num_subproblems`` (separator
+    splits plus dense blocks) describe it. Half precision inputs compute in float32.
+    """
+
+    def __init__(self, forest: Forest, f, *, dense_threshold: int = 64,
+                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
+        _check_unweighted(forest, "TreeDCMask")
+        if isinstance(dense_threshold, bool) or not isinstance(dense_threshold, numbers.Integral) or dense_threshold <= 0:
+            raise ValueError(f"dense_threshold must be a positive integer, got {dense_threshold!r}")
+        self.forest = forest
+        self.n = forest.n
+        self.f = _check_f(f, self.n)
+        self.dense_threshold = int(dense_threshold)
+        self.max_chunk_bytes = _check_chunk_bytes(max_chunk_bytes)
+        self._plan()
+        self._tensors: dict = {}
+
+    # ----------------------------------------------------------------------- plan (set-up)
+
+    def _plan(self) -> None:
+        fo, n = self.forest, self.forest.n
+        limit = max(self.dense_threshold, 2)  # two nodes cannot be split in two smaller trees
+        # preorder labels: every subtree is a contiguous range [p, p + size)
+        child, parent = _edges(fo)
+        roots = fo.order[fo.parent_pos < 0]
+        rows = np.concatenate([parent, np.full(roots.size, n)])
+        cols = np.concatenate([child, roots])
+        g = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n + 1, n + 1)).tocsr()
+        pre_node = csgraph.depth_first_order(g, n, directed=True, return_predecessors=False)[1:]
+        label = np.empty(n, dtype=np.int64)
+        label[pre_node] = np.arange(n)
+        parent_node = np.full(n, -1, dtype=np.int64)
+        parent_node[child] = parent
+        par = np.where(parent_node[pre_node] >= 0, label[np.maximum(parent_node[pre_node], 0)], -1)
+        depth = _node_depths(fo)[pre_node]
+        end = _subtree_ends(depth)
+        has = np.flatnonzero(par >= 0)
+        if not (np.all(par[has] < has) and np.all(has < end[par[has]])):  # scipy's DFS order is a preorder
+            raise RuntimeError("depth-first order is not a preorder; cannot plan the separator recursion")
+        self._end, self._depth, self._par = end, depth, par
+
+        cross: list = []  # (N, src labels, src dists, tgt labels, tgt dists) per Hankel product
+        leaves: list = []  # (labels, dist matrix with -1 across trees) per dense block
+        splits = np.zeros(n, dtype=np.int64)
+        max_depth, count = 0, 0
+        # trees of a forest small enough for a dense block: packed consecutively (preorder ranges)
+        root_pos = np.flatnonzero(par < 0)
+        sizes = end[root_pos] - root_pos
+        stack: list = []
+        run: list = []  # preorder ranges of small trees going into one dense block
+        run_size = 0
+        for r, s in zip(root_pos.tolist(), sizes.tolist()):
+            if s > limit:
+                stack.append((np.arange(r, r + s), 0))
+                continue
+            if run and run_size + s > limit:
+                leaves.append(self._dense_block(np.concatenate(run)))
+                run, run_size = [], 0
+            run.append(np.arange(r, r + s))
+            run_size += s
+        if run:
+            leaves.append(self._dense_block(np.concatenate(run)))
+        count += len(leaves)
+        while stack:
+            s_lab, level = stack.pop()
+            count += 1
+            max_depth = max(max_depth, level)
+            if s_lab.size <= limit:
+                leaves.append(self._dense_block(s_lab))
+                continue
+            v, t1, t2, side1, side2 = self._split(s_lab)
+            splits[v] += 1
+            n_fft = _fft_size(int(side1[1].max()) + int(side2[1].max()) + 1)
+            cross.append((n_fft, side2[0], side2[1], side1[0], side1[1]))  # T_2's y read by T_1
+            cross.append((n_fft, side1[0], side1[1], side2[0], side2[1]))  # and the other way
+            stack.append((t1, level + 1))
+            stack.append((t2, level + 1))
+        self.recursion_depth = max_depth
+        self.num_subproblems = count
+        self.num_dense_blocks = len(leaves)
+        self._assemble(pre_node, cross, leaves, splits[label])
+
+    def _split(self, s_lab: np.ndarray):
+        """Centroid split of the connected subset s_lab (sorted preorder labels) of one tree."""
+        m = s_lab.size
+        hi = np.searchsorted(s_lab, self._end[s_lab])  # the local subtree of s_lab[i] is [i, hi[i])
+        size = hi - np.arange(m)
+        heavy = np.flatnonzero(2 * size > m)  # a chain from the top; its lowest node is a centroid
+        ci = int(heavy[np.argmin(size[heavy])])
+        v = int(s_lab[ci])
+        ce = int(hi[ci])
+        kids = ci + 1 + np.flatnonzero(self._par[s_lab[ci + 1:ce]] == v)
+        part = np.full(m, kids.size, dtype=np.int64)  # part kids.size: the component above v
+        part[ci + 1:ce] = np.repeat(np.arange(kids.size), size[kids])
+        part_size = np.append(size[kids], m - size[ci])
+        # distances to v: below v by depth; above v through the lowest common ancestor on v's chain
+        dist = self._depth[s_lab] - self._depth[v]
+        chain = np.flatnonzero((s_lab <= v) & (self._end[s_lab] > v))  # top .. v, by depth
+        outside = np.concatenate([np.arange(ci), np.arange(ce, m)])
+        if outside.size:
+            p = s_lab[outside]
+            i1 = np.searchsorted(s_lab[chain], p, side="right") - 1
+            i2 = np.searchsorted(-self._end[s_lab[chain]], -p, side="left") - 1
+            lca_depth = self._depth[s_lab[0]] + np.minimum(i1, i2)
+            dist[outside] = self._depth[p] + self._depth[v] - 2 * lca_depth
+        # greedy two-way partition of the components, largest first
+        group_of = np.zeros(part_size.size, dtype=np.int64)
+        load = [0, 0]
+        for k in np.argsort(-part_size, kind="stable"):
+            if part_size[k] == 0:
+                continue
+            side = 0 if load[0] <= load[1] else 1
+            group_of[k] = side
+            load[side] += int(part_size[k])
+        grp = group_of[part]
+        grp[ci] = -1
+        in1, in2 = grp == 0, grp == 1
+        t1, t2 = s_lab[in1 | (grp < 0)], s_lab[in2 | (grp < 0)]
+        return v, t1, t2, (s_lab[in1], dist[in1]), (s_lab[in2], dist[in2])
+
+    def _dense_block(self, s_lab: np.ndarray):
+        """Distances within the block (labels sorted in preorder; -1 across trees).
+
+        anc[a, u]: s_lab[a] is an ancestor-or-self of s_lab[u]; the block holds every ancestor
+        of its nodes up to each tree's top, so dist(u, w) = |anc(u)| + |anc(w)| - 2 |anc(u) n anc(w)|.
+        """
+        anc = ((s_lab[:, None] <= s_lab[None, :]) & (s_lab[None, :] < self._end[s_lab][:, None])).astype(np.float64)
+        common = anc.T @ anc
+        depth = anc.sum(0)
+        dist = np.rint(depth[:, None] + depth[None, :] - 2 * common).astype(np.int64)
+        dist[common == 0] = -1
+        return s_lab, dist
+
+    def _assemble(self, pre_node, cross, leaves, splits) -> None:
+        """Flatten the plan into index arrays: Hankel rows sorted by FFT size, dense blocks by size."""
+        n = self.n
+        cross.sort(key=lambda r: r[0])
+        self._row_fft = np.array([r[0] for r in cross], dtype=np.int64)
+        self._row_bin = np.concatenate([[0], np.cumsum(self._row_fft)]).astype(np.int64)
+        src_len = np.array([r[1].size for r in cross], dtype=np.int64)
+        tgt_len = np.array([r[3].size for r in cross], dtype=np.int64)
+        self._src_off = np.concatenate([[0], np.cumsum(src_len)]).astype(np.int64)
+        self._tgt_off = np.concatenate([[0], np.cumsum(tgt_len)]).astype(np.int64)
+        cat = (lambda parts: np.concatenate(parts).astype(np.int64)) if cross else (lambda parts: np.zeros(0, np.int64))
+        self._plan_np = {
+            "src_node": pre_node[cat([r[1] for r in cross])],
+            "src_bin": cat([r[2] for r in cross]) + np.repeat(self._row_bin[:-1], src_len),
+            "tgt_node": pre_node[cat([r[3] for r in cross])],
+            "tgt_bin": cat([r[4] for r in cross]) + np.repeat(self._row_bin[:-1], tgt_len),
+            "splits": splits,
+        }
+        self._fft_change = np.flatnonzero(np.diff(self._row_fft)) + 1
+        # dense blocks, bucketed by padded size (a power of two): node n and index n of f are padding
+        buckets: dict = {}
+        for s_lab, dist in leaves:
+            buckets.setdefault(1 << (s_lab.size - 1).bit_length(), []).append((s_lab, dist))
+        self._blocks = []
+        for size, items in sorted(buckets.items()):
+            nodes = np.full((len(items), size), n, dtype=np.int64)
+            dists = np.full((len(items), size, size), n, dtype=np.int64)
+            for b, (s_lab, dist) in enumerate(items):
+                m = s_lab.size
+                nodes[b, :m] = pre_node[s_lab]
+                dists[b, :m, :m] = np.where(dist >= 0, dist, n)
+            self._blocks.append((size, nodes, dists))
+
+    def _device_plan(self, device) -> dict:
+        key = str(device)
+        if key not in self._tensors:
+            t = {k: torch.as_tensor(v, device=device) for k, v in self._plan_np.items()}
+            t["blocks"] = [(size, torch.as_tensor(nodes, device=device), torch.as_tensor(dists, device=device))
+                           for size, nodes, dists in self._blocks]
+            self._tensors[key] = t
+        return self._tensors[key]
+
+    # ----------------------------------------------------------------------- product
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x for x (..., n, c) -> (..., n, c): dense blocks, Hankel FFTs, the f(0) fix at the v's."""
+        check_tokens("x", x, self.n)
+        out_dtype, work = x.dtype, compute_dtype(x.dtype)
+        lead, c, n = x.shape[:-2], x.shape[-1], self.n
+        xs = x.to(work).reshape(-1, n, c)
+        B = xs.shape[0]
+        plan = self._device_plan(x.device)
+        f = self.f.to(device=x.device, dtype=work)
+        bytes_per_entry = B * c * xs.element_size()
+        xp = torch.cat([xs, xs.new_zeros(B, 1, c)], dim=1)  # row n: padding
+        out = xs.new_zeros(B, n + 1, c)
+        # dense blocks: out[nodes] += f(dist) @ x[nodes]
+        f_ext = torch.cat([f, f.new_zeros(1)])
+        for size, nodes, dists in plan["blocks"]:
+            step = max(1, self.max_chunk_bytes // (4 * size * bytes_per_entry + size * size * xs.element_size()))
+            for b0 in range(0, nodes.shape[0], step):
+                idx = nodes[b0:b0 + step].reshape(-1)
+                blk = f_ext[dists[b0:b0 + step]]  # (L, size, size)
+                xb = xp.index_select(1, idx).view(B, -1, size, c)
+                out.index_add_(1, idx, torch.matmul(blk, xb).view(B, -1, c))
+        # cross terms through the separators: y by distance, z = Hankel(f) y by FFT, back by distance
+        spectra: dict = {}
+        budget = max(1, self.max_chunk_bytes // (6 * bytes_per_entry))
+        rows, r0 = self._row_fft.size, 0
+        while r0 < rows:
+            r1 = int(np.searchsorted(self._row_bin, self._row_bin[r0] + budget, side="right")) - 1
+            r1 = min(max(r1, r0 + 1), rows)
+            base = int(self._row_bin[r0])
+            s0, s1 = int(self._src_off[r0]), int(self._src_off[r1])
+            t0, t1 = int(self._tgt_off[r0]), int(self._tgt_off[r1])
+            y = xs.new_zeros(B, int(self._row_bin[r1]) - base, c).index_add_(
+                1, plan["src_bin"][s0:s1] - base, xs.index_select(1, plan["src_node"][s0:s1]))
+            cuts = [r0] + [int(b) for b in self._fft_change if r0 < b < r1] + [r1]
+            zs = []
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                nf = int(self._row_fft[a])
+                if nf not in spectra:
+                    spectra[nf] = torch.fft.rfft(torch.nn.functional.pad(f[:nf], (0, max(0, nf - n))))
+                seg = y[:, int(self._row_bin[a]) - base:int(self._row_bin[b]) - base].view(B, b - a, nf, c)
+                prod = torch.conj(torch.fft.rfft(seg, dim=2)) * spectra[nf][:, None]
+                zs.append(torch.fft.irfft(prod, n=nf, dim=2).reshape(B, -1, c))
+            z = zs[0] if len(zs) == 1 else torch.cat(zs, dim=1)
+            out.index_add_(1, plan["tgt_node"][t0:t1], z.index_select(1, plan["tgt_bin"][t0:t1] - base))
+            r0 = r1
+        res = out[:, :n] - f[0] * plan["splits"].to(work)[:, None] * xs
+        return res.reshape(*lead, n, c).to(out_dtype)
+
+
+def tree_mask_operator(forest: Forest, f, *, method: str = "auto") -> TreeDiamMask | TreeDCMask:
+    """M_ij = f(dist(i, j)) on an unweighted forest as an operator with ``n`` and ``matmul``.
+
+    f: (n,) f(0), ..., f(n - 1). method: "diam" (TreeDiamMask, Lemma 6.2, O(n diam c)), "dc"
+    (TreeDCMask, Lemma 6.1, O(n log^2 n c)) or "auto": by Cor. 6.4 the diameter algorithm when
+    diam <= log2(n)^2 (diam = o(log^2 n)), else the separator recursion; diam by two BFS passes
+    (``forest_diameter``).
+    """
+    if method not in ("auto", "diam", "dc"):
+        raise ValueError(f"method must be 'auto', 'diam' or 'dc', got {method!r}")
+    if method == "auto":
+        _check_unweighted(forest, "tree_mask_operator")
+        method = "diam" if forest_diameter(forest) <= math.log2(forest.n) ** 2 else "dc"
+    return TreeDiamMask(forest, f) if method == "diam" else TreeDCMask(forest, f)
