@@ -25,10 +25,19 @@ from fast.masks.hypercube import HypercubeDiffusionMask
 from fast.masks.lowrank import LowRankMask
 from fast.masks.sequence import CausalMask, PackingMask, PaddingMask
 from fast.masks.toeplitz import BlockToeplitzMask, ToeplitzMask
+from fast.masks.tree import (
+    Forest,
+    TreeDCMask,
+    TreeDiamMask,
+    TreeExpMask,
+    forest_diameter,
+    tree_mask_operator,
+)
 
 __all__ = [
     "DenominatorError", "favor_attention", "linear_attention", "masked_linear_attention",
     "softmax_attention", "EluPlusOne", "FavorPlus", "FeatureMap", "Hyperbolic", "Identity",
     "ReLU", "TrigRFF", "gaussian_projection", "MaskOperator", "CausalMask", "PackingMask",
     "PaddingMask", "ToeplitzMask", "BlockToeplitzMask", "LowRankMask", "HypercubeDiffusionMask",
+    "Forest", "TreeExpMask", "TreeDiamMask", "TreeDCMask", "forest_diameter", "tree_mask_operator",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Sequence, Union
 
 import numpy as np
 import scipy.sparse as sp
@@ -248,7 +249,9 @@ class TreeExpMask:
 # =========================================================================================
 
 #: Bound on the transient buffers of one product step (bytes); more columns / rows are chunked.
-DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20
+#: Small enough that the buffers come from the allocator's heap rather than fresh pages (fresh
+#: large mappings cost a page fault per 4 KiB; 256 MiB made the n = 2^16 path product 2x slower).
+DEFAULT_MAX_CHUNK_BYTES = 32 * 2**20
 
 
 def _check_unweighted(forest: Forest, who: str) -> None:
@@ -261,7 +264,11 @@ def _check_unweighted(forest: Forest, who: str) -> None:
                          "for exp-affine f on weighted forests, or rebuild the Forest without weights.")
 
 
-def _check_f(f, n: int) -> torch.Tensor:
+#: f(0), ..., f(n - 1): a floating tensor (may require grad), or anything np.asarray takes.
+FTable = Union[torch.Tensor, np.ndarray, Sequence[float]]
+
+
+def _check_f(f: FTable, n: int) -> torch.Tensor:
     """f (n,) = f(0), ..., f(n - 1) as a floating tensor (kept as given, so it may require grad)."""
     if isinstance(f, torch.Tensor):
         if f.is_complex():
@@ -279,7 +286,7 @@ def _check_f(f, n: int) -> torch.Tensor:
     return t
 
 
-def _check_chunk_bytes(max_chunk_bytes) -> int:
+def _check_chunk_bytes(max_chunk_bytes: int) -> int:
     if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, numbers.Integral) or max_chunk_bytes <= 0:
         raise ValueError(f"max_chunk_bytes must be a positive integer, got {max_chunk_bytes!r}")
     return int(max_chunk_bytes)
@@ -338,16 +345,19 @@ class TreeDiamMask:
     depth l - 2 below i, which the second shift removes. Both passes go level by level: one
     index_add (children into parents) or index_select (parents to children) per depth.
 
-    Array lengths (H the height, D = forest_diameter <= 2H): a depth-k node's g has length
-    H - k + 1 (its subtree is at most that deep) and its h length min(k + H, D) + 1 (no node is
-    farther). Work O(n D c); memory: all g (sum_k n_k (H - k + 1) c <= n (H + 1) c) plus h of two
-    adjacent levels (without autograd), or of all levels, <= n (D + 1) c, when x or f requires
-    grad (autograd keeps them): O(n (2H + 1) c) in all. Columns are processed in chunks whose
-    no-grad buffers stay under ``max_chunk_bytes`` (default 256 MiB; at least one column).
+    Storage (H the height): g of a depth-k node has length H - k + 1 (its subtree is no deeper);
+    h is stored by s = l - k + H in an array of length 2H + 1 (no node is farther
+    than H + k from a depth-k node). In s the shift by the parent vanishes, h_i[s] = h_p(i)[s] +
+    g_i[s] - g_i[s - 2] (g placed at its own s), so each level is one index_select of the parents'
+    h plus two in-place slice updates of g's (short) length, and (M x)_i = sum_l f(l) h_i[H - k + l].
+    Work O(n H c) = O(n diam c) (diam >= H). Memory: all g (sum_k n_k (H - k + 1) c <= n (H + 1) c)
+    plus h of two adjacent levels (n_k (2H + 1) c each) without autograd; with autograd (x or f
+    requiring grad) every level's h is kept: n (2H + 1) c. Columns are processed in chunks whose
+    no-grad buffers stay under ``max_chunk_bytes`` (default 32 MiB; at least one column).
     Half precision inputs compute in float32.
     """
 
-    def __init__(self, forest: Forest, f, *, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
+    def __init__(self, forest: Forest, f: FTable, *, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
         _check_unweighted(forest, "TreeDiamMask")
         self.forest = forest
         self.n = forest.n
@@ -356,16 +366,14 @@ class TreeDiamMask:
         self.height = forest.height
         self.diameter = forest_diameter(forest)
         counts = np.diff(forest.level_starts)
-        H, D = self.height, self.diameter
-        self._g_len = [H - k + 1 for k in range(H + 1)]
-        self._h_len = [min(k + H, D) + 1 for k in range(H + 1)]
-        h_elems = [int(c) * m for c, m in zip(counts, self._h_len)]
-        pairs = max([a + b for a, b in zip(h_elems, h_elems[1:])] + h_elems)
+        H = self.height
+        level_h = counts * (2 * H + 1)
+        pairs = max([int(a + b) for a, b in zip(level_h, level_h[1:])] + [int(level_h[0])])
         #: numbers per column held at the peak of a no-grad product (all g, two levels of h, out)
-        self.elems_per_column = int(np.dot(counts, self._g_len)) + pairs + self.n
+        self.elems_per_column = int(np.dot(counts, H + 1 - np.arange(H + 1))) + pairs + 2 * self.n
         self._local_parents: dict = {}
 
-    def _parents(self, device) -> list:
+    def _parents(self, device: torch.device | str) -> list:
         """Per depth k >= 1: each node's parent as an index into level k - 1 (cached per device)."""
         key = str(device)
         if key not in self._local_parents:
@@ -382,6 +390,7 @@ class TreeDiamMask:
         lead, c = x.shape[:-2], x.shape[-1]
         xs = self.forest.to_level_order(x.to(work).reshape(-1, self.n, c))  # (B, n, c) in level order
         f = self.f.to(device=x.device, dtype=work)
+        f = torch.nn.functional.pad(f, (0, max(0, 2 * self.height + 1 - self.n)))  # f(l) = 0 past n - 1
         per_col = xs.shape[0] * self.elems_per_column * xs.element_size()
         step = max(1, self.max_chunk_bytes // per_col)
         out = torch.cat([self._levels(xs[..., j:j + step], f) for j in range(0, c, step)], dim=-1)
@@ -391,26 +400,25 @@ class TreeDiamMask:
         """The two passes on xs (B, n, c) in level order; returns (B, n, c) in level order."""
         parents = self._parents(xs.device)
         levels = self.forest.levels()
+        H = self.height
         B, _, c = xs.shape
-        g: list = [None] * len(levels)
-        for k, lo, hi in reversed(levels):  # bottom-up: g_i[0] = x_i, g_i[1:] = sum of children's g
+        g: list = [None] * (H + 1)
+        for k, lo, hi in reversed(levels):  # bottom-up: g_i[0] = x_i, g_i[1:] = sum of the children's g
             xk = xs[:, lo:hi].unsqueeze(-2)  # (B, n_k, 1, c)
-            if k == len(levels) - 1:
+            if k == H:
                 g[k] = xk
             else:
-                below = xs.new_zeros(B, hi - lo, self._g_len[k] - 1, c).index_add_(1, parents[k + 1], g[k + 1])
+                below = xs.new_zeros(B, hi - lo, H - k, c).index_add_(1, parents[k + 1], g[k + 1])
                 g[k] = torch.cat([xk, below], dim=-2)
-        pad = torch.nn.functional.pad
-        h = g[0]  # roots: the subtree is the tree
-        outs = [torch.einsum("bnlc,l->bnc", h, f[:self._h_len[0]])]
+        h = xs.new_zeros(B, levels[0][2], 2 * H + 1, c)
+        h[:, :, H:] = g[0]  # roots: h = g, at s = l + H
+        outs = [torch.matmul(f[None, :H + 1], h[:, :, H:]).squeeze(-2)]
         for k, lo, hi in levels[1:]:
-            m, gl = self._h_len[k], self._g_len[k]
-            hp = h.index_select(1, parents[k])[:, :, :m - 1]  # h of the parent, as far as needed
-            g_k = g[k]
-            back = g_k[:, :, :m - 2]  # g_i[l - 2]: T_i's nodes reached through the parent
-            h = (pad(g_k, (0, 0, 0, m - gl)) + pad(hp, (0, 0, 1, 0))
-                 - pad(back, (0, 0, 2, m - 2 - back.shape[2])))
-            outs.append(torch.einsum("bnlc,l->bnc", h, f[:m]))
+            h = h.index_select(1, parents[k])  # h_p(i)[s]: the parent's term, already shifted
+            h[:, :, H - k:2 * H - 2 * k + 1] += g[k]  # + g_i[l]
+            stop = min(2 * H - 2 * k + 3, 2 * H + 1)
+            h[:, :, H - k + 2:stop] -= g[k][:, :, :stop - (H - k + 2)]  # - g_i[l - 2]
+            outs.append(torch.matmul(f[None, :H + k + 1], h[:, :, H - k:]).squeeze(-2))
         return torch.cat(outs, dim=1)
 
 
@@ -435,6 +443,14 @@ def _subtree_ends(depth: np.ndarray) -> np.ndarray:
     return q
 
 
+#: A cross-term row multiplies by its dense p_out x p_in Hankel block (a GEMM) while
+#: p_out p_in <= HANKEL_DENSE_RATIO N (N the FFT size it would need), else correlates by FFT. The
+#: FFTs (plus the transposes torch makes for an FFT along the token axis) cost ~9 ns per bin and
+#: column against ~0.07 ns per multiply-add in a GEMM (measured, one thread); this bounds the
+#: dense rows to p <= ~256, so the asymptotic cost is unchanged.
+HANKEL_DENSE_RATIO = 64
+
+
 def _fft_size(m: int) -> int:
     """The smallest 5-smooth integer >= m (a size pocketfft / cuFFT transform fast)."""
     from fast.masks.toeplitz import fast_fft_size
@@ -447,13 +463,14 @@ class TreeDCMask:
     forest: an unweighted ``Forest``; f: (n,) tensor (or array) f(0), ..., f(n - 1), finite, any
     sign, may require grad. ``matmul`` takes x (..., n, c). dense_threshold: subproblems with at
     most max(dense_threshold, 2) nodes are dense blocks. max_chunk_bytes bounds the transient
-    buffers of one step of the product (default 256 MiB; at least one row or block per step).
+    buffers of one step of the product (default 32 MiB; at least one row or block per step).
 
     Balanced separator recursion (planned once, in __init__). For a tree T with more than
     dense_threshold nodes take a centroid v (every component of T - v has <= |T|/2 nodes), split
-    those components greedily by size into two groups and set T_1 = {v} + group 1,
-    T_2 = {v} + group 2 (each <= about 2|T|/3 + 1 nodes; V(T_1) u V(T_2) = V(T), V(T_1) n V(T_2)
-    = {v}). With s^k_i = sum_{j in T_k} f(dist(i, j)) x_j (Eq. 26) computed recursively,
+    those components by size into two groups and set T_1 = {v} + group 1, T_2 = {v} + group 2
+    (each <= 2(|T| - 1)/3 + 1 nodes; V(T_1) u V(T_2) = V(T), V(T_1) n V(T_2) = {v}). This is the
+    paper's two-vertex separator argument with one vertex and 2/3 in place of 9/10. With
+    s^k_i = sum_{j in T_k} f(dist(i, j)) x_j (Eq. 26) computed recursively,
 
         (M x)_i = s^1_i + z^2[dist(i, v)]      for i in T_1 - {v}
         (M x)_i = s^2_i + z^1[dist(i, v)]      for i in T_2 - {v}
@@ -462,16 +479,21 @@ class TreeDCMask:
 
     since a path from T_1 - {v} to T_2 - {v} passes v. z = H y with the Hankel matrix
     H_ab = f(a + b) is a correlation with f, done by FFT (rfft/irfft of size N >= a_max + b_max + 1,
-    5-smooth, so nothing wraps): z = irfft(conj(rfft(y)) rfft(f[:N])). Subproblems of at most
-    dense_threshold nodes (and trees of a forest that small, packed together) use the dense block
-    f(dist) with distances counted within the block. The recursion depth is
-    O(log n); each level costs O(n log n c) in FFTs and O(n c) in scatters and gathers, the
-    leaves O(n dense_threshold c): O(n log^2 n c) in all. The plan (index and distance arrays)
-    takes O(n log n) memory and set-up; ``recursion_depth`` and ``num_subproblems`` (separator
-    splits plus dense blocks) describe it. Half precision inputs compute in float32.
+    5-smooth, so nothing wraps): z[a] = irfft(rfft(y) conj(rfft(f[:N])))[N - a]. Short rows (padded
+    lengths p_a p_b <= HANKEL_DENSE_RATIO N, so p <= ~256) multiply by the Hankel block itself, a
+    batched GEMM that is faster there. Subproblems of at most dense_threshold nodes (and trees of
+    a forest that small, packed together) use the dense block f(dist) with distances counted
+    within the block. The recursion depth is O(log n) (<= log_{3/2} n); each level costs
+    O(n log n c) in FFTs and O(n c) in scatters and gathers, the leaves O(n dense_threshold c):
+    O(n log^2 n c) in all. The plan (index and distance arrays, in preorder so that subproblems are
+    contiguous ranges) takes O(n log n) memory and set-up; ``recursion_depth``, ``num_subproblems``
+    (separator splits plus dense blocks), ``num_dense_blocks`` and ``num_fft_rows`` describe it.
+    Memory of a product: the plan, x and the output, plus buffers bounded by ``max_chunk_bytes``
+    (without autograd; with it, every step's buffers are kept, O(n log n c) in all). Half
+    precision inputs compute in float32.
     """
 
-    def __init__(self, forest: Forest, f, *, dense_threshold: int = 64,
+    def __init__(self, forest: Forest, f: FTable, *, dense_threshold: int = 64,
                  max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
         _check_unweighted(forest, "TreeDCMask")
         if isinstance(dense_threshold, bool) or not isinstance(dense_threshold, numbers.Integral) or dense_threshold <= 0:
@@ -539,17 +561,15 @@ class TreeDCMask:
                 continue
             v, t1, t2, side1, side2 = self._split(s_lab)
             splits[v] += 1
-            n_fft = _fft_size(int(side1[1].max()) + int(side2[1].max()) + 1)
-            cross.append((n_fft, side2[0], side2[1], side1[0], side1[1]))  # T_2's y read by T_1
-            cross.append((n_fft, side1[0], side1[1], side2[0], side2[1]))  # and the other way
+            cross.extend(self._hankel_rows(side1, side2))
             stack.append((t1, level + 1))
             stack.append((t2, level + 1))
         self.recursion_depth = max_depth
         self.num_subproblems = count
         self.num_dense_blocks = len(leaves)
-        self._assemble(pre_node, cross, leaves, splits[label])
+        self._assemble(pre_node, label, cross, leaves, splits)
 
-    def _split(self, s_lab: np.ndarray):
+    def _split(self, s_lab: np.ndarray) -> tuple:
         """Centroid split of the connected subset s_lab (sorted preorder labels) of one tree."""
         m = s_lab.size
         hi = np.searchsorted(s_lab, self._end[s_lab])  # the local subtree of s_lab[i] is [i, hi[i])
@@ -572,22 +592,40 @@ class TreeDCMask:
             i2 = np.searchsorted(-self._end[s_lab[chain]], -p, side="left") - 1
             lca_depth = self._depth[s_lab[0]] + np.minimum(i1, i2)
             dist[outside] = self._depth[p] + self._depth[v] - 2 * lca_depth
-        # greedy two-way partition of the components, largest first
-        group_of = np.zeros(part_size.size, dtype=np.int64)
-        load = [0, 0]
-        for k in np.argsort(-part_size, kind="stable"):
-            if part_size[k] == 0:
-                continue
-            side = 0 if load[0] <= load[1] else 1
-            group_of[k] = side
-            load[side] += int(part_size[k])
+        # two groups: a prefix of the components by decreasing size, the one whose total is closest
+        # to (m - 1) / 2. Each component has <= m / 2 nodes, so the largest prefix totalling
+        # <= 2 (m - 1) / 3 leaves both groups in [(m - 1) / 3, 2 (m - 1) / 3]; the closest is as good.
+        by_size = np.argsort(-part_size, kind="stable")
+        total = np.cumsum(part_size[by_size])[:-1]  # prefixes of 1 .. parts - 1 components
+        k = int(np.argmin(np.abs(2 * total - (m - 1)))) + 1
+        group_of = np.ones(part_size.size, dtype=np.int64)
+        group_of[by_size[:k]] = 0
         grp = group_of[part]
         grp[ci] = -1
         in1, in2 = grp == 0, grp == 1
         t1, t2 = s_lab[in1 | (grp < 0)], s_lab[in2 | (grp < 0)]
         return v, t1, t2, (s_lab[in1], dist[in1]), (s_lab[in2], dist[in2])
 
-    def _dense_block(self, s_lab: np.ndarray):
+    def _hankel_rows(self, side1: tuple, side2: tuple) -> list:
+        """The two cross-term rows of a split: (key, src labels, y bins, tgt labels, z bins).
+
+        Row "T_2 into T_1" sums x over T_2 - {v} by distance b into y, and node i of T_1 - {v}
+        reads z[a] = sum_b f(a + b) y[b] at a = dist(i, v); "T_1 into T_2" likewise. A key
+        (kind, z length, y length) says how: kind 0 multiplies by the Hankel matrix
+        H[a - 1, b - 1] = f(a + b) (a <= p_out, b <= p_in, powers of two) as a dense GEMM, used
+        while p_out p_in <= HANKEL_DENSE_RATIO N; kind 1 correlates with f by FFTs of size N
+        (y at bin b, z[a] at bin N - a, see _cross_terms).
+        """
+        (lab1, d1), (lab2, d2) = side1, side2
+        m1, m2 = int(d1.max()), int(d2.max())
+        n_fft = _fft_size(m1 + m2 + 1)
+        p1, p2 = 1 << (m1 - 1).bit_length(), 1 << (m2 - 1).bit_length()
+        if p1 * p2 <= HANKEL_DENSE_RATIO * n_fft:
+            return [((0, p1, p2), lab2, d2 - 1, lab1, d1 - 1), ((0, p2, p1), lab1, d1 - 1, lab2, d2 - 1)]
+        key = (1, n_fft, n_fft)
+        return [(key, lab2, d2, lab1, n_fft - d1), (key, lab1, d1, lab2, n_fft - d2)]
+
+    def _dense_block(self, s_lab: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Distances within the block (labels sorted in preorder; -1 across trees).
 
         anc[a, u]: s_lab[a] is an ancestor-or-self of s_lab[u]; the block holds every ancestor
@@ -600,25 +638,34 @@ class TreeDCMask:
         dist[common == 0] = -1
         return s_lab, dist
 
-    def _assemble(self, pre_node, cross, leaves, splits) -> None:
-        """Flatten the plan into index arrays: Hankel rows sorted by FFT size, dense blocks by size."""
+    def _assemble(self, pre_node: np.ndarray, label: np.ndarray, cross: list, leaves: list,
+                  splits: np.ndarray) -> None:
+        """Flatten the plan into index arrays (preorder labels): Hankel rows by key, dense blocks by size."""
         n = self.n
         cross.sort(key=lambda r: r[0])
-        self._row_fft = np.array([r[0] for r in cross], dtype=np.int64)
-        self._row_bin = np.concatenate([[0], np.cumsum(self._row_fft)]).astype(np.int64)
+        self._row_key = [r[0] for r in cross]
+        z_len = np.array([k[1] for k in self._row_key], dtype=np.int64)
+        y_len = np.array([k[2] for k in self._row_key], dtype=np.int64)
+        self._y_start = np.concatenate([[0], np.cumsum(y_len)]).astype(np.int64)
+        self._z_start = np.concatenate([[0], np.cumsum(z_len)]).astype(np.int64)
+        self._w_start = np.concatenate([[0], np.cumsum(np.maximum(y_len, z_len))]).astype(np.int64)
         src_len = np.array([r[1].size for r in cross], dtype=np.int64)
         tgt_len = np.array([r[3].size for r in cross], dtype=np.int64)
         self._src_off = np.concatenate([[0], np.cumsum(src_len)]).astype(np.int64)
         self._tgt_off = np.concatenate([[0], np.cumsum(tgt_len)]).astype(np.int64)
         cat = (lambda parts: np.concatenate(parts).astype(np.int64)) if cross else (lambda parts: np.zeros(0, np.int64))
         self._plan_np = {
-            "src_node": pre_node[cat([r[1] for r in cross])],
-            "src_bin": cat([r[2] for r in cross]) + np.repeat(self._row_bin[:-1], src_len),
-            "tgt_node": pre_node[cat([r[3] for r in cross])],
-            "tgt_bin": cat([r[4] for r in cross]) + np.repeat(self._row_bin[:-1], tgt_len),
+            "src_node": cat([r[1] for r in cross]),
+            "src_bin": cat([r[2] for r in cross]) + np.repeat(self._y_start[:-1], src_len),
+            "tgt_node": cat([r[3] for r in cross]),
+            "tgt_bin": cat([r[4] for r in cross]) + np.repeat(self._z_start[:-1], tgt_len),
             "splits": splits,
+            "pre_node": pre_node,  # x by node id -> x in preorder
+            "label": label,  # and back
         }
-        self._fft_change = np.flatnonzero(np.diff(self._row_fft)) + 1
+        # steps never mix keys: the first row of each key
+        self._key_change = np.array([i for i in range(1, len(cross)) if cross[i][0] != cross[i - 1][0]], dtype=np.int64)
+        self.num_fft_rows = sum(k[0] == 1 for k in self._row_key)
         # dense blocks, bucketed by padded size (a power of two): node n and index n of f are padding
         buckets: dict = {}
         for s_lab, dist in leaves:
@@ -626,14 +673,14 @@ class TreeDCMask:
         self._blocks = []
         for size, items in sorted(buckets.items()):
             nodes = np.full((len(items), size), n, dtype=np.int64)
-            dists = np.full((len(items), size, size), n, dtype=np.int64)
+            dists = np.full((len(items), size, size), n, dtype=np.int32)  # int32: half the memory
             for b, (s_lab, dist) in enumerate(items):
                 m = s_lab.size
-                nodes[b, :m] = pre_node[s_lab]
+                nodes[b, :m] = s_lab
                 dists[b, :m, :m] = np.where(dist >= 0, dist, n)
             self._blocks.append((size, nodes, dists))
 
-    def _device_plan(self, device) -> dict:
+    def _device_plan(self, device: torch.device | str) -> dict:
         key = str(device)
         if key not in self._tensors:
             t = {k: torch.as_tensor(v, device=device) for k, v in self._plan_np.items()}
@@ -649,51 +696,76 @@ class TreeDCMask:
         check_tokens("x", x, self.n)
         out_dtype, work = x.dtype, compute_dtype(x.dtype)
         lead, c, n = x.shape[:-2], x.shape[-1], self.n
-        xs = x.to(work).reshape(-1, n, c)
-        B = xs.shape[0]
         plan = self._device_plan(x.device)
+        # preorder: every subproblem is a few contiguous ranges, so the gathers below stay local
+        xs = x.to(work).reshape(-1, n, c).index_select(1, plan["pre_node"])
         f = self.f.to(device=x.device, dtype=work)
-        bytes_per_entry = B * c * xs.element_size()
+        grad = torch.is_grad_enabled() and (xs.requires_grad or f.requires_grad)
+        out = self._cross_terms(xs, f, self._dense_blocks(xs, f, plan), grad)[:, :n]
+        out = out - f[0] * plan["splits"].to(work)[:, None] * xs  # v was in both halves of its split
+        return out.index_select(1, plan["label"]).reshape(*lead, n, c).to(out_dtype)
+
+    def _dense_blocks(self, xs: torch.Tensor, f: torch.Tensor, plan: dict) -> torch.Tensor:
+        """sum over dense blocks of f(dist) @ x[block], scattered back: (B, n, c)."""
+        B, n, c = xs.shape
         xp = torch.cat([xs, xs.new_zeros(B, 1, c)], dim=1)  # row n: padding
         out = xs.new_zeros(B, n + 1, c)
-        # dense blocks: out[nodes] += f(dist) @ x[nodes]
-        f_ext = torch.cat([f, f.new_zeros(1)])
+        f_ext = torch.cat([f, f.new_zeros(1)])  # f_ext[n] = 0: padding and pairs across trees
+        item = xs.element_size()
         for size, nodes, dists in plan["blocks"]:
-            step = max(1, self.max_chunk_bytes // (4 * size * bytes_per_entry + size * size * xs.element_size()))
+            step = max(1, self.max_chunk_bytes // (size * item * (3 * B * c + size)))
             for b0 in range(0, nodes.shape[0], step):
                 idx = nodes[b0:b0 + step].reshape(-1)
-                blk = f_ext[dists[b0:b0 + step]]  # (L, size, size)
                 xb = xp.index_select(1, idx).view(B, -1, size, c)
-                out.index_add_(1, idx, torch.matmul(blk, xb).view(B, -1, c))
-        # cross terms through the separators: y by distance, z = Hankel(f) y by FFT, back by distance
-        spectra: dict = {}
-        budget = max(1, self.max_chunk_bytes // (6 * bytes_per_entry))
-        rows, r0 = self._row_fft.size, 0
+                out.index_add_(1, idx, torch.matmul(f_ext[dists[b0:b0 + step]], xb).view(B, -1, c))
+        return out
+
+    def _cross_terms(self, xs: torch.Tensor, f: torch.Tensor, out: torch.Tensor, grad: bool) -> torch.Tensor:
+        """Adds the Hankel products through the separators to out (B, n, c); returns it.
+
+        Rows (one per side of a split) are sorted by key and processed in steps of one key that
+        fit ``max_chunk_bytes``: y (B, rows, y length, c) by index_add of x at distance bins, then
+        z = H y (dense rows) or z = irfft(rfft(y) conj(rfft(f[:N]))) (FFT rows: a correlation,
+        z[a] at bin N - a), gathered at the targets' bins and added to their rows.
+        """
+        B, n, c = xs.shape
+        plan = self._device_plan(xs.device)
+        budget = max(1, self.max_chunk_bytes // (6 * B * c * xs.element_size()))
+        ops: dict = {}  # per key: the Hankel matrix, or conj(rfft(f[:N])) as (N // 2 + 1, 1)
+        rows, r0, change = len(self._row_key), 0, self._key_change
         while r0 < rows:
-            r1 = int(np.searchsorted(self._row_bin, self._row_bin[r0] + budget, side="right")) - 1
-            r1 = min(max(r1, r0 + 1), rows)
-            base = int(self._row_bin[r0])
+            kind, z_len, y_len = key = self._row_key[r0]
+            r1 = int(np.searchsorted(self._w_start, self._w_start[r0] + budget, side="right")) - 1
+            nxt = change[np.searchsorted(change, r0, side="right"):]
+            r1 = min(max(r1, r0 + 1), int(nxt[0]) if nxt.size else rows)
+            y0, z0 = int(self._y_start[r0]), int(self._z_start[r0])
             s0, s1 = int(self._src_off[r0]), int(self._src_off[r1])
             t0, t1 = int(self._tgt_off[r0]), int(self._tgt_off[r1])
-            y = xs.new_zeros(B, int(self._row_bin[r1]) - base, c).index_add_(
-                1, plan["src_bin"][s0:s1] - base, xs.index_select(1, plan["src_node"][s0:s1]))
-            cuts = [r0] + [int(b) for b in self._fft_change if r0 < b < r1] + [r1]
-            zs = []
-            for a, b in zip(cuts[:-1], cuts[1:]):
-                nf = int(self._row_fft[a])
-                if nf not in spectra:
-                    spectra[nf] = torch.fft.rfft(torch.nn.functional.pad(f[:nf], (0, max(0, nf - n))))
-                seg = y[:, int(self._row_bin[a]) - base:int(self._row_bin[b]) - base].view(B, b - a, nf, c)
-                prod = torch.conj(torch.fft.rfft(seg, dim=2)) * spectra[nf][:, None]
-                zs.append(torch.fft.irfft(prod, n=nf, dim=2).reshape(B, -1, c))
-            z = zs[0] if len(zs) == 1 else torch.cat(zs, dim=1)
-            out.index_add_(1, plan["tgt_node"][t0:t1], z.index_select(1, plan["tgt_bin"][t0:t1] - base))
+            y = xs.new_zeros(B, (r1 - r0) * y_len, c).index_add_(
+                1, plan["src_bin"][s0:s1] - y0, xs.index_select(1, plan["src_node"][s0:s1]))
+            y = y.view(B, r1 - r0, y_len, c)
+            if key not in ops:
+                if kind == 0:
+                    a = torch.arange(1, z_len + 1, device=xs.device)
+                    b = torch.arange(1, y_len + 1, device=xs.device)
+                    fp = torch.nn.functional.pad(f, (0, max(0, z_len + y_len + 1 - n)))
+                    ops[key] = fp[a[:, None] + b[None, :]]  # H[a - 1, b - 1] = f(a + b)
+                else:
+                    spec = torch.fft.rfft(torch.nn.functional.pad(f[:z_len], (0, max(0, z_len - n))))
+                    ops[key] = spec.conj().resolve_conj()[:, None]
+            if kind == 0:
+                z = torch.matmul(ops[key], y)
+            else:
+                spec = torch.fft.rfft(y, dim=2)
+                spec = spec * ops[key] if grad else spec.mul_(ops[key])
+                z = torch.fft.irfft(spec, n=z_len, dim=2)
+            z = z.reshape(B, (r1 - r0) * z_len, c).contiguous()
+            out.index_add_(1, plan["tgt_node"][t0:t1], z.index_select(1, plan["tgt_bin"][t0:t1] - z0))
             r0 = r1
-        res = out[:, :n] - f[0] * plan["splits"].to(work)[:, None] * xs
-        return res.reshape(*lead, n, c).to(out_dtype)
+        return out
 
 
-def tree_mask_operator(forest: Forest, f, *, method: str = "auto") -> TreeDiamMask | TreeDCMask:
+def tree_mask_operator(forest: Forest, f: FTable, *, method: str = "auto") -> TreeDiamMask | TreeDCMask:
     """M_ij = f(dist(i, j)) on an unweighted forest as an operator with ``n`` and ``matmul``.
 
     f: (n,) f(0), ..., f(n - 1). method: "diam" (TreeDiamMask, Lemma 6.2, O(n diam c)), "dc"
