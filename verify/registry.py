@@ -31,6 +31,8 @@ class Mechanism:
     size_rule(n) -> the largest admissible N <= n, for mechanisms defined only at some N (the
         hypercube needs 2^k); None: every N >= 1. Use ``admissible(n)`` before make_problem
         wherever N is not from the mechanism's own grids.
+    extra_factor(problem) -> float: for complexity "N diam", the problem's diameter; the
+        complexity check fits time / extra_factor against N (class N).
     """
 
     id: str
@@ -50,10 +52,13 @@ class Mechanism:
     notes: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
     size_rule: Callable[[int], int] | None = None
+    extra_factor: Callable | None = None
 
     def __post_init__(self):
         if self.complexity not in COMPLEXITY_CLASSES:
             raise ValueError(f"complexity must be one of {COMPLEXITY_CLASSES}, got {self.complexity!r}")
+        if (self.complexity == "N diam") != (self.extra_factor is not None):
+            raise ValueError("complexity 'N diam' needs extra_factor (the diameter), and only it")
 
     def admissible(self, n: int) -> int:
         """The N to use for a requested n: n itself unless ``size_rule`` says otherwise."""

@@ -5,16 +5,18 @@ of log t vs log N with a 95% t-interval. N and N log N cannot be told apart by s
 slope of N log N is 1 + 1/ln N), so sub-quadratic claims are one-sided: the upper CI must stay
 below CLASS_UPPER; quadratic claims need the lower CI above 1.8. Where a dense twin exists, its
 slope is reported beside the fast one and the speed-up t_dense / t_fast must grow with N
-(lower CI of its log-log slope > 0); the crossover N is reported.
+(lower CI of its log-log slope > 0); the crossover N is reported. "N diam" (Lemma 6.2) divides
+each time by the problem's diameter and tests class N on the quotient.
 """
 from __future__ import annotations
 
 import time
 
+import numpy as np
 
 from verify.registry import Mechanism, mechanisms
 from verify.result import Check, CheckResult, Context
-from verify.timing import MIN_FIT_S, crossover, fit_exponent, sweep
+from verify.timing import MIN_FIT_S, crossover, fit_exponent, fit_points, sweep
 
 #: One-sided upper bounds on the fitted slope for each sub-quadratic class (METHODS.md).
 CLASS_UPPER = {"N": 1.35, "N log N": 1.4, "N log^2 N": 1.5}
@@ -32,7 +34,18 @@ def _run(mech: Mechanism, ctx: Context) -> CheckResult:
     details = {"fast": {"sizes": fs.sizes, "seconds": fs.seconds, "fit": ff.to_dict()}, "threads": fs.threads,
                "rounds": rounds, "claimed": mech.complexity}
     reasons = []
-    if mech.complexity == "N^2":
+    if mech.complexity == "N diam":
+        # O(N diam): time / diam(N) must scale like N (the problem fixes how diam grows with N)
+        diam = [mech.extra_factor(mech.make_problem(n, ctx.seed)) for n in fs.sizes]
+        keep = fit_points(np.asarray(fs.sizes, float), np.asarray(fs.seconds, float), MIN_FIT_S)  # by raw time
+        per_diam = [t / d for t, d in zip(fs.seconds, diam)]
+        ff = fit_exponent(np.asarray(fs.sizes)[keep], np.asarray(per_diam)[keep])
+        details["fast"]["diameters"] = diam
+        details["fast"]["fit_time_over_diam"] = ff.to_dict()
+        threshold, statistic = CLASS_UPPER["N"], ff.high
+        if ff.high >= threshold:
+            reasons.append(f"upper CI of time/diam slope {ff.high:.2f} >= {threshold}")
+    elif mech.complexity == "N^2":
         threshold, statistic = QUADRATIC_LOWER, ff.low
         if ff.low <= QUADRATIC_LOWER:
             reasons.append(f"lower CI {ff.low:.2f} <= {QUADRATIC_LOWER}")

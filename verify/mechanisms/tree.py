@@ -1,4 +1,4 @@
-"""Registry records: tree-exp (choromanski22 Lemma 3.5; NOTES.md Sec. 2).
+"""Registry records: tree-exp, tree-dc, tree-diam (choromanski22 Lemma 3.5, 6.1, 6.2; NOTES.md Sec. 2).
 
 Problems are FAVOR+ attention (favor_problem) with a tree-distance mask on a random forest whose
 parent array and edge lengths live in problem.extras, so reference/ (dense csgraph distances)
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fast.masks.tree import Forest, TreeExpMask
+import torch
+
+from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask, forest_diameter
 from reference.masks import tree as ref_tree
 from verify.mechanisms.sequence import favor_dense_setup, favor_fast_setup, favor_problem, favor_reference
 from verify.problems import Problem, rng_for
@@ -17,6 +19,9 @@ from verify.registry import Mechanism, register
 TREE_A = -0.3  # f(z) = exp(a z + b): decay with distance (the stable sign, Lemma 3.5)
 TREE_B = 0.2
 TREES_PER_TOKEN = 1 / 512  # a forest: about one extra tree per 512 nodes
+#: Quick sweeps stop at 2^15 (fast) and 2^12 (dense): three tree mechanisms must fit verify --quick.
+QUICK = dict(quick_fast_sizes=tuple(2**p for p in range(8, 16)), quick_dense_sizes=tuple(2**p for p in range(7, 13)))
+
 
 
 def random_forest(n: int, seed: int, weighted: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +56,106 @@ register(Mechanism(
     id="tree-exp", title="Tree mask exp(a dist + b), two-phase recursion", source="choromanski22 Lemma 3.5",
     complexity="N", make_problem=tree_exp_problem, reference=lambda p: favor_reference(p, _tree_exp_dense(p)),
     fast_setup=favor_fast_setup(_tree_exp_fast), dense_setup=favor_dense_setup(_tree_exp_dense),
-    dense_mask=_tree_exp_dense,
+    dense_mask=_tree_exp_dense, **QUICK,
     notes=f"Weighted random recursive forest, a = {TREE_A}, b = {TREE_B}; corrected Eqs. 11, 15, 16.",
+))
+
+
+# ------------------------------------------------------------------ any f: tree-dc, tree-diam
+
+
+def _path(k: int) -> np.ndarray:
+    return np.arange(-1, k - 1)
+
+
+def _star(k: int) -> np.ndarray:
+    return np.concatenate([[-1], np.zeros(k - 1, dtype=np.int64)])[:k]
+
+
+def _caterpillar(k: int) -> np.ndarray:
+    """A spine of ceil(k/2) nodes, each with one leg (a leaf) while nodes last."""
+    spine = (k + 1) // 2
+    return np.concatenate([_path(spine), np.arange(k - spine)])
+
+
+def _binary(k: int) -> np.ndarray:
+    return np.concatenate([[-1], (np.arange(1, k) - 1) // 2])
+
+
+def _random_tree(k: int, rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([[-1], np.floor(rng.random(k - 1) * np.arange(1, k))]).astype(np.int64)
+
+
+def mixed_forest(n: int, seed: int, max_chain: int | None = None) -> np.ndarray:
+    """parent (n,) of one forest holding a path, a star, a caterpillar, a complete binary tree and
+    two random recursive trees (about n/6 nodes each), node labels randomly permuted, so one
+    problem exercises every tree family. max_chain caps the path and caterpillar (diameter
+    O(log n) overall for tree-diam's sweeps); the rest goes to the binary tree."""
+    rng = rng_for(seed, 63)
+    kinds = ["path", "star", "caterpillar", "binary", "random", "random"]
+    sizes = [n // 6 + (1 if i < n % 6 else 0) for i in range(6)]
+    if max_chain is not None:
+        for i in (0, 2):
+            extra = max(0, sizes[i] - max_chain)
+            sizes[i] -= extra
+            sizes[3] += extra
+    parts, offset = [], 0
+    for kind, k in zip(kinds, sizes):
+        if k == 0:
+            continue
+        p = {"path": _path, "star": _star, "caterpillar": _caterpillar, "binary": _binary}[kind](k) \
+            if kind != "random" else _random_tree(k, rng)
+        parts.append(np.where(p >= 0, p + offset, -1))
+        offset += k
+    parent = np.concatenate(parts)
+    perm = rng.permutation(n)  # node i of the construction becomes perm[i]
+    out = np.empty(n, dtype=np.int64)
+    out[perm] = np.where(parent >= 0, perm[np.maximum(parent, 0)], -1)
+    return out
+
+
+def tree_f(n: int) -> np.ndarray:
+    """f(l) = (1 + l)^-1.5: positive, and not exp-affine (so only Lemma 6.1/6.2 apply)."""
+    return (1.0 + np.arange(n)) ** -1.5
+
+
+def _any_f_problem(max_chain):
+    def make(n: int, seed: int) -> Problem:
+        return favor_problem(n, seed, parent=mixed_forest(n, seed, max_chain), f=tree_f(n))
+    return make
+
+
+def _any_f_dense(p: Problem) -> np.ndarray:
+    return ref_tree.tree_mask(ref_tree.forest_adjacency(p.extras["parent"]), p.extras["f"])
+
+
+def _any_f_fast(cls):
+    def make(p: Problem, device):
+        return cls(Forest.from_parent(p.extras["parent"]), torch.as_tensor(p.extras["f"], device=device))
+    return make
+
+
+#: tree-diam's path and caterpillar components are capped so the forest's diameter is O(log N)
+#: (binary and random trees): its sweep then measures O(N log N); paths are lemma-6.2's business.
+DIAM_CHAIN = 16
+
+
+def tree_diameter(p: Problem) -> float:
+    """diam of the problem's forest (edges), for the "N diam" complexity class."""
+    return float(max(1, forest_diameter(Forest.from_parent(p.extras["parent"]))))
+
+
+register(Mechanism(
+    id="tree-dc", title="Tree mask f(dist), separator divide and conquer + FFT Hankel", source="choromanski22 Lemma 6.1",
+    complexity="N log^2 N", make_problem=_any_f_problem(None), reference=lambda p: favor_reference(p, _any_f_dense(p)),
+    fast_setup=favor_fast_setup(_any_f_fast(TreeDCMask)), dense_setup=favor_dense_setup(_any_f_dense),
+    dense_mask=_any_f_dense, **QUICK,
+    notes="Mixed forest (path, star, caterpillar, binary, random trees), f(l) = (1 + l)^-1.5.",
+))
+register(Mechanism(
+    id="tree-diam", title="Tree mask f(dist), depth arrays", source="choromanski22 Lemma 6.2",
+    complexity="N diam", make_problem=_any_f_problem(DIAM_CHAIN), reference=lambda p: favor_reference(p, _any_f_dense(p)),
+    fast_setup=favor_fast_setup(_any_f_fast(TreeDiamMask)), dense_setup=favor_dense_setup(_any_f_dense),
+    dense_mask=_any_f_dense, extra_factor=tree_diameter, **QUICK,
+    notes=f"Mixed forest with path and caterpillar capped at {DIAM_CHAIN} nodes (diam O(log N)), f(l) = (1 + l)^-1.5.",
 ))
