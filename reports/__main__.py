@@ -1,10 +1,11 @@
 """python -m reports: sweeps + peak memory + verification + figures -> DIR/index.html.
 
 Stages (each reports progress on stderr): timing sweeps of every registered mechanism (threads
-pinned to 1), peak memory in subprocesses, the FAVOR+ error experiment, the mask gallery,
-``verify`` (quick by default), asv history, then figures, index.html and results.json. Exit status
-0 when the page was written, even if checks failed (the page shows them; ``python -m verify`` is
-the gate); 2 on bad arguments.
+pinned to 1), the tree operators on each tree family (threads pinned to 1, reports.trees), peak
+memory in subprocesses, the FAVOR+ error experiment, the mask gallery, ``verify`` (quick by
+default), asv history, then figures, index.html and results.json. Exit status 0 when the page was
+written, even if checks failed (the page shows them; ``python -m verify`` is the gate); 2 on bad
+arguments.
 """
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--verify-json", metavar="PATH",
                     help="show results from python -m verify --json PATH instead of running the checks")
     ap.add_argument("--skip-memory", action="store_true", help="do not measure peak memory")
+    ap.add_argument("--skip-trees", action="store_true",
+                    help="do not time the tree masks per tree family (about 20 s quick, 2 minutes full)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="interleaved timing rounds per sweep (default 3 quick, 5 full)")
     ap.add_argument("--asv-results", default=str(DEFAULT_ASV_RESULTS), metavar="DIR",
@@ -85,6 +88,7 @@ def collect(args: argparse.Namespace):
     from reports.gallery import mask_gallery
     from reports.memory import run_memory
     from reports.sweeps import run_sweeps
+    from reports.trees import tree_masks
     from verify.registry import mechanisms
 
     progress = not args.no_progress
@@ -98,6 +102,11 @@ def collect(args: argparse.Namespace):
     # Timing first, in a process that has done nothing else yet.
     with _stage("timing sweeps (threads pinned to 1)", secs):
         data.timings = run_sweeps(mechs, args.quick, args.device, rounds, progress)
+    if not args.skip_trees:
+        with _stage("tree masks per family (threads pinned to 1)", secs):
+            data.trees = tree_masks(args.quick, rounds, device=args.device, progress=progress)
+            for c in data.trees.errors:
+                _status(f"  tree masks: {c.operator} on {c.family} failed: {c.error}")
     if not args.skip_memory:
         with _stage("peak memory (subprocesses)", secs):
             data.memory = run_memory(mechs, args.quick, args.device, progress=progress)
@@ -134,6 +143,10 @@ def _print_summary(data) -> None:
         dense = f"{t.dense.fit.slope:.2f}" if t.dense and t.dense.fit else "-"
         cross = "-" if t.crossover is None or not math.isfinite(t.crossover) else f"{t.crossover:,.0f}"
         _status(f"  {m.id:<20} fast slope {fast:>5}  dense slope {dense:>5}  crossover {cross}")
+    if data.trees is not None:
+        for c in data.trees.curves:
+            slope = f"{c.fit.slope:.2f}" if c.fit else "-"
+            _status(f"  {c.operator:<10} on {c.family:<17} slope {slope:>5}" + (f"  FAILED: {c.error}" if c.error else ""))
     if data.verify is not None:
         fails = [r.id for r in data.verify if r.status == "fail"]
         _status(f"verify: {len(data.verify) - len(fails)} of {len(data.verify)} not failed"

@@ -19,6 +19,7 @@ from reports.favor import FavorError
 from reports.gallery import MaskGallery
 from reports.memory import MemoryCurve
 from reports.sweeps import SWEEP_THREADS, MechanismTiming
+from reports.trees import TreeMasks
 from verify.result import CheckResult
 
 
@@ -54,6 +55,7 @@ class ReportData:
     asv: AsvHistory | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
     gallery: MaskGallery | None = None  # dense masks of small instances (summaries only in JSON)
+    trees: TreeMasks | None = None  # tree masks: time vs N per family, TreeDCMask's recursion depth
 
     def checks_for(self, mech_id: str) -> list[CheckResult]:
         """Checks about one mechanism: ids "<family>/<mech_id>" (equivalence/, complexity/, ...)."""
@@ -71,6 +73,7 @@ class ReportData:
             "asv": None if self.asv is None else self.asv.to_dict(),
             "stage_seconds": self.stage_seconds,
             "mask_gallery": None if self.gallery is None else self.gallery.to_dict(),
+            "tree_masks": None if self.trees is None else self.trees.to_dict(),
         }
 
     @classmethod
@@ -104,8 +107,10 @@ class ReportData:
             **{**a, "series": [AsvSeries(**{**x, "params": tuple(x["params"])}) for x in a["series"]]})
         g = d.get("mask_gallery")
         gallery = None if g is None else MaskGallery.from_dict(g)
+        tr = d.get("tree_masks")
+        trees = None if tr is None else TreeMasks.from_dict(tr)
         return cls(d["environment"], [MechanismInfo(**m) for m in d["mechanisms"]], timings, memory, favor, verify,
-                   d.get("verify_note", ""), asv, d.get("stage_seconds", {}), gallery)
+                   d.get("verify_note", ""), asv, d.get("stage_seconds", {}), gallery, trees)
 
     def write_json(self, path: str | Path, **extra) -> None:
         """results.json: every number on the page, so it can be quoted (plus ``extra`` keys)."""

@@ -20,6 +20,7 @@ from reports.favor import FavorError  # noqa: E402
 from reports.gallery import MaskGallery  # noqa: E402
 from reports.memory import MemoryCurve, mib_text  # noqa: E402
 from reports.sweeps import ImplTiming, MechanismTiming, fitted_mask  # noqa: E402
+from reports.trees import TreeCurve, TreeMasks  # noqa: E402
 
 COLORS = {"fast": "tab:blue", "dense": "tab:red"}
 GUIDES = (("N", lambda n: n, "--"), ("N log N", lambda n: n * np.log(n), "-."), ("N²", lambda n: n**2, ":"))
@@ -321,6 +322,191 @@ def plot_gallery(gallery: MaskGallery | None, out_dir: Path, name: str = "mask_g
     return _save(fig, out_dir, name)
 
 
+#: Tree families: colour and marker (markers keep them apart in grey scale).
+FAMILY_STYLE = {"path": ("tab:red", "o"), "star": ("tab:green", "s"), "caterpillar": ("tab:orange", "D"),
+                "complete binary": ("tab:blue", "^"), "random recursive": ("tab:purple", "v")}
+
+
+def _family_style(family: str) -> tuple[str, str]:
+    return FAMILY_STYLE.get(family, ("tab:gray", "x"))
+
+
+def pow2_text(n: int) -> str:
+    """"2^12" for powers of two, else "5,000"."""
+    n = int(n)
+    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else f"{n:,}"
+
+
+def tree_fit_label(c: TreeCurve) -> str:
+    """Legend text of one tree curve: "path: 1.04 [0.88, 1.20]", its failure or why it has no fit."""
+    if c.fit is not None:
+        text = f"{c.family}: {c.fit.slope:.2f} [{c.fit.low:.2f}, {c.fit.high:.2f}]"
+    elif not c.sizes:
+        text = f"{c.family}: not timed"
+    else:
+        text = f"{c.family}: no fit"
+    if c.skipped and c.sizes:
+        text += f" (N ≤ {pow2_text(max(c.sizes))})"
+    if c.error is not None:
+        text += f"; FAILED at N = {pow2_text(c.error_n)}" if c.error_n else "; FAILED"
+    return text
+
+
+def _tree_points(c: TreeCurve):
+    n, s = np.asarray(c.sizes, float), np.asarray(c.seconds, float)
+    fitted = np.asarray(c.fitted, bool) if len(c.fitted) == n.size else np.ones(n.size, bool)
+    return n, s, fitted
+
+
+def plot_tree_timing(trees: TreeMasks | None, out_dir: Path, name: str = "tree_time_vs_n.png") -> str | None:
+    """Tree masks, figure 1: seconds per product vs N, one panel per operator, one line per family
+    (filled points fitted, hollow ones under 1 ms and left out), fitted slopes in the legends, grey
+    guides ∝ N and ∝ N²; a failed curve gets an × at the N where it failed."""
+    if trees is None or not trees.curves:
+        return None
+    ops = trees.operators
+    fig, axes = _grid(len(ops), ncols=3, w=4.6, h=4.6)
+    for ax, op in zip(axes, ops):
+        curves = [c for c in (trees.curve(op, fam) for fam in trees.families) if c is not None]
+        all_n = [n for c in curves for n in c.sizes]
+        all_s = [t for c in curves for t in c.seconds]
+        for c in curves:
+            color, marker = _family_style(c.family)
+            n, s, fitted = _tree_points(c)
+            ax.plot(n[fitted], s[fitted], marker, color=color, ms=4, ls="none")
+            ax.plot(n[~fitted], s[~fitted], marker, color=color, ms=4, ls="none", mfc="none")
+            if c.fit is not None:
+                nf = n[fitted]
+                ax.plot(nf, np.exp(c.fit.intercept) * nf**c.fit.slope, "-", color=color, lw=1.2)
+            elif n.size:
+                ax.plot(n, s, "-", color=color, lw=0.8, alpha=0.6)
+            ax.plot([], [], marker + "-", color=color, ms=4, label=tree_fit_label(c))
+            if c.error is not None and c.error_n:
+                ax.plot([c.error_n], [0.92], "X", color=color, ms=9, mec="tab:red",
+                        transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.set(xscale="log", yscale="log", xlabel="N (nodes)", ylabel="seconds per product (16 columns)",
+               title=f"{op}  (claims O({CLAIMED_TEXT.get(op, '?')}))")
+        ax.set_xscale("log", base=2)
+        if all_s:
+            lo, hi = min(all_s), max(all_s)
+            ax.set_ylim(lo / 2, hi * 3)
+            mid = sorted(set(all_n))[len(set(all_n)) // 2]
+            ref = float(np.exp(np.mean([np.log(t) for n, t in zip(all_n, all_s) if n == mid])))
+            xlim = (min(all_n) / 1.3, max(all_n) * 1.3)
+            _draw_guides(ax, [min(all_n), max(all_n)], mid, ref, (GUIDES[0], GUIDES[2]))
+            ax.set_xlim(*xlim)
+        else:
+            ax.text(0.5, 0.5, "nothing timed", ha="center", va="center", transform=ax.transAxes, color="tab:red")
+        skipped = sorted({f"{c.family}" for c in curves if c.skipped})
+        if skipped:
+            cap = max(max(c.sizes) if c.sizes else 0 for c in curves if c.skipped)
+            ax.text(0.02, 0.98, f"{', '.join(skipped)}: O(N²) (diam ~ N),\ntimed only up to N = {pow2_text(cap)}"
+                    if cap else f"{', '.join(skipped)}: not timed (O(N²))",
+                    transform=ax.transAxes, ha="left", va="top", fontsize=7, color="0.25",
+                    bbox=dict(boxstyle="round", fc="white", ec="0.7", alpha=0.9))
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), title="family: slope [95% CI]",
+                  title_fontsize=7, frameon=False)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color="0.3", marker="o", ls="none", label="fitted point"),
+               Line2D([], [], color="0.3", marker="o", ls="none", mfc="none", label="under 1 ms, not fitted"),
+               Line2D([], [], color="0.3", ls="-", label="fit")]
+    handles += [Line2D([], [], color="0.55", ls=style, label=f"∝ {label}") for label, _, style in (GUIDES[0], GUIDES[2])]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False, fontsize=9)
+    return _save_with_top_legend(fig, out_dir, name)
+
+
+#: Claimed classes as figure text (reports.trees.CLAIMED, typeset).
+CLAIMED_TEXT = {"tree-exp": "N", "tree-dc": "N log² N", "tree-diam": "N diam"}
+
+
+def _common(a: TreeCurve | None, b: TreeCurve | None):
+    if a is None or b is None:
+        return [], [], []
+    sa, sb = dict(zip(a.sizes, a.seconds)), dict(zip(b.sizes, b.seconds))
+    common = sorted(set(sa) & set(sb))
+    return common, [sa[n] for n in common], [sb[n] for n in common]
+
+
+def plot_tree_diam(trees: TreeMasks | None, out_dir: Path, name: str = "tree_diam.png") -> str | None:
+    """Tree masks, figure 2: the diam factor of tree-diam. Left: t_path / t_binary vs N for tree-diam
+    (and tree-dc, which should not care) against diam_path / diam_binary. Right: tree-diam's
+    t / (N diam) per family, flat if the time is O(N diam)."""
+    if trees is None or not any(c.operator == "tree-diam" and c.sizes for c in trees.curves):
+        return None
+    fig, (ax_r, ax_n) = plt.subplots(1, 2, figsize=(12, 4.4))
+    drew = False
+    for op, style, color in (("tree-diam", "o-", "tab:red"), ("tree-dc", "s--", "0.5")):
+        common, tp, tb = _common(trees.curve(op, "path"), trees.curve(op, "complete binary"))
+        if common:
+            ax_r.plot(common, np.divide(tp, tb), style, color=color, ms=5, label=f"{op}: t_path / t_binary")
+            drew = True
+    diam_n = [n for n in trees.sizes if trees.diameter("path", n) and trees.diameter("complete binary", n)]
+    if diam_n:
+        ratio = [trees.diameter("path", n) / trees.diameter("complete binary", n) for n in diam_n]
+        ax_r.plot(diam_n, ratio, "k-", lw=1.5, label="diam_path / diam_binary = (N − 1) / diam_binary")
+    if drew or diam_n:
+        ax_r.axhline(1.0, color="0.6", lw=0.8)
+        ax_r.legend(fontsize=8, loc="upper left")
+    else:
+        ax_r.text(0.5, 0.5, "no path and binary timings to compare", ha="center", va="center",
+                  transform=ax_r.transAxes, color="tab:red")
+    ax_r.set(xscale="log", yscale="log", xlabel="N (nodes)", ylabel="ratio", title="path (diam N − 1) vs complete "
+             "binary tree (diam ~ 2 log₂ N)")
+    ax_r.set_xscale("log", base=2)
+    ax_r.grid(True, which="both", alpha=0.3)
+    for fam in trees.families:
+        c = trees.curve("tree-diam", fam)
+        if c is None or not c.sizes:
+            continue
+        diam = [trees.diameter(fam, n) for n in c.sizes]
+        pts = [(n, t / (n * d) * 1e9) for n, t, d in zip(c.sizes, c.seconds, diam) if d]
+        if not pts:
+            continue
+        color, marker = _family_style(fam)
+        label = fam + (f": t / diam ∝ N^{c.diam_fit.slope:.2f}" if c.diam_fit is not None else "")
+        ax_n.plot(*zip(*pts), marker + "-", color=color, ms=4, lw=1, label=label)
+    ax_n.set(xscale="log", yscale="log", xlabel="N (nodes)", ylabel="t / (N · diam)  (ns)",
+             title="tree-diam: time per node per unit of diameter")
+    ax_n.set_xscale("log", base=2)
+    ax_n.grid(True, which="both", alpha=0.3)
+    if ax_n.lines:
+        ax_n.legend(fontsize=7, loc="best")
+    return _save(fig, out_dir, name)
+
+
+def plot_tree_depth(trees: TreeMasks | None, out_dir: Path, name: str = "tree_dc_depth.png") -> str | None:
+    """Tree masks, figure 3: TreeDCMask's separator recursion depth vs N per family against the
+    bound log_{1.5} N (left), and its number of subproblems (right, ∝ N guide)."""
+    if trees is None or not any(d.sizes for d in trees.depths):
+        return None
+    fig, (ax_d, ax_s) = plt.subplots(1, 2, figsize=(12, 4.4))
+    all_n = sorted({n for d in trees.depths for n in d.sizes})
+    g = np.geomspace(min(all_n), max(all_n), 50)
+    ax_d.plot(g, np.log(g) / np.log(1.5), "k-", lw=1.5, label="bound log₁.₅ N")
+    for i, d in enumerate(trees.depths):
+        if not d.sizes:
+            continue
+        color, marker = _family_style(d.family)
+        off = 1 + 0.03 * (i - (len(trees.depths) - 1) / 2)  # keep equal depths of families apart
+        ax_d.plot(np.asarray(d.sizes) * off, d.recursion_depth, marker + "-", color=color, ms=4, lw=1, label=d.family)
+        ax_s.plot(d.sizes, d.num_subproblems, marker + "-", color=color, ms=4, lw=1, label=d.family)
+    ax_d.set(xlabel="N (nodes)", ylabel="recursion depth (levels of splits)", title="TreeDCMask: separator recursion depth")
+    ax_d.set_xscale("log", base=2)
+    ax_d.set_ylim(bottom=0)
+    ax_d.grid(True, alpha=0.3)
+    ax_d.legend(fontsize=8, loc="upper left")
+    ref = max(d.num_subproblems[-1] for d in trees.depths if d.sizes)
+    ax_s.plot(g, ref * g / max(all_n), "--", color="0.55", lw=1, label="∝ N")
+    ax_s.set(xscale="log", yscale="log", xlabel="N (nodes)", ylabel="subproblems (splits + dense blocks)",
+             title="TreeDCMask: number of subproblems")
+    ax_s.set_xscale("log", base=2)
+    ax_s.grid(True, which="both", alpha=0.3)
+    ax_s.legend(fontsize=8, loc="upper left")
+    return _save(fig, out_dir, name)
+
+
 def make_figures(data: ReportData, out_dir: str | Path) -> dict[str, str | None]:
     """Write every figure into ``out_dir``; returns {figure key: file name or None}."""
     out = Path(out_dir)
@@ -332,4 +518,7 @@ def make_figures(data: ReportData, out_dir: str | Path) -> dict[str, str | None]
         "favor": plot_favor(data.favor, out),
         "asv": plot_asv(data.asv, out),
         "gallery": plot_gallery(data.gallery, out),
+        "tree_timing": plot_tree_timing(data.trees, out),
+        "tree_diam": plot_tree_diam(data.trees, out),
+        "tree_depth": plot_tree_depth(data.trees, out),
     }
