@@ -20,7 +20,7 @@ from reports.favor import FavorError  # noqa: E402
 from reports.gallery import MaskGallery  # noqa: E402
 from reports.memory import MemoryCurve, mib_text  # noqa: E402
 from reports.sweeps import ImplTiming, MechanismTiming, fitted_mask  # noqa: E402
-from reports.trees import TreeCurve, TreeMasks  # noqa: E402
+from reports.trees import CLAIMED, TreeCurve, TreeMasks  # noqa: E402
 
 COLORS = {"fast": "tab:blue", "dense": "tab:red"}
 GUIDES = (("N", lambda n: n, "--"), ("N log N", lambda n: n * np.log(n), "-."), ("N²", lambda n: n**2, ":"))
@@ -331,10 +331,13 @@ def _family_style(family: str) -> tuple[str, str]:
     return FAMILY_STYLE.get(family, ("tab:gray", "x"))
 
 
+_SUPERSCRIPT = str.maketrans("0123456789.-", "⁰¹²³⁴⁵⁶⁷⁸⁹·⁻")
+
+
 def pow2_text(n: int) -> str:
-    """"2^12" for powers of two, else "5,000"."""
+    """"2¹²" for powers of two, else "5,000"."""
     n = int(n)
-    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else f"{n:,}"
+    return f"2{str(n.bit_length() - 1).translate(_SUPERSCRIPT)}" if n > 0 and n & (n - 1) == 0 else f"{n:,}"
 
 
 def tree_fit_label(c: TreeCurve) -> str:
@@ -382,22 +385,23 @@ def plot_tree_timing(trees: TreeMasks | None, out_dir: Path, name: str = "tree_t
                 ax.plot(n, s, "-", color=color, lw=0.8, alpha=0.6)
             ax.plot([], [], marker + "-", color=color, ms=4, label=tree_fit_label(c))
             if c.error is not None and c.error_n:
-                ax.plot([c.error_n], [0.92], "X", color=color, ms=9, mec="tab:red",
-                        transform=ax.get_xaxis_transform(), clip_on=False)
+                ax.plot([c.error_n], [0.9], "X", color=color, ms=9, mec="tab:red", ls="none",
+                        transform=ax.get_xaxis_transform())
         ax.set(xscale="log", yscale="log", xlabel="N (nodes)", ylabel="seconds per product (16 columns)",
-               title=f"{op}  (claims O({CLAIMED_TEXT.get(op, '?')}))")
+               title=f"{op}  (claims O({CLAIMED.get(op, '?')}))")
         ax.set_xscale("log", base=2)
         if all_s:
             lo, hi = min(all_s), max(all_s)
             ax.set_ylim(lo / 2, hi * 3)
             mid = sorted(set(all_n))[len(set(all_n)) // 2]
             ref = float(np.exp(np.mean([np.log(t) for n, t in zip(all_n, all_s) if n == mid])))
-            xlim = (min(all_n) / 1.3, max(all_n) * 1.3)
+            failed_at = [c.error_n for c in curves if c.error is not None and c.error_n]
+            xlim = (min(all_n + failed_at) / 1.3, max(all_n + failed_at) * 1.3)
             _draw_guides(ax, [min(all_n), max(all_n)], mid, ref, (GUIDES[0], GUIDES[2]))
             ax.set_xlim(*xlim)
         else:
             ax.text(0.5, 0.5, "nothing timed", ha="center", va="center", transform=ax.transAxes, color="tab:red")
-        skipped = sorted({f"{c.family}" for c in curves if c.skipped})
+        skipped = [c.family for c in curves if c.skipped]
         if skipped:
             cap = max(max(c.sizes) if c.sizes else 0 for c in curves if c.skipped)
             ax.text(0.02, 0.98, f"{', '.join(skipped)}: O(N²) (diam ~ N),\ntimed only up to N = {pow2_text(cap)}"
@@ -412,13 +416,10 @@ def plot_tree_timing(trees: TreeMasks | None, out_dir: Path, name: str = "tree_t
     handles = [Line2D([], [], color="0.3", marker="o", ls="none", label="fitted point"),
                Line2D([], [], color="0.3", marker="o", ls="none", mfc="none", label="under 1 ms, not fitted"),
                Line2D([], [], color="0.3", ls="-", label="fit")]
-    handles += [Line2D([], [], color="0.55", ls=style, label=f"∝ {label}") for label, _, style in (GUIDES[0], GUIDES[2])]
+    handles += [Line2D([], [], color="0.55", ls=style, label=f"∝ {label}")
+                for label, _, style in (GUIDES[0], GUIDES[2])]
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False, fontsize=9)
     return _save_with_top_legend(fig, out_dir, name)
-
-
-#: Claimed classes as figure text (reports.trees.CLAIMED, typeset).
-CLAIMED_TEXT = {"tree-exp": "N", "tree-dc": "N log² N", "tree-diam": "N diam"}
 
 
 def _common(a: TreeCurve | None, b: TreeCurve | None):
@@ -436,13 +437,16 @@ def plot_tree_diam(trees: TreeMasks | None, out_dir: Path, name: str = "tree_dia
     if trees is None or not any(c.operator == "tree-diam" and c.sizes for c in trees.curves):
         return None
     fig, (ax_r, ax_n) = plt.subplots(1, 2, figsize=(12, 4.4))
-    drew = False
+    drew = []
     for op, style, color in (("tree-diam", "o-", "tab:red"), ("tree-dc", "s--", "0.5")):
         common, tp, tb = _common(trees.curve(op, "path"), trees.curve(op, "complete binary"))
         if common:
             ax_r.plot(common, np.divide(tp, tb), style, color=color, ms=5, label=f"{op}: t_path / t_binary")
-            drew = True
-    diam_n = [n for n in trees.sizes if trees.diameter("path", n) and trees.diameter("complete binary", n)]
+            drew.append(max(common))
+    # the diameter ratio over tree-diam's range (or every N if tree-diam has no ratio)
+    top = drew[0] if drew and trees.curve("tree-diam", "path") is not None else max(trees.sizes, default=0)
+    diam_n = [n for n in trees.sizes
+              if n <= top and trees.diameter("path", n) and trees.diameter("complete binary", n)]
     if diam_n:
         ratio = [trees.diameter("path", n) / trees.diameter("complete binary", n) for n in diam_n]
         ax_r.plot(diam_n, ratio, "k-", lw=1.5, label="diam_path / diam_binary = (N − 1) / diam_binary")
@@ -465,7 +469,8 @@ def plot_tree_diam(trees: TreeMasks | None, out_dir: Path, name: str = "tree_dia
         if not pts:
             continue
         color, marker = _family_style(fam)
-        label = fam + (f": t / diam ∝ N^{c.diam_fit.slope:.2f}" if c.diam_fit is not None else "")
+        label = fam + (f": t / diam ∝ N{f'{c.diam_fit.slope:.2f}'.translate(_SUPERSCRIPT)}"
+                       if c.diam_fit is not None else "")
         ax_n.plot(*zip(*pts), marker + "-", color=color, ms=4, lw=1, label=label)
     ax_n.set(xscale="log", yscale="log", xlabel="N (nodes)", ylabel="t / (N · diam)  (ns)",
              title="tree-diam: time per node per unit of diameter")
@@ -474,6 +479,10 @@ def plot_tree_diam(trees: TreeMasks | None, out_dir: Path, name: str = "tree_dia
     if ax_n.lines:
         ax_n.legend(fontsize=7, loc="best")
     return _save(fig, out_dir, name)
+
+
+#: Vertical shift between the families' depth lines (they often coincide); the caption says so.
+DEPTH_OFFSET = 0.12
 
 
 def plot_tree_depth(trees: TreeMasks | None, out_dir: Path, name: str = "tree_dc_depth.png") -> str | None:
@@ -489,10 +498,13 @@ def plot_tree_depth(trees: TreeMasks | None, out_dir: Path, name: str = "tree_dc
         if not d.sizes:
             continue
         color, marker = _family_style(d.family)
-        off = 1 + 0.03 * (i - (len(trees.depths) - 1) / 2)  # keep equal depths of families apart
-        ax_d.plot(np.asarray(d.sizes) * off, d.recursion_depth, marker + "-", color=color, ms=4, lw=1, label=d.family)
-        ax_s.plot(d.sizes, d.num_subproblems, marker + "-", color=color, ms=4, lw=1, label=d.family)
-    ax_d.set(xlabel="N (nodes)", ylabel="recursion depth (levels of splits)", title="TreeDCMask: separator recursion depth")
+        # equal depths of several families: shifted up or down a little, hollow markers shrinking
+        off = DEPTH_OFFSET * (i - (len(trees.depths) - 1) / 2)
+        style = dict(color=color, marker=marker, mfc="none", ms=max(3.0, 8 - 1.2 * i), lw=1)
+        ax_d.plot(d.sizes, np.asarray(d.recursion_depth, float) + off, label=d.family, **style)
+        ax_s.plot(d.sizes, d.num_subproblems, label=d.family, **style)
+    ax_d.set(xlabel="N (nodes)", ylabel="recursion depth (levels of splits)",
+             title="TreeDCMask: separator recursion depth")
     ax_d.set_xscale("log", base=2)
     ax_d.set_ylim(bottom=0)
     ax_d.grid(True, alpha=0.3)

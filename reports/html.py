@@ -14,7 +14,7 @@ from reports.favor import FavorError
 from reports.gallery import MaskGallery
 from reports.memory import MemoryCurve, mib_text
 from reports.sweeps import ImplTiming, MechanismTiming
-from reports.trees import TreeCurve, TreeMasks, depth_bound
+from reports.trees import CLAIMED, TreeCurve, TreeMasks, depth_bound
 from verify.result import CheckResult
 
 CSS = """
@@ -281,7 +281,6 @@ def _pow2(n: int | None) -> str:
 
 
 def _tree_fit_table(t: TreeMasks) -> str:
-    claimed = {"tree-exp": "N", "tree-dc": "N log² N", "tree-diam": "N diam"}
     rows = []
     for c in t.curves:
         last = c.sizes[-1] if c.sizes else None
@@ -293,7 +292,7 @@ def _tree_fit_table(t: TreeMasks) -> str:
             note.append(f"not timed at N = {', '.join(_pow2(n) for n in c.skipped)}: {c.skip_reason}")
         if c.error:
             note.append(f"FAILED: {c.error}")
-        rows.append([f"<td><code>{esc(c.operator)}</code></td>", _td(claimed.get(c.operator, "?")), _td(c.family),
+        rows.append([f"<td><code>{esc(c.operator)}</code></td>", _td(CLAIMED.get(c.operator, "?")), _td(c.family),
                      _td(_fit_text(c), "num"), _td(c.fit_rule), _td(diam_fit, "num"), _td(_pow2(last), "num"),
                      _td(_seconds_text(c.seconds[-1]) if c.seconds else "–", "num"),
                      _td("–" if diam is None else diam, "num"), _td("; ".join(note), "fail" if c.error else "")])
@@ -347,7 +346,8 @@ def trees_section(t: TreeMasks | None, figures: dict[str, str | None]) -> str:
     if t.errors:
         items = "".join(f"<li><code>{esc(c.operator)}</code> on {esc(c.family)}: <code>{esc(c.error)}</code> "
                         "(larger N not tried)</li>" for c in t.errors)
-        parts.append(f"<div class='fail'><p>{len(t.errors)} (operator, family) pair(s) failed:</p><ul>{items}</ul></div>")
+        parts.append(f"<div class='fail'><p>{len(t.errors)} (operator, family) pair(s) failed:</p>"
+                     f"<ul>{items}</ul></div>")
     level_note = ""
     path_exp = t.curve("tree-exp", "path")
     if path_exp is not None and path_exp.sizes:
@@ -374,22 +374,26 @@ def trees_section(t: TreeMasks | None, figures: dict[str, str | None]) -> str:
     cap2 = (
         "The diam factor of Lemma 6.2. Left: tree-diam's time on a path (diam N − 1) over its time on a "
         "complete binary tree (diam ≈ 2 log₂ N) at the same N, with the diameter ratio (black): if the cost "
-        "is O(N · diam) the two grow alike, up to constants (per-level overheads flatten the time ratio at "
-        "small N); tree-dc's ratio (grey, dashed) for contrast, whose cost does not depend on the diameter. "
+        "is O(N · diam) the two grow alike, up to constants (fixed per-call and per-level costs bend either "
+        "time at small N, so compare the slopes at the larger N); tree-dc's ratio (grey, dashed) for contrast, "
+        "whose cost does not depend on the diameter. "
         "Right: tree-diam's t / (N · diam) per family in ns, flat when the time is proportional to N · diam; "
         "legend: fitted exponent of t / diam vs N (1 for O(N · diam)). The verify check "
         "<code>choromanski22/lemma-6.2-diam</code> tests the left panel's slope.")
     parts.append(_figure(figures.get("tree_diam"), cap2, "tree-diam: path vs binary tree"))
-    within = all(d.within_bound() for d in t.depths)
+    recorded = [d for d in t.depths if d.sizes]
+    within = ("no recursion recorded (tree-dc not run or failed)" if not recorded else
+              "yes" if all(d.within_bound() for d in recorded) else "NO")
     thr = f" = {t.dense_threshold}" if t.dense_threshold else ""
     cap3 = (
         "TreeDCMask plans its recursion once: a centroid v splits a tree into two parts sharing v, each of at "
         f"most 2(|T| − 1)/3 + 1 nodes, and parts of at most dense_threshold{esc(thr)} nodes become dense blocks. "
         "Left: the recursion depth (levels of splits) vs N per family against the bound log₁.₅ N (black) that "
         "the balanced split guarantees (choromanski22 Lemma 6.1; <code>choromanski22/lemma-6.1</code> checks it "
-        "at N = 200); families with equal depths are drawn slightly apart. Right: the number of subproblems "
+        "at N = 200); depths are integers, each family's line is shifted by at most a quarter of a level so "
+        "equal depths stay apart (exact values in the table below). Right: the number of subproblems "
         "(splits plus dense blocks), which grows ∝ N / dense_threshold. "
-        f"Every recorded depth within the bound: <b>{'yes' if within else 'NO'}</b>.")
+        f"Every recorded depth within the bound: <b>{within}</b>.")
     parts.append(_figure(figures.get("tree_depth"), cap3, "TreeDCMask recursion depth vs N"))
     if t.depths:
         parts.append("<details><summary>recursion depth per family and N</summary>" + _tree_depth_table(t)

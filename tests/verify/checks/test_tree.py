@@ -31,3 +31,87 @@ def test_printed_equals_corrected_only_at_a_equal_one():
     w = np.array([1.0, 0.4, 0.8, 1.2])
     x = np.ones((4, 1))
     np.testing.assert_allclose(C.two_phase(parent, w, x, 1.0, 0.0, True), C.two_phase(parent, w, x, 1.0, 0.0, False))
+
+
+# --------------------------------------------------------------------------- lemma 6.1 / 6.2
+
+FAMILIES = {"path", "star", "caterpillar", "complete binary", "random recursive", "mixed forest"}
+
+
+def test_checks_are_listed_with_their_ids_and_kinds():
+    assert [(c.id, c.kind) for c in C.checks()] == [
+        ("choromanski22/lemma-3.5", "erratum"), ("choromanski22/lemma-6.1", "bound"),
+        ("choromanski22/lemma-6.2", "bound"), ("choromanski22/lemma-6.2-diam", "complexity")]
+
+
+def test_lemma_61_check_passes_with_depth_within_bound():
+    r = C._lemma_61(Context(quick=True, seed=0))
+    assert (r.id, r.kind, r.source, r.status) == ("choromanski22/lemma-6.1", "bound", "choromanski22 Lemma 6.1", "pass")
+    assert r.statistic <= r.threshold == C.EXACT_ANY_F
+    assert r.details["depth_within_log_1.5_n"] is True and r.details["n"] == C.FAMILY_N
+    cases = r.details["cases"]
+    assert {c["tree"] for c in cases} == FAMILIES and len(cases) == 2 * len(FAMILIES)
+    assert max(c["relative_error"] for c in cases) == r.statistic
+    for c in cases:
+        assert c["recursion_depth"] <= c["depth_bound"] == pytest.approx(np.log(C.FAMILY_N) / np.log(1.5))
+        # a single tree of 200 nodes is split; the mixed forest's trees (~33 nodes) are dense blocks
+        assert (c["recursion_depth"] >= 1) == (c["tree"] != "mixed forest")
+
+
+def test_lemma_62_check_passes():
+    r = C._lemma_62(Context(quick=True, seed=0))
+    assert (r.id, r.kind, r.source, r.status) == ("choromanski22/lemma-6.2", "bound", "choromanski22 Lemma 6.2", "pass")
+    assert r.statistic <= r.threshold == C.EXACT_ANY_F
+    assert {c["tree"] for c in r.details["cases"]} == FAMILIES and len(r.details["cases"]) == 2 * len(FAMILIES)
+
+
+def test_families_are_trees_of_family_n_nodes():
+    fams = C._families(0)
+    assert set(fams) == FAMILIES
+    for name, parent in fams.items():
+        assert parent.shape == (C.FAMILY_N,)
+        ref_tree.forest_adjacency(parent)  # a valid forest
+        assert int((parent < 0).sum()) == (6 if name == "mixed forest" else 1)
+
+
+def test_planted_bug_in_the_product_fails_lemma_61(monkeypatch):
+    """One wrong row in TreeDCMask's product (an extra 1e-6 x_0 at node 0) must fail the check."""
+    real = C.TreeDCMask.matmul
+
+    def wrong(self, x):
+        out = real(self, x).clone()
+        out[..., 0, :] += 1e-6 * x[..., 0, :]
+        return out
+
+    monkeypatch.setattr(C.TreeDCMask, "matmul", wrong)
+    r = C._lemma_61(Context(quick=True, seed=0))
+    assert r.status == "fail" and r.statistic > r.threshold
+    assert r.details["depth_within_log_1.5_n"] is True  # the depth is fine: the error alone fails it
+
+
+def test_planted_bug_in_f_fails_lemma_61(monkeypatch):
+    """An operator built with f(1) off by 1e-6 (a wrong f passed) must fail the check."""
+    real = C.TreeDCMask
+
+    def shifted(forest, f, **kw):
+        f = f.clone()
+        f[1] += 1e-6
+        return real(forest, f, **kw)
+
+    monkeypatch.setattr(C, "TreeDCMask", shifted)
+    r = C._lemma_61(Context(quick=True, seed=0))
+    assert r.status == "fail" and r.statistic > r.threshold
+
+
+def test_too_deep_recursion_fails_lemma_61(monkeypatch):
+    """An exact product with a recursion deeper than log_1.5 N still fails (the O(log N) claim)."""
+    real = C.TreeDCMask
+
+    def deep(forest, f, **kw):
+        op = real(forest, f, **kw)
+        op.recursion_depth = int(np.log(forest.n) / np.log(1.5)) + 1
+        return op
+
+    monkeypatch.setattr(C, "TreeDCMask", deep)
+    r = C._lemma_61(Context(quick=True, seed=0))
+    assert r.status == "fail" and r.statistic <= r.threshold and r.details["depth_within_log_1.5_n"] is False
