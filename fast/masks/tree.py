@@ -422,6 +422,24 @@ class TreeDiamMask:
         return torch.cat(outs, dim=1)
 
 
+def _preorder(n: int, child: np.ndarray, parent: np.ndarray, roots: np.ndarray) -> np.ndarray:
+    """Node ids in depth-first preorder (each tree after the previous one), O(n).
+
+    An explicit stack over children grouped by parent (one argsort). scipy's
+    csgraph.depth_first_order is O(degree^2) on high-degree nodes (a star at 2^17: ~10 s).
+    """
+    by_parent = np.argsort(parent, kind="stable")
+    kids = child[by_parent].tolist()
+    starts = np.searchsorted(parent[by_parent], np.arange(n + 1)).tolist()
+    out: list = []
+    stack = roots[::-1].tolist()
+    while stack:
+        u = stack.pop()
+        out.append(u)
+        stack.extend(reversed(kids[starts[u]:starts[u + 1]]))
+    return np.asarray(out, dtype=np.int64)
+
+
 def _subtree_ends(depth: np.ndarray) -> np.ndarray:
     """For a preorder depth sequence: end[p] = first q > p with depth[q] <= depth[p] (or n).
 
@@ -514,10 +532,7 @@ class TreeDCMask:
         # preorder labels: every subtree is a contiguous range [p, p + size)
         child, parent = _edges(fo)
         roots = fo.order[fo.parent_pos < 0]
-        rows = np.concatenate([parent, np.full(roots.size, n)])
-        cols = np.concatenate([child, roots])
-        g = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n + 1, n + 1)).tocsr()
-        pre_node = csgraph.depth_first_order(g, n, directed=True, return_predecessors=False)[1:]
+        pre_node = _preorder(n, child, parent, roots)
         label = np.empty(n, dtype=np.int64)
         label[pre_node] = np.arange(n)
         parent_node = np.full(n, -1, dtype=np.int64)
@@ -526,7 +541,7 @@ class TreeDCMask:
         depth = _node_depths(fo)[pre_node]
         end = _subtree_ends(depth)
         has = np.flatnonzero(par >= 0)
-        if not (np.all(par[has] < has) and np.all(has < end[par[has]])):  # scipy's DFS order is a preorder
+        if not (np.all(par[has] < has) and np.all(has < end[par[has]])):  # a preorder, as built
             raise RuntimeError("depth-first order is not a preorder; cannot plan the separator recursion")
         self._end, self._depth, self._par = end, depth, par
 
