@@ -96,7 +96,7 @@ register(
         fast_setup=_softmax_fast_setup,
         dense_mask=lambda p: np.ones((p.n, p.n)),
         fast_sizes=tuple(2**p for p in range(9, 15)),
-        quick_fast_sizes=tuple(2**p for p in range(9, 14)),
+        quick_fast_sizes=tuple(2**p for p in range(9, 15)),
         notes="The quadratic baseline (torch scaled_dot_product_attention); no dense twin.",
     )
 )
