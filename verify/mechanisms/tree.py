@@ -86,21 +86,29 @@ def _random_tree(k: int, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([[-1], np.floor(rng.random(k - 1) * np.arange(1, k))]).astype(np.int64)
 
 
+MIXED_KINDS = ("path", "star", "caterpillar", "binary", "random", "random")
+
+
+def component_sizes(n: int, max_chain: int | None = None) -> list[int]:
+    """mixed_forest's component sizes, in MIXED_KINDS order: n split in six, chains capped."""
+    sizes = [n // 6 + (1 if i < n % 6 else 0) for i in range(6)]
+    if max_chain is not None:
+        for i in (0, 2):  # path, caterpillar: the excess goes to the binary tree
+            extra = max(0, sizes[i] - max_chain)
+            sizes[i] -= extra
+            sizes[3] += extra
+    return sizes
+
+
 def mixed_forest(n: int, seed: int, max_chain: int | None = None) -> np.ndarray:
     """parent (n,) of one forest holding a path, a star, a caterpillar, a complete binary tree and
     two random recursive trees (about n/6 nodes each), node labels randomly permuted, so one
     problem exercises every tree family. max_chain caps the path and caterpillar (diameter
     O(log n) overall for tree-diam's sweeps); the rest goes to the binary tree."""
     rng = rng_for(seed, 63)
-    kinds = ["path", "star", "caterpillar", "binary", "random", "random"]
-    sizes = [n // 6 + (1 if i < n % 6 else 0) for i in range(6)]
-    if max_chain is not None:
-        for i in (0, 2):
-            extra = max(0, sizes[i] - max_chain)
-            sizes[i] -= extra
-            sizes[3] += extra
     parts, offset = [], 0
-    for kind, k in zip(kinds, sizes):
+    sizes = component_sizes(n, max_chain)
+    for kind, k in zip(MIXED_KINDS, sizes):
         if k == 0:
             continue
         p = {"path": _path, "star": _star, "caterpillar": _caterpillar, "binary": _binary}[kind](k) \

@@ -16,13 +16,9 @@ from verify.registry import Mechanism, get
 
 
 def _part_sizes(n: int, max_chain: int | None = None) -> list[int]:
-    """mixed_forest's component sizes in construction order: path, star, caterpillar, binary, random x2."""
-    sizes = [n // 6 + (1 if i < n % 6 else 0) for i in range(6)]
-    if max_chain is not None:
-        for i in (0, 2):
-            extra = max(0, sizes[i] - max_chain)
-            sizes[i] -= extra
-            sizes[3] += extra
+    """mixed_forest's declared component sizes (path, star, caterpillar, binary, random x2)."""
+    sizes = M.component_sizes(n, max_chain)
+    assert sum(sizes) == n and min(sizes) >= 0
     return sizes
 
 
