@@ -62,22 +62,13 @@ def depth_bound(n: int) -> float:
 
 
 def family_parent(family: str, n: int, seed: int = SEED) -> np.ndarray:
-    """Parent array (n,) of one unweighted tree of ``family`` (as verify/checks/tree.py _families)."""
-    if family == "path":
-        return np.arange(-1, n - 1)
-    if family == "star":
-        return np.concatenate([[-1], np.zeros(n - 1, dtype=np.int64)])
-    if family == "caterpillar":  # a spine of ceil(n / 2) nodes, each with one leg while nodes last
-        spine = (n + 1) // 2
-        return np.concatenate([np.arange(-1, spine - 1), np.arange(n - spine)])
-    if family == "complete binary":
-        return np.concatenate([[-1], (np.arange(1, n) - 1) // 2])
-    if family == "random recursive":  # node i joins a uniform earlier node: depth ~ e ln n
-        from verify.problems import rng_for
+    """Parent array (n,) of one unweighted tree of ``family`` (verify.mechanisms.tree.tree_parent)."""
+    from verify.mechanisms.tree import tree_parent
+    from verify.problems import rng_for
 
-        rng = rng_for(seed, 66, n)
-        return np.concatenate([[-1], np.floor(rng.random(n - 1) * np.arange(1, n))]).astype(np.int64)
-    raise ValueError(f"unknown tree family {family!r}; known: {', '.join(FAMILIES)}")
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tree family {family!r}; known: {', '.join(FAMILIES)}")
+    return tree_parent(family, n, rng_for(seed, 66, n))
 
 
 def _build_exp(forest, n: int):

@@ -25,7 +25,7 @@ import torch
 from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask
 from reference.masks import tree as ref_tree
 from verify.problems import rng_for
-from verify.mechanisms.tree import mixed_forest
+from verify.mechanisms.tree import TREE_FAMILIES, mixed_forest, tree_parent
 from verify.result import Check, CheckResult, Context
 from verify.timing import fit_exponent, pinned_threads
 
@@ -113,15 +113,9 @@ FAMILY_N = 200
 def _families(seed: int) -> dict[str, np.ndarray]:
     """Unweighted parent arrays: each family alone, and the mixed forest of all of them."""
     rng = rng_for(seed, 64)
-    n = FAMILY_N
-    spine = n // 2
     return {
-        "path": np.arange(-1, n - 1),
-        "star": np.concatenate([[-1], np.zeros(n - 1, dtype=np.int64)]),
-        "caterpillar": np.concatenate([np.arange(-1, spine - 1), np.arange(n - spine)]),
-        "complete binary": np.concatenate([[-1], (np.arange(1, n) - 1) // 2]),
-        "random recursive": np.concatenate([[-1], np.floor(rng.random(n - 1) * np.arange(1, n))]).astype(np.int64),
-        "mixed forest": mixed_forest(n, seed),
+        **{family: tree_parent(family, FAMILY_N, rng) for family in TREE_FAMILIES},
+        "mixed forest": mixed_forest(FAMILY_N, seed),
     }
 
 
@@ -201,8 +195,8 @@ def _lemma_62_diam(ctx: Context) -> CheckResult:
     sizes = DIAM_SIZES[ctx.quick]
     rounds = 3 if ctx.quick else 5
     with pinned_threads(1):
-        path = [_time_diam(np.arange(-1, n - 1), rounds) for n in sizes]
-        binary = [_time_diam(np.concatenate([[-1], (np.arange(1, n) - 1) // 2]), rounds) for n in sizes]
+        path = [_time_diam(tree_parent("path", n), rounds) for n in sizes]
+        binary = [_time_diam(tree_parent("complete binary", n), rounds) for n in sizes]
     fp, fb = fit_exponent(sizes, path), fit_exponent(sizes, binary)
     # the diam factor: t_path / t_binary tracks diam_path / diam_binary = (N - 1) / (2 log2 N), whose
     # local log-log slope is ~0.85 here; per-level overheads (N levels on a path) only flatten it

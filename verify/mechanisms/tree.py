@@ -29,8 +29,7 @@ def random_forest(n: int, seed: int, weighted: bool = True) -> tuple[np.ndarray,
     depth ~ e ln n), a few extra roots so entries between trees (0) are exercised, and edge
     lengths uniform on [0.5, 1.5] (1 if not weighted)."""
     rng = rng_for(seed, 60)
-    child = np.arange(1, n)
-    parent = np.concatenate([[-1], np.floor(rng.random(n - 1) * child)]).astype(np.int64)
+    parent = tree_parent("random recursive", n, rng)
     roots = rng.random(n) < TREES_PER_TOKEN
     parent[roots] = -1
     weights = rng.uniform(0.5, 1.5, n) if weighted else np.ones(n)
@@ -64,29 +63,33 @@ register(Mechanism(
 # ------------------------------------------------------------------ any f: tree-dc, tree-diam
 
 
-def _path(k: int) -> np.ndarray:
-    return np.arange(-1, k - 1)
+#: The unweighted tree families every tree check and figure uses.
+TREE_FAMILIES = ("path", "star", "caterpillar", "complete binary", "random recursive")
 
 
-def _star(k: int) -> np.ndarray:
-    return np.concatenate([[-1], np.zeros(k - 1, dtype=np.int64)])[:k]
+def tree_parent(family: str, n: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Parent array (n,) of one unweighted tree of ``family`` (parents before children; -1 at the root).
+
+    caterpillar: a spine of ceil(n/2) nodes, each with one leg while nodes last; random recursive:
+    node i joins a uniform earlier node (depth ~ e ln n; needs ``rng``).
+    """
+    if family == "path":
+        return np.arange(-1, n - 1)
+    if family == "star":
+        return np.concatenate([[-1], np.zeros(n - 1, dtype=np.int64)])[:n]
+    if family == "caterpillar":
+        spine = (n + 1) // 2
+        return np.concatenate([np.arange(-1, spine - 1), np.arange(n - spine)])
+    if family == "complete binary":
+        return np.concatenate([[-1], (np.arange(1, n) - 1) // 2])
+    if family == "random recursive":
+        if rng is None:
+            raise ValueError("a random recursive tree needs rng")
+        return np.concatenate([[-1], np.floor(rng.random(n - 1) * np.arange(1, n))]).astype(np.int64)
+    raise ValueError(f"unknown tree family {family!r}; known: {', '.join(TREE_FAMILIES)}")
 
 
-def _caterpillar(k: int) -> np.ndarray:
-    """A spine of ceil(k/2) nodes, each with one leg (a leaf) while nodes last."""
-    spine = (k + 1) // 2
-    return np.concatenate([_path(spine), np.arange(k - spine)])
-
-
-def _binary(k: int) -> np.ndarray:
-    return np.concatenate([[-1], (np.arange(1, k) - 1) // 2])
-
-
-def _random_tree(k: int, rng: np.random.Generator) -> np.ndarray:
-    return np.concatenate([[-1], np.floor(rng.random(k - 1) * np.arange(1, k))]).astype(np.int64)
-
-
-MIXED_KINDS = ("path", "star", "caterpillar", "binary", "random", "random")
+MIXED_KINDS = ("path", "star", "caterpillar", "complete binary", "random recursive", "random recursive")
 
 
 def component_sizes(n: int, max_chain: int | None = None) -> list[int]:
@@ -111,8 +114,7 @@ def mixed_forest(n: int, seed: int, max_chain: int | None = None) -> np.ndarray:
     for kind, k in zip(MIXED_KINDS, sizes):
         if k == 0:
             continue
-        p = {"path": _path, "star": _star, "caterpillar": _caterpillar, "binary": _binary}[kind](k) \
-            if kind != "random" else _random_tree(k, rng)
+        p = tree_parent(kind, k, rng)
         parts.append(np.where(p >= 0, p + offset, -1))
         offset += k
     parent = np.concatenate(parts)
