@@ -18,7 +18,7 @@ What asv is for here: history across commits (did a change make causal attention
 hungrier?) and charts (``asv publish``). asv runs every parameter combination in its own
 process, and on our 2-core machines timings spread by up to 2x between processes, so exponent
 fits and crossover N come from the in-process, interleaved sweeps of verify/timing.py
-(METHODS.md, "Complexity and speed"), never from these numbers.
+(docs/methods.md, "Complexity and speed"), never from these numbers.
 
 Run it with ``make bench`` (``ARGS=--quick`` runs each benchmark once) and ``make publish``;
 the configuration is asv.conf.json at the repository root (environment_type "existing": the

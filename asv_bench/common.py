@@ -101,7 +101,7 @@ def pin_threads() -> None:
 
     Why: on a 2-core machine a second intra-op thread competes with asv itself and with
     whatever else runs, which makes timings swing between processes; one thread is also what
-    the exponent fits of verify/timing.py use (METHODS.md), so the two sets of numbers agree.
+    the exponent fits of verify/timing.py use (docs/methods.md), so the two sets of numbers agree.
     NumPy's BLAS (OpenBLAS, used by the reference) is pinned by ``make bench`` through
     OPENBLAS_NUM_THREADS=1, which must be set before NumPy is loaded.
     """

@@ -4,9 +4,9 @@
 
 A 2048 x 2048 float32 torch matmul (2 n^3 flops) is timed in-process: one warm-up, then five
 measurements of >= 0.2 s each (verify.timing.measure), and the best is reported, since noise
-only ever lowers the rate and the peak is what a kernel's rate is compared with (METHODS.md,
+only ever lowers the rate and the peak is what a kernel's rate is compared with (docs/methods.md,
 "Roofline"). "1" matches the single thread of the attention benchmarks; "all" is torch's
-default thread count on this machine (both cores here), reported separately as METHODS.md
+default thread count on this machine (both cores here), reported separately as docs/methods.md
 asks. Tracked across commits it also tells a slower machine or torch from a slower commit.
 """
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fast.errors import DenominatorError
 from fast.features import FavorPlus
 from fast.masks.base import MaskOperator
 from fast.validation import check_positive_int, check_same_device, check_tensor, compute_dtype
@@ -19,15 +20,6 @@ DEFAULT_BLOCK_COLS = 256
 #: block_cols=None: as many columns as keep one block of (..., N, cols) within this many bytes
 #: (a mask's matmul makes a few copies of it), between d and DEFAULT_BLOCK_COLS.
 DEFAULT_BLOCK_BYTES = 256 * 2**20
-
-
-class DenominatorError(ArithmeticError):
-    """The attention denominator phi_q_i^T sum_j M_ij phi_k_j vanished or is not finite.
-
-    Raised instead of dividing, so no NaN or inf is produced quietly. Typical causes: every key
-    of a row masked out (a fully padded sample), features that underflow, a mask or feature map
-    that is not positive.
-    """
 
 
 def softmax_attention(

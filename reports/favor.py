@@ -1,4 +1,4 @@
-"""FAVOR+ kernel estimation error vs the number of random features m (NOTES.md section 0).
+"""FAVOR+ kernel estimation error vs the number of random features m (docs/papers.md section 0).
 
 For one fixed pair (x, y) the FAVOR+ estimate phi(x).phi(y) of SM(x, y) = exp(x.y) is unbiased
 with variance (Performer; wu22 Lemma 1)
@@ -56,7 +56,7 @@ class FavorError:
 
 
 def predicted_variance(x: np.ndarray, y: np.ndarray, m: int | np.ndarray) -> np.ndarray:
-    """Var of the FAVOR+ estimate of exp(x.y) with m iid features (NOTES.md section 0)."""
+    """Var of the FAVOR+ estimate of exp(x.y) with m iid features (docs/papers.md section 0)."""
     s2 = float(np.sum((x + y) ** 2))
     sm = float(np.exp(x @ y))
     return np.exp(s2) * sm**2 * (1.0 - np.exp(-s2)) / np.asarray(m, dtype=float)

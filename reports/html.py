@@ -454,7 +454,7 @@ def build_page(data: ReportData, figures: dict[str, str | None]) -> str:
         "masked linear attention at sub-quadratic cost. All numbers are in <code>results.json</code> "
         "next to this page.</p>",
         "<h2>Environment</h2>", _environment(data),
-        f"<p>Timings: torch threads pinned to {threads} for every sweep and fit (METHODS.md); the machine's "
+        f"<p>Timings: torch threads pinned to {threads} for every sweep and fit (docs/methods.md); the machine's "
         f"default is {esc(env.get('threads', '?'))} threads on {esc(env.get('cpus', '?'))} CPUs. "
         "Multi-thread numbers are not part of this report.</p>",
         "<h2>Summary</h2>", _summary(data),

@@ -23,7 +23,7 @@ Other caveats: the allocator may keep freed memory, inflating the baseline; the 
 glibc's ``MALLOC_MMAP_THRESHOLD_`` so large buffers are mmapped and returned to the OS on free.
 Resolution is a page, and libraries allocate lazily: a warm-up call at a small N precedes the
 measurements so one-time initialisation is not charged to the first point. On CUDA the child
-uses ``torch.cuda.max_memory_allocated`` after a reset instead (METHODS.md: never nvidia-smi).
+uses ``torch.cuda.max_memory_allocated`` after a reset instead (docs/methods.md: never nvidia-smi).
 
 Run as ``python -m reports.memory --mechanism ID --impl fast --sizes 1024 2048 ...``: the child
 prints one JSON object per size on stdout.

@@ -1,6 +1,6 @@
 """In-process timing sweeps for every registered mechanism, with exponent fits and crossovers.
 
-Thin layer over verify.timing (METHODS.md, "Complexity and speed"): each (mechanism, impl) is
+Thin layer over verify.timing (docs/methods.md, "Complexity and speed"): each (mechanism, impl) is
 timed in ONE process over its whole N grid, interleaved over rounds, threads pinned to 1 by
 ``verify.timing.sweep``. The registry is iterated, never listed: a mechanism registered later
 appears here with no wiring.

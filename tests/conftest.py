@@ -1,6 +1,6 @@
 """Shared pytest configuration: hypothesis profiles.
 
-The "ci" profile is loaded by default (METHODS.md): derandomized, so every run explores the same
+The "ci" profile is loaded by default (docs/methods.md): derandomized, so every run explores the same
 examples and a failure reproduces; no deadline, because the first call into torch pays one-off
 start-up costs; a modest number of examples so the whole suite stays around a minute on two
 cores. Set HYPOTHESIS_PROFILE=dev for a longer, randomized search.

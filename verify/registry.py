@@ -1,38 +1,91 @@
 """The mechanism registry: one record per mechanism; tests, verify, asv and reports iterate it.
 
-Register a new mechanism once (``register(Mechanism(...))``) in the module of its family and it
-appears everywhere. Ids are stable (DESIGN.md).
+This module holds the record types and the store, and imports no mechanism family. The families
+register themselves when ``verify.mechanisms`` (the loader) imports them; code that wants the
+full list calls ``verify.mechanisms.mechanisms()`` / ``verify.mechanisms.get(id)``. Ids are stable
+(docs/design.md).
+
+A record declares, besides its problem generator and implementations:
+
+- variants: named input families (tree shapes, graph families, options). Every variant goes
+  through equivalence; sweeps and the report's per-variant views time every variant whose
+  ``sweep`` is True; complexity/<id> fits the default variant (the first).
+- scale / scale_train: whether scale/<id> (forward at N = 2^20) and scale/<id>-train (forward +
+  backward at N = 2^20) exist for it.
+- cost_factor: a per-problem cofactor of the class (the diameter for "N diam", later |E|/N for
+  sparse graphs): time / cost_factor is fitted against the class without it.
+- metrics: structural numbers of a problem worth charting against N (e.g. a recursion depth and
+  the bound it must stay under), recorded by the sweeps beside the times.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
-import torch
 
-#: Complexity classes a fast path can claim (DESIGN.md).
+#: Complexity classes a fast path can claim (docs/design.md). "N diam" is "N" times a cost factor.
 COMPLEXITY_CLASSES = ("N", "N log N", "N log^2 N", "N diam", "N^2")
+#: Classes whose claim carries a per-problem cofactor (Mechanism.cost_factor is required for them).
+COST_FACTOR_CLASSES = {"N diam": "N"}
+#: The implicit variant of a record that declares none.
+DEFAULT_VARIANT = "default"
 
-Runner = Callable[[], torch.Tensor]
+#: runner() -> Tensor: the timed part of one (problem, implementation); set-up happens before.
+Runner = Callable[[], Any]
+
+
+def _pow2_grid(lo: int, hi: int) -> tuple[int, ...]:
+    return tuple(2**p for p in range(lo, hi + 1))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named input family of a mechanism.
+
+    name: stable id within the mechanism ("path", "grid-2d", "cls-token"); title: for people.
+    params: keyword arguments of the mechanism's make_problem for this variant.
+    *_sizes: N grids overriding the mechanism's for this variant (None: the mechanism's), e.g.
+        an O(N diam) operator timed on paths only up to where N^2 stays affordable.
+    sweep: False for variants that only equivalence runs (an option that does not change cost).
+    """
+
+    name: str
+    title: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    fast_sizes: tuple[int, ...] | None = None
+    dense_sizes: tuple[int, ...] | None = None
+    quick_fast_sizes: tuple[int, ...] | None = None
+    quick_dense_sizes: tuple[int, ...] | None = None
+    sweep: bool = True
+
+    def __post_init__(self):
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"variant name must be a non-empty string, got {self.name!r}")
 
 
 @dataclass(frozen=True)
 class Mechanism:
     """One mechanism: how to make inputs, the dense truth, the fast path and its dense twin.
 
-    make_problem(n, seed) -> Problem: deterministic NumPy inputs.
+    make_problem(n, seed, **variant.params) -> Problem: deterministic NumPy inputs.
     reference(problem) -> ndarray: float64, dense.
-    fast_setup(problem, device, dtype) -> runner: converts inputs and builds the mask operator
-        (untimed); calling runner() computes the output (timed), a Tensor of reference's shape.
+    fast_setup(problem, device, dtype, requires_grad=False) -> runner: converts inputs and builds
+        the mask operator (untimed); runner() computes the output (timed), a Tensor of
+        reference's shape. requires_grad=True makes the float inputs (q, k, v) leaves that require
+        grad, so runner().sum().backward() trains through the fast path (scale/<id>-train).
     dense_setup: the same for the O(N^2) torch twin (None where the mechanism is dense itself).
     dense_mask(problem) -> (N, N) ndarray for the mask gallery, or None.
-    fast_sizes / dense_sizes: N grids for sweeps (powers of two, METHODS.md).
+    fast_sizes / dense_sizes (and quick_*): N grids for sweeps (powers of two, docs/methods.md).
     size_rule(n) -> the largest admissible N <= n, for mechanisms defined only at some N (the
         hypercube needs 2^k); None: every N >= 1. Use ``admissible(n)`` before make_problem
         wherever N is not from the mechanism's own grids.
-    extra_factor(problem) -> float: for complexity "N diam", the problem's diameter; the
-        complexity check fits time / extra_factor against N (class N).
+    variants: named input families (see the module docstring); empty: one implicit "default".
+    scale, scale_train: scale/<id> and scale/<id>-train exist.
+    cost_factor(problem) -> float, cost_factor_name: required for the classes in
+        COST_FACTOR_CLASSES ("N diam": the diameter, "diam").
+    metrics(problem) -> {name: value}: structural numbers recorded by sweeps (may be None);
+        a name "X bound" is drawn as the bound of metric "X".
     """
 
     id: str
@@ -45,34 +98,92 @@ class Mechanism:
     dense_setup: Callable[..., Runner] | None = None
     dense_mask: Callable | None = None
     exact: bool = True
-    fast_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 18))
-    dense_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 15))
-    quick_fast_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 17))
-    quick_dense_sizes: tuple[int, ...] = tuple(2**p for p in range(7, 14))
+    fast_sizes: tuple[int, ...] = _pow2_grid(7, 17)
+    dense_sizes: tuple[int, ...] = _pow2_grid(7, 14)
+    quick_fast_sizes: tuple[int, ...] = _pow2_grid(7, 16)
+    quick_dense_sizes: tuple[int, ...] = _pow2_grid(7, 13)
     notes: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
     size_rule: Callable[[int], int] | None = None
-    extra_factor: Callable | None = None
+    variants: tuple[Variant, ...] = ()
+    scale: bool = False
+    scale_train: bool = False
+    cost_factor: Callable[[Any], float] | None = None
+    cost_factor_name: str = ""
+    metrics: Callable[[Any], Mapping[str, float]] | None = None
 
     def __post_init__(self):
         if self.complexity not in COMPLEXITY_CLASSES:
             raise ValueError(f"complexity must be one of {COMPLEXITY_CLASSES}, got {self.complexity!r}")
-        if (self.complexity == "N diam") != (self.extra_factor is not None):
-            raise ValueError("complexity 'N diam' needs extra_factor (the diameter), and only it")
+        if (self.complexity in COST_FACTOR_CLASSES) != (self.cost_factor is not None):
+            raise ValueError(f"complexity {self.complexity!r}: a cost_factor is required for the classes "
+                             f"{sorted(COST_FACTOR_CLASSES)} and only for them")
+        if self.cost_factor is not None and not self.cost_factor_name:
+            raise ValueError("a cost_factor needs a cost_factor_name (e.g. 'diam')")
+        names = [v.name for v in self.variants]
+        if len(names) != len(set(names)):
+            raise ValueError(f"variant names of {self.id!r} must be unique, got {names}")
+        if self.scale_train and not self.scale:
+            raise ValueError("scale_train needs scale (scale/<id>-train sits beside scale/<id>)")
+
+    # ------------------------------------------------------------------ variants and sizes
+
+    @property
+    def all_variants(self) -> tuple[Variant, ...]:
+        """The declared variants, or the one implicit default variant."""
+        return self.variants or (Variant(DEFAULT_VARIANT),)
+
+    @property
+    def default_variant(self) -> Variant:
+        return self.all_variants[0]
+
+    def variant(self, name: str | None = None) -> Variant:
+        """The variant called ``name`` (None: the default), KeyError listing the known names."""
+        if name is None:
+            return self.default_variant
+        for v in self.all_variants:
+            if v.name == name:
+                return v
+        known = ", ".join(v.name for v in self.all_variants)
+        raise KeyError(f"mechanism {self.id!r} has no variant {name!r}; known: {known}")
+
+    def problem(self, n: int, seed: int, variant: str | Variant | None = None):
+        """make_problem(n, seed, **params of ``variant``) (default variant when None)."""
+        v = variant if isinstance(variant, Variant) else self.variant(variant)
+        return self.make_problem(n, seed, **dict(v.params))
+
+    def sizes(self, impl: str, quick: bool, variant: str | Variant | None = None) -> tuple[int, ...]:
+        """The sweep grid of ``impl`` ("fast" | "dense") in quick or full mode, for ``variant``."""
+        if impl not in ("fast", "dense"):
+            raise ValueError(f"impl must be 'fast' or 'dense', got {impl!r}")
+        v = variant if isinstance(variant, Variant) else self.variant(variant)
+        attr = f"{'quick_' if quick else ''}{impl}_sizes"
+        own = getattr(v, attr)
+        return tuple(own if own is not None else getattr(self, attr))
 
     def admissible(self, n: int) -> int:
         """The N to use for a requested n: n itself unless ``size_rule`` says otherwise."""
         return n if self.size_rule is None else self.size_rule(n)
 
-    def fast(self, problem, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Run the fast path once on ``problem``."""
-        return self.fast_setup(problem, device, dtype)()
+    # ------------------------------------------------------------------ running
 
-    def dense(self, problem, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def fast(self, problem, device="cpu", dtype=None):
+        """Run the fast path once on ``problem`` (dtype default float32)."""
+        return self.fast_setup(problem, device, _dtype(dtype))()
+
+    def dense(self, problem, device="cpu", dtype=None):
         """Run the dense torch twin once (ValueError if there is none)."""
         if self.dense_setup is None:
             raise ValueError(f"mechanism {self.id!r} has no dense twin (it is dense itself)")
-        return self.dense_setup(problem, device, dtype)()
+        return self.dense_setup(problem, device, _dtype(dtype))()
+
+
+def _dtype(dtype):
+    if dtype is None:
+        import torch  # the records are torch-free to describe; running them needs torch
+
+        return torch.float32
+    return dtype
 
 
 _REGISTRY: dict[str, Mechanism] = {}
@@ -86,22 +197,21 @@ def register(mech: Mechanism) -> Mechanism:
     return mech
 
 
-def _load_families() -> None:
-    # Importing a family module registers its mechanisms. One line per family.
-    import verify.mechanisms.sequence  # noqa: F401
-    import verify.mechanisms.positional  # noqa: F401
-    import verify.mechanisms.tree  # noqa: F401
+def unregister(mech_id: str) -> Mechanism:
+    """Remove and return a record (tests that register a temporary mechanism clean up with it)."""
+    try:
+        return _REGISTRY.pop(mech_id)
+    except KeyError:
+        raise KeyError(f"mechanism {mech_id!r} is not registered") from None
 
 
-def mechanisms() -> list[Mechanism]:
-    """All registered mechanisms, in registration order."""
-    _load_families()
+def registered() -> list[Mechanism]:
+    """The records registered so far, in registration order (no loading: see verify.mechanisms)."""
     return list(_REGISTRY.values())
 
 
-def get(mech_id: str) -> Mechanism:
-    """The mechanism with this id (KeyError listing the known ids)."""
-    _load_families()
+def lookup(mech_id: str) -> Mechanism:
+    """The registered record with this id (KeyError listing the known ids)."""
     try:
         return _REGISTRY[mech_id]
     except KeyError:
@@ -109,8 +219,10 @@ def get(mech_id: str) -> Mechanism:
 
 
 def relative_error(reference: np.ndarray, candidate) -> float:
-    """Relative Frobenius error |c - r|_F / |r|_F (never a per-entry max ratio, NOTES.md Sec. 5)."""
-    c = candidate.detach().cpu().double().numpy() if isinstance(candidate, torch.Tensor) else np.asarray(candidate)
+    """Relative Frobenius error |c - r|_F / |r|_F (never a per-entry max ratio, docs/papers.md Sec. 5)."""
+    if hasattr(candidate, "detach"):
+        candidate = candidate.detach().cpu().double().numpy()
+    c = np.asarray(candidate, dtype=np.float64)
     r = np.asarray(reference, dtype=np.float64)
     if c.shape != r.shape:
         raise ValueError(f"shape mismatch: reference {r.shape} vs candidate {c.shape}")

@@ -1,4 +1,4 @@
-"""The result of one check, in the JSON schema of DESIGN.md."""
+"""The result of one check, in the JSON schema of docs/design.md."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ STATUSES = ("pass", "fail", "skip")
 
 @dataclass
 class CheckResult:
-    """id, title, source, kind, status, statistic, threshold, seconds, details (DESIGN.md)."""
+    """id, title, source, kind, status, statistic, threshold, seconds, details (docs/design.md)."""
 
     id: str
     title: str
@@ -57,3 +57,7 @@ class Context:
     device: str = "cpu"
     seed: int = 0
     note: Callable[[str], None] = lambda msg: None
+    #: Sweeps already measured in this process (verify.measure fills it), keyed by
+    #: (mechanism, variant, impl, sizes, rounds, device, seed): a complexity check on the same
+    #: grid reuses them instead of timing again, so a report shows one exponent per sweep.
+    sweeps: dict = field(default_factory=dict)

@@ -60,7 +60,7 @@ def seed_sweep(
 ) -> dict[str, dict]:
     """Run the selected checks for seeds 0..seeds-1 and count failures per check id.
 
-    This measures the real false-failure rate of each check (METHODS.md: "a separate seed
+    This measures the real false-failure rate of each check (docs/methods.md: "a separate seed
     sweep measures the real false-failure rate; record it"). Returns
     {id: {"runs": seeds, "failures": k, "failed_seeds": [...], "rate": k / seeds}}.
     """
@@ -103,6 +103,6 @@ def format_table(results: list[CheckResult]) -> str:
 
 
 def write_json(results: list[CheckResult], path: str | Path) -> None:
-    """Write the results as a JSON list in the DESIGN.md schema."""
+    """Write the results as a JSON list in the docs/design.md schema."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps([r.to_dict() for r in results], indent=2))

@@ -1,4 +1,4 @@
-"""Statistics for the checks (METHODS.md): error budgets, deviation bounds, exact PRF moments.
+"""Statistics for the checks (docs/methods.md): error budgets, deviation bounds, exact PRF moments.
 
 Every bound returns a radius t such that a correct implementation exceeds it with probability
 at most delta, so a check's false-failure rate is stated, not guessed.
@@ -10,7 +10,7 @@ import math
 import numpy as np
 from scipy import stats
 
-#: Family-wise false-failure budgets (METHODS.md): the whole quick suite <= 1e-6, full <= 1e-3.
+#: Family-wise false-failure budgets (docs/methods.md): the whole quick suite <= 1e-6, full <= 1e-3.
 SUITE_ALPHA = {"quick": 1e-6, "full": 1e-3}
 #: Per statistical check in each mode: room for up to 100 such checks across all issues.
 CHECK_ALPHA = {"quick": 1e-8, "full": 1e-5}

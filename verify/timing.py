@@ -1,4 +1,4 @@
-"""In-process, interleaved timing sweeps and exponent fits (METHODS.md, "Complexity and speed").
+"""In-process, interleaved timing sweeps and exponent fits (docs/methods.md, "Complexity and speed").
 
 All N of one mechanism are timed in ONE process, interleaved round by round (so slow drifts of
 the machine hit every N alike), and each point is the median over rounds. asv runs every
@@ -22,7 +22,7 @@ MIN_MEASURE_S = 0.02
 
 @contextlib.contextmanager
 def pinned_threads(n: int | None = 1):
-    """Pin torch intra-op threads for a fit (METHODS.md), restoring the previous setting."""
+    """Pin torch intra-op threads for a fit (docs/methods.md), restoring the previous setting."""
     if n is None:
         yield
         return
@@ -128,7 +128,7 @@ class Fit:
         return asdict(self)
 
 
-#: Points faster than this are dominated by fixed overheads and left out of fits (METHODS.md).
+#: Points faster than this are dominated by fixed overheads and left out of fits (docs/methods.md).
 MIN_FIT_S = 1e-3
 
 
@@ -144,7 +144,7 @@ def fit_points(sizes, seconds, min_seconds: float = 0.0) -> np.ndarray:
 
 
 def fit_exponent(sizes, seconds, confidence: float = 0.95, min_seconds: float = 0.0) -> Fit:
-    """Slope of log t vs log N with its two-sided ``confidence`` interval (METHODS.md).
+    """Slope of log t vs log N with its two-sided ``confidence`` interval (docs/methods.md).
 
     min_seconds: fit only the points ``fit_points`` keeps.
     """

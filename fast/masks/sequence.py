@@ -17,7 +17,7 @@ class CausalMask:
     chunk's queries read the running state S = sum over earlier chunks of phi_k^T v (m x d) and
     z = sum phi_k (m). The states of all chunks are formed at once by a prefix sum over the
     N/C chunk totals, so the work is O(N C (m + d) + N m d) in GEMMs rather than the memory-bound
-    cumsum of N outer products (~100x slower on CPU, METHODS.md).
+    cumsum of N outer products (~100x slower on CPU, docs/methods.md).
     """
 
     def __init__(self, n: int, chunk: int = 64):

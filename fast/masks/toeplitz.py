@@ -9,7 +9,7 @@ Offsets run query minus key: M_xy = f(x - y). On an n_1 x ... x n_d grid in row-
 M @ x is a d-D linear convolution of x (on the grid) with the table. It is computed as a
 circular convolution on a grid of n_fft_k >= 2 n_k - 1 points per axis, with n_fft_k the
 smallest 5-smooth number (2^a 3^b 5^c) at least 2 n_k - 1: 2N - 1 itself can be prime, and
-prime-length transforms are ~3x slower (METHODS.md). The circulant's first column is the table
+prime-length transforms are ~3x slower (docs/methods.md). The circulant's first column is the table
 rolled so that offset delta sits at delta mod n_fft; its spectrum (rfftn) is computed once per
 mask, device and dtype and reused; all columns of x go through one batched rfftn/irfftn (in
 chunks that bound the complex buffer to ``max_chunk_bytes``). Cost O(c prod(n_fft) log prod(n_fft))
@@ -29,31 +29,15 @@ from typing import Callable, Sequence
 
 import torch
 
-from fast.attention import DenominatorError, blocked_numerator
+from fast.attention import blocked_numerator
+from fast.errors import DenominatorError
+from fast.fft import fast_fft_size
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: Bound on the complex spectral buffer of one batched transform (bytes); more columns are chunked.
 DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20
 #: Safety factor in the FFT round-off bound |err| <= C u log2(n_fft) |table|_2 |x|_2 (Higham, Sec. 24.1).
 _ROUNDOFF_C = 8.0
-
-
-def fast_fft_size(n: int) -> int:
-    """The smallest 5-smooth integer >= n (n >= 1): a size pocketfft and cuFFT transform fast."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    best = 1 << (n - 1).bit_length()  # a power of two always qualifies
-    p5 = 1
-    while p5 < best:
-        p35 = p5
-        while p35 < best:
-            m = p35
-            while m < n:
-                m *= 2
-            best = min(best, m)
-            p35 *= 3
-        p5 *= 5
-    return best
 
 
 def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:

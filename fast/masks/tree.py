@@ -1,4 +1,4 @@
-"""Tree-distance masks M_ij = f(dist_T(i, j)) as operators (choromanski22 Sec. 3.3, 6; NOTES.md Sec. 2).
+"""Tree-distance masks M_ij = f(dist_T(i, j)) as operators (choromanski22 Sec. 3.3, 6; docs/papers.md Sec. 2).
 
 ``Forest`` roots a forest once (setup, O(N) in SciPy's C breadth-first search plus O(N log N)
 vectorised pointer doubling for depths) and stores its nodes in level order, so every recursion
@@ -22,6 +22,7 @@ import scipy.sparse as sp
 import scipy.sparse.csgraph as csgraph
 import torch
 
+from fast.fft import fast_fft_size
 from fast.validation import check_tokens, compute_dtype
 
 
@@ -471,7 +472,6 @@ HANKEL_DENSE_RATIO = 64
 
 def _fft_size(m: int) -> int:
     """The smallest 5-smooth integer >= m (a size pocketfft / cuFFT transform fast)."""
-    from fast.masks.toeplitz import fast_fft_size
     return fast_fft_size(m)
 
 

@@ -9,7 +9,7 @@ I x .. x L_2 x .. x I, L_2 = [[1, -1], [-1, 1]],
 t = tanh(lambda), so exp(-lambda L)_ij = (e^-lambda cosh lambda)^k t^dist(i, j). The mask used for
 attention drops the constant (it cancels in the normalised output): M_ij = tanh(lambda)^dist(i, j).
 
-The printed claim extends this to "d-dimensional grids"; that is false for sides > 2 (NOTES.md
+The printed claim extends this to "d-dimensional grids"; that is false for sides > 2 (docs/papers.md
 Sec. 1 erratum): see ``diffusion_kernel`` on a path of 3+ nodes, whose diagonal is not constant.
 """
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_masked_linear_attention_samples_are_independent(kind, b, n, j_raw, seed
 def _big_row_projection(g, m=8, d=4, big=40.0):
     """A projection whose first row has norm ``big``: a key x = w_0 (after the d^-1/4 scaling) has
     FAVOR+ exponent |w_0|^2 / 2 = 800, so a stabiliser max shared with any other key would push that
-    key's features to exp(-700) = 0 in float64 (the cross-batch-max bug of NOTES.md Sec. 5)."""
+    key's features to exp(-700) = 0 in float64 (the cross-batch-max bug of docs/papers.md Sec. 5)."""
     w = fast.gaussian_projection(m, d, generator=g, dtype=torch.float64)
     w[0] = w[0] / w[0].norm() * big
     return w
@@ -276,7 +276,7 @@ def test_denominator_error_never_returns_nan():
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_never_builds_an_n_by_n_matrix(kind):
     """N = 2^20: a dense N x N float32 matrix would need 4 TiB, so finishing at all (in well under a
-    second per path here) proves every path stays sub-quadratic in memory (DESIGN.md)."""
+    second per path here) proves every path stays sub-quadratic in memory (docs/design.md)."""
     n = 2**20
     g = gen(30)
     q, k = unit_rows((n, 2), g, torch.float32), unit_rows((n, 2), g, torch.float32)

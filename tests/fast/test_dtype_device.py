@@ -1,4 +1,4 @@
-"""dtype and device behaviour of fast/ (DESIGN.md "Inputs and outputs")."""
+"""dtype and device behaviour of fast/ (docs/design.md "Inputs and outputs")."""
 from __future__ import annotations
 
 import math
@@ -114,7 +114,7 @@ def test_half_precision_softmax_keeps_dtype(dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_feature_maps_keep_dtype(dtype):
     """Deterministic maps keep the dtype; the projected (exp) maps compute half precisions in
-    float32 (DESIGN.md: half precisions accumulate in float32) so their features are float32."""
+    float32 (docs/design.md: half precisions accumulate in float32) so their features are float32."""
     g = gen(4)
     x = randn((5, 4), g, torch.float32).to(dtype)
     w = fast.gaussian_projection(6, 4, generator=g)

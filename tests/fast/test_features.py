@@ -52,7 +52,7 @@ def test_feature_maps_match_reference(make_fast, ref_name, batch):
 @pytest.mark.parametrize("cls", [fast.FavorPlus, fast.Hyperbolic])
 def test_stabiliser_is_per_slice_for_keys_and_per_row_for_queries(cls):
     """log phi_stabilised - log phi_plain = -c, with c = max of the exponent over ONE (batch, head)
-    slice for keys and over one row for queries (NOTES.md Sec. 0, stabiliser)."""
+    slice for keys and over one row for queries (docs/papers.md Sec. 0, stabiliser)."""
     g = gen(5)
     w = fast.gaussian_projection(8, 4, generator=g, dtype=torch.float64)
     # slices of very different magnitudes so that their maxima differ

@@ -1,4 +1,4 @@
-"""Bad input raises a clear error naming the argument (DESIGN.md "Errors")."""
+"""Bad input raises a clear error naming the argument (docs/design.md "Errors")."""
 from __future__ import annotations
 
 import numpy as np

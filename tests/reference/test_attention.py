@@ -36,7 +36,7 @@ def test_masked_kernel_attention_is_eq2_with_a_hadamard_mask():
     mask = rng.random((n, n)) + 0.05  # a general positive mask: a matrix product would differ
     got = masked_kernel_attention(phi_q, phi_k, v, mask)
     np.testing.assert_allclose(got, _loop_masked(phi_q, phi_k, v, mask), rtol=RTOL)
-    # the bug of NOTES.md Sec. 5 (mask applied as a matrix product) gives something else
+    # the bug of docs/papers.md Sec. 5 (mask applied as a matrix product) gives something else
     a = phi_q @ phi_k.T
     wrong = ((a @ mask) @ v) / (a @ mask).sum(-1, keepdims=True)
     assert not np.allclose(got, wrong)

@@ -31,7 +31,7 @@ def test_record_fields(mech):
     assert mech.title and mech.source
     for sizes in (mech.fast_sizes, mech.dense_sizes, mech.quick_fast_sizes, mech.quick_dense_sizes):
         assert list(sizes) == sorted(set(sizes))
-        assert all(n > 0 and n & (n - 1) == 0 for n in sizes)  # powers of two (METHODS.md)
+        assert all(n > 0 and n & (n - 1) == 0 for n in sizes)  # powers of two (docs/methods.md)
     assert get(mech.id) is mech
 
 

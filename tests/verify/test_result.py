@@ -1,4 +1,4 @@
-"""verify/result.py: the DESIGN.md JSON schema of a check result."""
+"""verify/result.py: the docs/design.md JSON schema of a check result."""
 from __future__ import annotations
 
 import json

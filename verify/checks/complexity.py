@@ -1,6 +1,6 @@
 """complexity/<mechanism>: the fast path's fitted exponent lies in its claimed class.
 
-METHODS.md: in-process interleaved sweep (verify.timing.sweep, one thread), least-squares slope
+docs/methods.md: in-process interleaved sweep (verify.timing.sweep, one thread), least-squares slope
 of log t vs log N with a 95% t-interval. N and N log N cannot be told apart by slope (the local
 slope of N log N is 1 + 1/ln N), so sub-quadratic claims are one-sided: the upper CI must stay
 below CLASS_UPPER; quadratic claims need the lower CI above 1.8. Where a dense twin exists, its
@@ -18,7 +18,7 @@ from verify.registry import Mechanism, mechanisms
 from verify.result import Check, CheckResult, Context
 from verify.timing import MIN_FIT_S, crossover, fit_exponent, fit_points, sweep
 
-#: One-sided upper bounds on the fitted slope for each sub-quadratic class (METHODS.md).
+#: One-sided upper bounds on the fitted slope for each sub-quadratic class (docs/methods.md).
 CLASS_UPPER = {"N": 1.35, "N log N": 1.4, "N log^2 N": 1.5}
 #: Lower bound for quadratic claims (and what a dense twin is expected to show).
 QUADRATIC_LOWER = 1.8

@@ -1,6 +1,6 @@
 """performer/prf-*: FAVOR+ positive random features are unbiased with the stated variance.
 
-Claim (Performer Lemma 1; wu22 Lemma 1; NOTES.md Sec. 0): for rows w ~ N(0, I_d),
+Claim (Performer Lemma 1; wu22 Lemma 1; docs/papers.md Sec. 0): for rows w ~ N(0, I_d),
     Z = phi(x).phi(y) = (1/m) sum_k exp(w_k.(x+y) - (|x|^2 + |y|^2)/2),   E Z = SM(x, y) = exp(x.y),
     Var Z = (1/m) exp(|x+y|^2) SM^2 (1 - exp(-|x+y|^2)),
 and orthogonal random features (ORF) are unbiased with variance no larger (Performer Thm. 2).

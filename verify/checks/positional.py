@@ -1,4 +1,4 @@
-"""Claims of choromanski22 about positional masks (Sec. 3.2, 3.4, 4.1; NOTES.md Sec. 1).
+"""Claims of choromanski22 about positional masks (Sec. 3.2, 3.4, 4.1; docs/papers.md Sec. 1).
 
 choromanski22/lemma-3.3        the d-D RPE mask in row-major order is d-level block-Toeplitz
                                (structural, exact; with negative controls that must fail).
@@ -219,7 +219,7 @@ def _section_34(ctx: Context) -> CheckResult:
         seconds=time.perf_counter() - start,
         details={"statistic": "max over impl x pairs of |MoM estimate - exp(p_i . p_j)| / radius",
                  "alpha": alpha, "delta_per_case": delta, "draws": draws, "r": SRPE_FEATURES,
-                 "bound": "median of means with the exact PRF variance (NOTES.md Sec. 0)", "cases": rows})
+                 "bound": "median of means with the exact PRF variance (docs/papers.md Sec. 0)", "cases": rows})
 
 
 def checks() -> list[Check]:

@@ -1,6 +1,6 @@
 """scale/<mechanism>: the fast path completes at N = 2^20, where a dense N x N matrix cannot exist.
 
-A deterministic, noise-free proof of sub-quadratic memory (METHODS.md): one float32 N x N
+A deterministic, noise-free proof of sub-quadratic memory (docs/methods.md): one float32 N x N
 matrix at N = 2^20 needs 4 TiB, this machine has 24 GiB. The check runs the fast path in a
 child process (verify.scale_worker) so its peak RSS is its own, and passes if the output is
 finite with the right shape, the peak memory stays below 1/1000 of one dense matrix, and one

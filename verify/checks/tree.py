@@ -1,4 +1,4 @@
-"""Claims of choromanski22 about tree masks (Sec. 3.3, 6; NOTES.md Sec. 2).
+"""Claims of choromanski22 about tree masks (Sec. 3.3, 6; docs/papers.md Sec. 2).
 
 choromanski22/lemma-3.5   M x for M_ij = exp(a dist(i, j) + b) by the two-phase recursion, with
                           the erratum: as printed (Eqs. 11, 15, 16, the factor a missing from the

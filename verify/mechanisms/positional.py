@@ -1,5 +1,5 @@
 """Registry records: toeplitz-1d, block-toeplitz, low-rank, hypercube-gdk (choromanski22 Sec. 3.2,
-3.4, 4.1; NOTES.md Sec. 1).
+3.4, 4.1; docs/papers.md Sec. 1).
 
 Every problem is FAVOR+ attention (favor_problem: d_qk = d = m = 16) with a positional mask whose
 parameters live in problem.extras as NumPy arrays, so reference/ and fast/ build their masks from

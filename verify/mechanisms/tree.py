@@ -1,4 +1,4 @@
-"""Registry records: tree-exp, tree-dc, tree-diam (choromanski22 Lemma 3.5, 6.1, 6.2; NOTES.md Sec. 2).
+"""Registry records: tree-exp, tree-dc, tree-diam (choromanski22 Lemma 3.5, 6.1, 6.2; docs/papers.md Sec. 2).
 
 Problems are FAVOR+ attention (favor_problem) with a tree-distance mask on a random forest whose
 parent array and edge lengths live in problem.extras, so reference/ (dense csgraph distances)

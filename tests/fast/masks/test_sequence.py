@@ -99,7 +99,7 @@ def test_padding_outputs_ignore_padded_tokens(n, m, d, batch, seed, generic, sca
 
 @given(n=st.integers(1, 30), m=st.integers(1, 4), d=st.integers(1, 3), seed=seeds, generic=st.booleans())
 def test_padding_equals_attention_over_real_tokens_only(n, m, d, seed, generic):
-    """Padded keys leave both numerator and denominator (the NOTES.md Sec. 5 bug zeroed V only)."""
+    """Padded keys leave both numerator and denominator (the docs/papers.md Sec. 5 bug zeroed V only)."""
     g = gen(seed)
     pq, pk, v = _inputs((2,), n, m, d, g)
     km = _key_mask((2,), n, g)

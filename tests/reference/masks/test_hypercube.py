@@ -69,7 +69,7 @@ def test_diffusion_kernel_is_proportional_to_hypercube_mask(k, lam):
 
 
 def test_diffusion_kernel_on_a_path_of_three_is_not_a_function_of_distance():
-    """The erratum (NOTES.md Sec. 1): on grids of side >= 3 the diagonal is not constant."""
+    """The erratum (docs/papers.md Sec. 1): on grids of side >= 3 the diagonal is not constant."""
     path = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=float)
     kernel = diffusion_kernel(path, 0.5)
     np.testing.assert_allclose(kernel.sum(1), 1.0, rtol=1e-13)  # exp(-lam L) 1 = 1 (L 1 = 0)
