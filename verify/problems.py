@@ -93,11 +93,10 @@ def grid_graph(shape: tuple[int, ...]) -> sp.csr_matrix:
 
 
 def random_tree(n: int, seed: int = 0) -> sp.csr_matrix:
-    """Uniform random recursive tree: node i > 0 attaches to a uniform earlier node."""
-    rng = rng_for(seed, 2)
-    child = np.arange(1, n)
-    parent = np.floor(rng.random(n - 1) * child).astype(np.int64)  # uniform on 0..i-1, vectorised
-    return _symmetric_csr(parent, child, n)
+    """Uniform random recursive tree (``tree_parent("random recursive", ...)``) as an adjacency."""
+    parent = tree_parent("random recursive", n, rng_for(seed, 2))
+    child = np.flatnonzero(parent >= 0)
+    return _symmetric_csr(parent[child], child, n)
 
 
 def complete_binary_tree(n: int) -> sp.csr_matrix:
@@ -132,6 +131,85 @@ def hypercube(k: int) -> sp.csr_matrix:
     rows = np.concatenate([nodes] * k) if k else np.array([], dtype=np.int64)
     cols = np.concatenate([nodes ^ (1 << b) for b in range(k)]) if k else np.array([], dtype=np.int64)
     return _symmetric_csr(rows, cols, n)
+
+
+# ----------------------------------------------------------------------------------- trees
+# The one place where tree families are built (parent arrays: parent[i] = -1 at roots).
+
+TREES_PER_TOKEN = 1 / 512  # random_forest: about one extra tree per 512 nodes
+
+#: The unweighted tree families every tree check, variant and figure uses.
+TREE_FAMILIES = ("path", "star", "caterpillar", "complete binary", "random recursive")
+
+
+def tree_parent(family: str, n: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Parent array (n,) of one unweighted tree of ``family`` (parents before children; -1 at the root).
+
+    caterpillar: a spine of ceil(n/2) nodes, each with one leg while nodes last; random recursive:
+    node i joins a uniform earlier node (depth ~ e ln n; needs ``rng``).
+    """
+    if family == "path":
+        return np.arange(-1, n - 1)
+    if family == "star":
+        return np.concatenate([[-1], np.zeros(n - 1, dtype=np.int64)])[:n]
+    if family == "caterpillar":
+        spine = (n + 1) // 2
+        return np.concatenate([np.arange(-1, spine - 1), np.arange(n - spine)])
+    if family == "complete binary":
+        return np.concatenate([[-1], (np.arange(1, n) - 1) // 2])
+    if family == "random recursive":
+        if rng is None:
+            raise ValueError("a random recursive tree needs rng")
+        return np.concatenate([[-1], np.floor(rng.random(n - 1) * np.arange(1, n))]).astype(np.int64)
+    raise ValueError(f"unknown tree family {family!r}; known: {', '.join(TREE_FAMILIES)}")
+
+
+MIXED_KINDS = ("path", "star", "caterpillar", "complete binary", "random recursive", "random recursive")
+
+
+def component_sizes(n: int, max_chain: int | None = None) -> list[int]:
+    """mixed_forest's component sizes, in MIXED_KINDS order: n split in six, chains capped."""
+    sizes = [n // 6 + (1 if i < n % 6 else 0) for i in range(6)]
+    if max_chain is not None:
+        for i in (0, 2):  # path, caterpillar: the excess goes to the binary tree
+            extra = max(0, sizes[i] - max_chain)
+            sizes[i] -= extra
+            sizes[3] += extra
+    return sizes
+
+
+def mixed_forest(n: int, seed: int, max_chain: int | None = None) -> np.ndarray:
+    """parent (n,) of one forest holding a path, a star, a caterpillar, a complete binary tree and
+    two random recursive trees (about n/6 nodes each), node labels randomly permuted, so one
+    problem exercises every tree family. max_chain caps the path and caterpillar (diameter
+    O(log n) overall for tree-diam's sweeps); the rest goes to the binary tree."""
+    rng = rng_for(seed, 63)
+    parts, offset = [], 0
+    sizes = component_sizes(n, max_chain)
+    for kind, k in zip(MIXED_KINDS, sizes):
+        if k == 0:
+            continue
+        p = tree_parent(kind, k, rng)
+        parts.append(np.where(p >= 0, p + offset, -1))
+        offset += k
+    parent = np.concatenate(parts)
+    perm = rng.permutation(n)  # node i of the construction becomes perm[i]
+    out = np.empty(n, dtype=np.int64)
+    out[perm] = np.where(parent >= 0, perm[np.maximum(parent, 0)], -1)
+    return out
+
+
+def random_forest(n: int, seed: int, weighted: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(parent (n,), weights (n,)): random recursive trees (node i joins a uniform earlier node,
+    depth ~ e ln n), a few extra roots so entries between trees (0) are exercised, and edge
+    lengths uniform on [0.5, 1.5] (1 if not weighted)."""
+    rng = rng_for(seed, 60)
+    parent = tree_parent("random recursive", n, rng)
+    roots = rng.random(n) < TREES_PER_TOKEN
+    parent[roots] = -1
+    weights = rng.uniform(0.5, 1.5, n) if weighted else np.ones(n)
+    return parent, weights
+
 
 
 GRAPHS = {

@@ -13,27 +13,15 @@ import torch
 from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask, forest_diameter
 from reference.masks import tree as ref_tree
 from verify.mechanisms.sequence import favor_dense_setup, favor_fast_setup, favor_problem, favor_reference
-from verify.problems import Problem, rng_for
+from verify.problems import (MIXED_KINDS, TREE_FAMILIES, Problem, component_sizes, mixed_forest,  # noqa: F401
+                             random_forest, rng_for, tree_parent)
 from verify.registry import Mechanism, register
 
 TREE_A = -0.3  # f(z) = exp(a z + b): decay with distance (the stable sign, Lemma 3.5)
 TREE_B = 0.2
-TREES_PER_TOKEN = 1 / 512  # a forest: about one extra tree per 512 nodes
 #: Quick sweeps stop at 2^15 (fast) and 2^12 (dense): three tree mechanisms must fit verify --quick.
 QUICK = dict(quick_fast_sizes=tuple(2**p for p in range(8, 16)), quick_dense_sizes=tuple(2**p for p in range(7, 13)))
 
-
-
-def random_forest(n: int, seed: int, weighted: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(parent (n,), weights (n,)): random recursive trees (node i joins a uniform earlier node,
-    depth ~ e ln n), a few extra roots so entries between trees (0) are exercised, and edge
-    lengths uniform on [0.5, 1.5] (1 if not weighted)."""
-    rng = rng_for(seed, 60)
-    parent = tree_parent("random recursive", n, rng)
-    roots = rng.random(n) < TREES_PER_TOKEN
-    parent[roots] = -1
-    weights = rng.uniform(0.5, 1.5, n) if weighted else np.ones(n)
-    return parent, weights
 
 
 def tree_exp_problem(n: int, seed: int) -> Problem:
@@ -61,67 +49,6 @@ register(Mechanism(
 
 
 # ------------------------------------------------------------------ any f: tree-dc, tree-diam
-
-
-#: The unweighted tree families every tree check and figure uses.
-TREE_FAMILIES = ("path", "star", "caterpillar", "complete binary", "random recursive")
-
-
-def tree_parent(family: str, n: int, rng: np.random.Generator | None = None) -> np.ndarray:
-    """Parent array (n,) of one unweighted tree of ``family`` (parents before children; -1 at the root).
-
-    caterpillar: a spine of ceil(n/2) nodes, each with one leg while nodes last; random recursive:
-    node i joins a uniform earlier node (depth ~ e ln n; needs ``rng``).
-    """
-    if family == "path":
-        return np.arange(-1, n - 1)
-    if family == "star":
-        return np.concatenate([[-1], np.zeros(n - 1, dtype=np.int64)])[:n]
-    if family == "caterpillar":
-        spine = (n + 1) // 2
-        return np.concatenate([np.arange(-1, spine - 1), np.arange(n - spine)])
-    if family == "complete binary":
-        return np.concatenate([[-1], (np.arange(1, n) - 1) // 2])
-    if family == "random recursive":
-        if rng is None:
-            raise ValueError("a random recursive tree needs rng")
-        return np.concatenate([[-1], np.floor(rng.random(n - 1) * np.arange(1, n))]).astype(np.int64)
-    raise ValueError(f"unknown tree family {family!r}; known: {', '.join(TREE_FAMILIES)}")
-
-
-MIXED_KINDS = ("path", "star", "caterpillar", "complete binary", "random recursive", "random recursive")
-
-
-def component_sizes(n: int, max_chain: int | None = None) -> list[int]:
-    """mixed_forest's component sizes, in MIXED_KINDS order: n split in six, chains capped."""
-    sizes = [n // 6 + (1 if i < n % 6 else 0) for i in range(6)]
-    if max_chain is not None:
-        for i in (0, 2):  # path, caterpillar: the excess goes to the binary tree
-            extra = max(0, sizes[i] - max_chain)
-            sizes[i] -= extra
-            sizes[3] += extra
-    return sizes
-
-
-def mixed_forest(n: int, seed: int, max_chain: int | None = None) -> np.ndarray:
-    """parent (n,) of one forest holding a path, a star, a caterpillar, a complete binary tree and
-    two random recursive trees (about n/6 nodes each), node labels randomly permuted, so one
-    problem exercises every tree family. max_chain caps the path and caterpillar (diameter
-    O(log n) overall for tree-diam's sweeps); the rest goes to the binary tree."""
-    rng = rng_for(seed, 63)
-    parts, offset = [], 0
-    sizes = component_sizes(n, max_chain)
-    for kind, k in zip(MIXED_KINDS, sizes):
-        if k == 0:
-            continue
-        p = tree_parent(kind, k, rng)
-        parts.append(np.where(p >= 0, p + offset, -1))
-        offset += k
-    parent = np.concatenate(parts)
-    perm = rng.permutation(n)  # node i of the construction becomes perm[i]
-    out = np.empty(n, dtype=np.int64)
-    out[perm] = np.where(parent >= 0, perm[np.maximum(parent, 0)], -1)
-    return out
 
 
 def tree_f(n: int) -> np.ndarray:
@@ -166,6 +93,6 @@ register(Mechanism(
     id="tree-diam", title="Tree mask f(dist), depth arrays", source="choromanski22 Lemma 6.2",
     complexity="N diam", make_problem=_any_f_problem(DIAM_CHAIN), reference=lambda p: favor_reference(p, _any_f_dense(p)),
     fast_setup=favor_fast_setup(_any_f_fast(TreeDiamMask)), dense_setup=favor_dense_setup(_any_f_dense),
-    dense_mask=_any_f_dense, extra_factor=tree_diameter, **QUICK,
+    dense_mask=_any_f_dense, cost_factor=tree_diameter, cost_factor_name="diam", **QUICK,
     notes=f"Mixed forest with path and caterpillar capped at {DIAM_CHAIN} nodes (diam O(log N)), f(l) = (1 + l)^-1.5.",
 ))
