@@ -1,21 +1,28 @@
-"""fast/masks/tree.py: Forest, TreeExpMask (Lemma 3.5), TreeDiamMask (Lemma 6.2), TreeDCMask
-(Lemma 6.1) and tree_mask_operator against the dense reference (csgraph distances).
+"""fast/masks/tree/: Forest, TreeExpMask (Lemma 3.5), TreeDiamMask (Lemma 6.2), TreeDCMask
+(Lemma 6.1) with its NumPy SeparatorPlan, and tree_mask_operator against the dense reference
+(csgraph distances).
 
 Dense ground truth: reference.masks.tree.tree_mask / exp_affine_mask on the same forest given
 as a parent array, edge_index or scipy adjacency. Comparisons use the relative Frobenius error
 with tests.helpers.EQUIV_TOL (float64 1e-10, float32 1e-4): the products sum at most a few hundred
-terms, and the FFT rows add round-off of order u log N |f| |y|.
+terms, and the FFT rows add round-off of order u log N |f| |y|. The forests come from the one
+place that builds tree families, verify.problems.
 """
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
 
-import fast.masks.tree as tree_mod
+import fast
+import fast.masks.tree.separator_plan as plan_mod
 from fast import (
     Forest,
     TreeDCMask,
@@ -25,57 +32,29 @@ from fast import (
     masked_linear_attention,
     tree_mask_operator,
 )
-from fast.masks.tree import _subtree_ends
+from fast.masks.tree import SeparatorPlan
+from fast.masks.tree.separator_plan import _subtree_ends
 from reference.attention import masked_kernel_attention
 from reference.masks.tree import diameter, exp_affine_mask, forest_adjacency, tree_distances, tree_mask
 from tests.helpers import EQUIV_TOL, gen, np_, positive, randn, rel_frobenius
+from verify.problems import TREE_FAMILIES, mixed_forest, random_forest, tree_parent
 
 
 # ------------------------------------------------------------------------------- forests
 
-def path(n: int) -> np.ndarray:
-    return np.arange(-1, n - 1)
+def family(name: str):
+    """n -> parent array of one tree of the verify.problems family (random ones seeded by n)."""
+    return lambda n: tree_parent(name, n, np.random.default_rng(n))
 
 
-def star(n: int) -> np.ndarray:
-    return np.concatenate([[-1], np.zeros(n - 1, dtype=np.int64)])
-
-
-def binary(n: int) -> np.ndarray:
-    return np.concatenate([[-1], (np.arange(1, n) - 1) // 2])
-
-
-def caterpillar(n: int) -> np.ndarray:
-    """A spine of ceil(n / 3) nodes, each with legs: long diameter, many leaves."""
-    spine = max(1, -(-n // 3))
-    par = np.empty(n, dtype=np.int64)
-    par[:spine] = np.arange(-1, spine - 1)
-    par[spine:] = np.arange(n - spine) % spine
-    return par
-
-
-def random_tree(n: int, seed: int) -> np.ndarray:
-    """Random recursive tree: node i joins a uniform earlier node (depth ~ e ln n)."""
-    rng = np.random.default_rng(seed)
-    return np.concatenate([[-1], np.floor(rng.random(n - 1) * np.arange(1, n))]).astype(np.int64)
-
-
-def random_forest(n: int, seed: int, root_prob: float = 0.08) -> np.ndarray:
-    """A random recursive tree with extra roots, relabelled by a random permutation."""
-    rng = np.random.default_rng(seed + 1000)
-    par = random_tree(n, seed)
-    par[rng.random(n) < root_prob] = -1
-    perm = rng.permutation(n)  # node i becomes perm[i]
-    out = np.full(n, -1, dtype=np.int64)
-    has = par >= 0
-    out[perm[has]] = perm[par[has]]
-    return out
-
-
+#: every tree family, the random forest (weights dropped) and the mixed forest (one tree of each
+#: family, node labels permuted: several trees, ids not in level order)
 SHAPES = {
-    "path": path, "star": star, "binary": binary, "caterpillar": caterpillar,
-    "random_tree": lambda n: random_tree(n, n), "random_forest": lambda n: random_forest(n, n),
+    **{name: family(name) for name in TREE_FAMILIES},
+    "random forest": lambda n: random_forest(n, n, weighted=False)[0],
+    "mixed forest": lambda n: mixed_forest(n, n),
 }
+path, star, binary = family("path"), family("star"), family("complete binary")
 SIZES = [1, 2, 3, 7, 40, 129, 300]
 
 
@@ -127,7 +106,7 @@ def _edges_of(parent):
 @pytest.mark.parametrize("how", ["parent", "edge_once", "edge_both", "edge_reversed", "scipy"])
 def test_constructors_agree_with_reference(how):
     n = 60
-    par = random_forest(n, 3)
+    par = mixed_forest(n, 3)  # several trees, ids not in level order
     rng = np.random.default_rng(5)
     w_par = rng.uniform(0.5, 1.5, n)
     e = _edges_of(par)
@@ -176,13 +155,12 @@ def test_forest_rejects_bad_input(build, match):
 
 def test_subtree_ends_are_preorder_subtree_sizes():
     for seed in range(5):
-        par = random_forest(200, seed)
+        par = mixed_forest(200, seed)
         fo = Forest.from_parent(par)
-        op = TreeDCMask(fo, torch.ones(200))
+        plan = TreeDCMask(fo, torch.ones(200)).plan
         # brute force: a node's subtree in preorder is [p, p + size), in the Forest's own rooting
         # (each tree rooted at its smallest node, not necessarily the given parent array's roots)
-        pre = op._plan_np["pre_node"]
-        label = op._plan_np["label"]
+        pre, label = plan.pre_node, plan.label
         par = np.full(200, -1)
         has = fo.parent_pos >= 0
         par[fo.order[has]] = fo.order[fo.parent_pos[has]]
@@ -192,8 +170,8 @@ def test_subtree_ends_are_preorder_subtree_sizes():
             while j >= 0:
                 size[j] += 1
                 j = par[j]
-        np.testing.assert_array_equal(op._end - np.arange(200), size[pre])
-        np.testing.assert_array_equal(_subtree_ends(op._depth), op._end)
+        np.testing.assert_array_equal(plan.end - np.arange(200), size[pre])
+        np.testing.assert_array_equal(_subtree_ends(plan.depth), plan.end)
         assert np.all(label[pre] == np.arange(200))
 
 
@@ -203,8 +181,7 @@ def test_subtree_ends_are_preorder_subtree_sizes():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_tree_exp_weighted_forests(a, dtype):
     n = 150
-    par = random_forest(n, 11)
-    w = np.random.default_rng(2).uniform(0.5, 1.5, n)
+    par, w = random_forest(n, 11)  # edge lengths uniform on [0.5, 1.5]
     x = randn((2, n, 4), gen(3), dtype=dtype)
     out = TreeExpMask(Forest.from_parent(par, w), a, -0.1).matmul(x)
     m = exp_affine_mask(forest_adjacency(par, weights=w), a, -0.1)
@@ -233,11 +210,11 @@ def test_diam_and_dc_equal_dense(shape, n):
 
 
 @pytest.mark.parametrize("threshold", [1, 2, 64])
-@pytest.mark.parametrize("ratio", [0, tree_mod.HANKEL_DENSE_RATIO, 10**9])
+@pytest.mark.parametrize("ratio", [0, plan_mod.HANKEL_DENSE_RATIO, 10**9])
 def test_dc_thresholds_and_row_kinds(threshold, ratio, monkeypatch):
     """ratio 0: every cross row by FFT; 10^9: every row a dense Hankel GEMM; tiny chunks too."""
-    monkeypatch.setattr(tree_mod, "HANKEL_DENSE_RATIO", ratio)
-    for shape, n in (("path", 300), ("caterpillar", 200), ("random_forest", 250), ("star", 90)):
+    monkeypatch.setattr(plan_mod, "HANKEL_DENSE_RATIO", ratio)
+    for shape, n in (("path", 300), ("caterpillar", 200), ("mixed forest", 250), ("star", 90)):
         par = SHAPES[shape](n)
         fo = Forest.from_parent(par)
         x = randn((n, 5), gen(n + threshold))
@@ -250,10 +227,10 @@ def test_dc_thresholds_and_row_kinds(threshold, ratio, monkeypatch):
         check(TreeDCMask(fo, f, dense_threshold=threshold, max_chunk_bytes=1), par, f, x)
 
 
-@pytest.mark.parametrize("ratio", [0, tree_mod.HANKEL_DENSE_RATIO])
-@pytest.mark.parametrize("shape", ["path", "random_forest", "binary"])
+@pytest.mark.parametrize("ratio", [0, plan_mod.HANKEL_DENSE_RATIO])
+@pytest.mark.parametrize("shape", ["path", "mixed forest", "complete binary"])
 def test_float32(shape, ratio, monkeypatch):
-    monkeypatch.setattr(tree_mod, "HANKEL_DENSE_RATIO", ratio)
+    monkeypatch.setattr(plan_mod, "HANKEL_DENSE_RATIO", ratio)
     n = 300
     par = SHAPES[shape](n)
     fo = Forest.from_parent(par)
@@ -269,7 +246,7 @@ def test_float32(shape, ratio, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_low_precision(cls, dtype):
     n = 120
-    par = random_forest(n, 4)
+    par = mixed_forest(n, 4)
     f = f_table("decay", n)
     x = randn((n, 6), gen(2)).to(dtype)
     out = cls(Forest.from_parent(par), f.float()).matmul(x)
@@ -281,7 +258,7 @@ def test_low_precision(cls, dtype):
 @pytest.mark.parametrize("cls", [TreeDiamMask, TreeDCMask])
 def test_batched_leading_dims_and_chunks(cls):
     n = 97
-    par = caterpillar(n)
+    par = SHAPES["caterpillar"](n)
     f = f_table("random", n)
     x = randn((2, 3, n, 4), gen(9))
     op = cls(Forest.from_parent(par), f, max_chunk_bytes=1)  # one column / row per step
@@ -298,9 +275,9 @@ def test_batched_leading_dims_and_chunks(cls):
                                             (TreeDCMask, {"dense_threshold": 3}, 0)])
 def test_gradcheck(cls, kw, ratio, monkeypatch):
     """ratio 0: the cross rows go through rfft / irfft; 10^9: through dense Hankel GEMMs."""
-    monkeypatch.setattr(tree_mod, "HANKEL_DENSE_RATIO", ratio)
+    monkeypatch.setattr(plan_mod, "HANKEL_DENSE_RATIO", ratio)
     n = 11
-    par = random_forest(n, 2, root_prob=0.15)
+    par = mixed_forest(n, 2)  # six small trees
     fo = Forest.from_parent(par)
     x = randn((n, 2), gen(1)).requires_grad_()
     f = randn((n,), gen(2)).requires_grad_()
@@ -310,7 +287,7 @@ def test_gradcheck(cls, kw, ratio, monkeypatch):
 def test_grad_of_f_matches_dense():
     """d/df(k) sum(w * M x) = sum over pairs at distance k of w_i . x_j."""
     n = 70
-    par = random_forest(n, 8)
+    par = mixed_forest(n, 8)
     fo = Forest.from_parent(par)
     x, w = randn((n, 3), gen(3)), randn((n, 3), gen(4))
     dist = np.rint(np.nan_to_num(tree_distances(forest_adjacency(par)), posinf=-1)).astype(int)
@@ -324,7 +301,7 @@ def test_grad_of_f_matches_dense():
 
 def test_attention_with_tree_mask_equals_dense():
     n, m, d = 80, 4, 3
-    par = random_forest(n, 6)
+    par = mixed_forest(n, 6)
     f = f_table("decay", n)
     g = gen(12)
     pq, pk, v = positive((n, m), g), positive((n, m), g), randn((n, d), g)
@@ -346,8 +323,8 @@ def test_recursion_depth_and_subproblems():
     n = 1024
     op = TreeDCMask(Forest.from_parent(path(n)), torch.ones(n), dense_threshold=2)
     assert op.recursion_depth == math.ceil(math.log2(n - 1))  # halves
-    assert op.num_subproblems == op.num_dense_blocks + int(op._plan_np["splits"].sum())
-    for shape in ("star", "caterpillar", "random_tree", "binary"):
+    assert op.num_subproblems == op.num_dense_blocks + int(op.plan.splits.sum())
+    for shape in ("star", "caterpillar", "random recursive", "complete binary", "mixed forest"):
         op = TreeDCMask(Forest.from_parent(SHAPES[shape](n)), torch.ones(n), dense_threshold=1)
         assert op.recursion_depth <= math.log(n) / math.log(1.5) + 1, shape  # parts <= 2(m - 1)/3 + 1
     op = TreeDCMask(Forest.from_parent(np.full(n, -1)), torch.ones(n))  # isolated nodes: packed blocks
@@ -369,9 +346,10 @@ def test_auto_choice():
 @pytest.mark.parametrize("make", [TreeDiamMask, TreeDCMask, tree_mask_operator])
 def test_any_f_rejects_bad_input(make):
     n = 10
-    fo = Forest.from_parent(random_tree(n, 1))
+    par = SHAPES["random recursive"](n)
+    fo = Forest.from_parent(par)
     with pytest.raises(ValueError, match="unweighted"):
-        make(Forest.from_parent(random_tree(n, 1), np.full(n, 2.0)), torch.ones(n))
+        make(Forest.from_parent(par, np.full(n, 2.0)), torch.ones(n))
     with pytest.raises(ValueError, match=r"f must have shape \(10,\)"):
         make(fo, torch.ones(n + 1))
     with pytest.raises(ValueError, match=r"f must have shape"):
@@ -382,7 +360,7 @@ def test_any_f_rejects_bad_input(make):
         with pytest.raises(ValueError, match="f contains non-finite"):
             make(fo, g)
     with pytest.raises(TypeError, match="Forest"):
-        make(random_tree(n, 1), torch.ones(n))  # a parent array is not a Forest
+        make(par, torch.ones(n))  # a parent array is not a Forest
     op = make(fo, np.ones(n))  # arrays are accepted
     with pytest.raises(ValueError, match="N=10"):
         op.matmul(torch.ones(n + 1, 2))
@@ -397,3 +375,129 @@ def test_dc_rejects_bad_options():
             TreeDCMask(fo, torch.ones(5), dense_threshold=bad)
     with pytest.raises(ValueError, match="max_chunk_bytes"):
         TreeDiamMask(fo, torch.ones(5), max_chunk_bytes=0)
+
+
+# ------------------------------------------------------------------------------- the NumPy plan
+
+_IMPORTS_OF = textwrap.dedent("""
+    import importlib, sys, types
+    # bare packages in place of fast/__init__.py and fast/masks{,/tree}/__init__.py, which import
+    # torch for the operators: only the module under test and what it imports get executed
+    for name in ("fast", "fast.masks", "fast.masks.tree"):
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [sys.argv[1] + "/" + name.replace(".", "/")]
+        sys.modules[name] = pkg
+    importlib.import_module(sys.argv[2])
+    print(",".join(sorted(m for m in sys.modules if m.split(".")[0] == "torch")))
+""")
+
+
+def _torch_modules_imported_by(module: str) -> list[str]:
+    root = str(Path(fast.__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-c", _IMPORTS_OF, root, module], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return [m for m in done.stdout.strip().split(",") if m]
+
+
+def test_separator_plan_imports_no_torch():
+    """Planning is NumPy only: importing separator_plan (and what it imports) loads no torch.
+    The control: the same probe does see forest.py's torch import."""
+    assert _torch_modules_imported_by("fast.masks.tree.separator_plan") == []
+    assert "torch" in _torch_modules_imported_by("fast.masks.tree.forest")
+
+
+def test_plan_is_plain_numpy():
+    n = 300
+    plan = TreeDCMask(Forest.from_parent(mixed_forest(n, 1)), torch.ones(n), dense_threshold=4).plan
+    assert isinstance(plan, SeparatorPlan) and plan.n == n and plan.dense_threshold == 4
+    arrays = plan.index_arrays()
+    assert set(arrays) == set(SeparatorPlan.INDEX_ARRAYS)
+    for name, a in arrays.items():
+        assert isinstance(a, np.ndarray) and a.dtype == np.int64, name
+    for size, nodes, dists in plan.blocks:
+        assert isinstance(nodes, np.ndarray) and isinstance(dists, np.ndarray)
+        assert nodes.shape[1] == size and dists.shape[1:] == (size, size)
+    assert plan.nbytes >= sum(a.nbytes for a in arrays.values())
+    # the row offsets partition the source and target entries
+    assert plan.src_off[-1] == plan.src_node.size and plan.tgt_off[-1] == plan.tgt_node.size
+    assert len(plan.row_key) == plan.y_start.size - 1 and plan.num_fft_rows <= len(plan.row_key)
+
+
+def _devices() -> list[str]:
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("ratio", [0, plan_mod.HANKEL_DENSE_RATIO])
+def test_one_plan_serves_every_dtype_device_and_f(ratio, monkeypatch):
+    """A plan built once (no torch in it) gives the dense product in float64 and float32, on each
+    device, and for a second f sharing it; the products leave the plan unchanged."""
+    monkeypatch.setattr(plan_mod, "HANKEL_DENSE_RATIO", ratio)
+    n = 400
+    par = mixed_forest(n, 5)
+    fo = Forest.from_parent(par)
+    f1, f2 = f_table("random", n), f_table("decay", n)
+    op1 = TreeDCMask(fo, f1, dense_threshold=2)
+    op2 = TreeDCMask(fo, f2, plan=op1.plan)
+    assert op2.plan is op1.plan and op2.dense_threshold == 2 and op2.recursion_depth == op1.recursion_depth
+    if ratio == 0:
+        assert op1.num_fft_rows > 0
+    before = {k: v.copy() for k, v in op1.plan.index_arrays().items()}
+    x = randn((2, n, 3), gen(6))
+    for op, f in ((op1, f1), (op2, f2)):
+        expected = dense(par, f) @ np_(x)
+        for device in _devices():
+            for dtype in (torch.float64, torch.float32):
+                out = op.matmul(x.to(device=device, dtype=dtype))
+                assert out.device.type == device and out.dtype == dtype
+                assert rel_frobenius(out, expected) < EQUIV_TOL[dtype], (device, dtype)
+    for k, v in op1.plan.index_arrays().items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_shared_plan_rejects_a_mismatch():
+    fo = Forest.from_parent(path(50))
+    plan = TreeDCMask(fo, torch.ones(50), dense_threshold=4).plan
+    TreeDCMask(fo, torch.ones(50), dense_threshold=4, plan=plan)  # agreeing is fine
+    with pytest.raises(ValueError, match="another Forest"):
+        TreeDCMask(Forest.from_parent(path(50)), torch.ones(50), plan=plan)
+    with pytest.raises(ValueError, match="dense_threshold=8 disagrees"):
+        TreeDCMask(fo, torch.ones(50), dense_threshold=8, plan=plan)
+    with pytest.raises(TypeError, match="SeparatorPlan"):
+        TreeDCMask(fo, torch.ones(50), plan=plan.index_arrays())
+
+
+# ------------------------------------------------------------------------------- the mask contract
+
+def test_masks_subclass_the_contract_and_expose_f():
+    """f requiring grad is what parameters() finds (the generic path's backward differentiates it)."""
+    n = 40
+    fo = Forest.from_parent(mixed_forest(n, 3))
+    f = f_table("decay", n).requires_grad_()
+    for op in (TreeDiamMask(fo, f), TreeDCMask(fo, f, dense_threshold=4), tree_mask_operator(fo, f)):
+        assert isinstance(op, fast.MaskOperator) and op.f is f
+        assert [id(t) for t in op.parameters()] == [id(f)]
+    assert list(TreeDCMask(fo, f.detach()).parameters()) == []
+    assert isinstance(TreeExpMask(fo, -0.5), fast.MaskOperator) and list(TreeExpMask(fo, -0.5).parameters()) == []
+
+
+def test_attention_gradient_of_f_matches_dense():
+    """d/df of masked_linear_attention with a tree mask = the same through the dense mask."""
+    n, m, d = 60, 3, 2
+    par = mixed_forest(n, 9)
+    fo = Forest.from_parent(par)
+    g = gen(21)
+    pq, pk, v, w = positive((n, m), g), positive((n, m), g), randn((n, d), g), randn((n, d), g)
+    dist = torch.as_tensor(np.rint(np.nan_to_num(tree_distances(forest_adjacency(par)), posinf=-1)).astype(np.int64))
+
+    def dense_attention(f):  # the twin: M_ij = f(dist(i, j)), 0 across trees
+        mask = torch.where(dist >= 0, f[dist.clamp(min=0)], torch.zeros((), dtype=f.dtype))
+        a = (pq @ pk.T) * mask
+        return (a @ v) / a.sum(-1, keepdim=True)
+
+    f0 = f_table("decay", n)
+    f_ref = f0.clone().requires_grad_()
+    (dense_attention(f_ref) * w).sum().backward()
+    for make in (lambda f: TreeDiamMask(fo, f), lambda f: TreeDCMask(fo, f, dense_threshold=4)):
+        f = f0.clone().requires_grad_()
+        (masked_linear_attention(pq, pk, v, make(f)) * w).sum().backward()
+        assert rel_frobenius(f.grad, f_ref.grad) < 1e-10

@@ -1,0 +1,269 @@
+"""The rooted forest in level order that every tree mask works on, and the checks they share.
+
+``Forest`` roots a forest once (setup, O(N) in SciPy's C breadth-first search plus O(N log N)
+vectorised pointer doubling for depths) and stores its nodes in level order, so every recursion
+over it is O(depth) tensor operations on contiguous slices, with no per-node Python loop. Entries
+of a tree mask between different trees are 0. ``forest_diameter`` gives the diameter that decides
+between Lemma 6.2 and Lemma 6.1 (choromanski22 Cor. 6.4; docs/papers.md Sec. 2).
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.csgraph as csgraph
+import torch
+
+from fast.validation import check_positive_int
+
+
+class Forest:
+    """A rooted forest in level order (setup once per graph, reused by every product).
+
+    Build with ``from_parent``, ``from_edge_index`` or ``from_scipy``. Attributes (numpy, setup
+    side; ``tensors(device)`` gives the torch versions):
+        n            number of nodes
+        order (n,)   node ids in level order (roots first, then depth 1, ...)
+        position (n,) inverse of order: node id -> level-order position
+        parent_pos (n,) level-order position of each position's parent (-1 for roots)
+        weight (n,)  edge length to the parent in level order (0 for roots)
+        level_starts (depth + 2,) positions where each depth level starts (and the end)
+        height       max depth (edges); weighted_height: max root distance
+    """
+
+    def __init__(self, parent: np.ndarray, weight: np.ndarray):
+        n = parent.size
+        depth = _depths(parent)
+        order = np.argsort(depth, kind="stable")
+        position = np.empty(n, dtype=np.int64)
+        position[order] = np.arange(n)
+        p = parent[order]
+        self.n = n
+        self.order = order
+        self.position = position
+        self.parent_pos = np.where(p >= 0, position[np.maximum(p, 0)], -1)
+        self.weight = np.where(p >= 0, weight[order], 0.0)
+        counts = np.bincount(depth, minlength=int(depth.max()) + 1)
+        self.level_starts = np.concatenate([[0], np.cumsum(counts)])
+        self.height = int(depth.max())
+        root_dist = np.zeros(n)
+        for lo, hi in zip(self.level_starts[1:-1], self.level_starts[2:]):
+            root_dist[lo:hi] = root_dist[self.parent_pos[lo:hi]] + self.weight[lo:hi]
+        self.weighted_height = float(root_dist.max()) if n else 0.0
+        self._tensors: dict = {}
+
+    # ----------------------------------------------------------------------- constructors
+
+    @classmethod
+    def from_parent(cls, parent, weights=None) -> "Forest":
+        """parent (n,) ints, -1 for roots; weights (n,) edge length to the parent (default 1)."""
+        p = np.asarray(parent.cpu() if isinstance(parent, torch.Tensor) else parent)
+        if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+            raise ValueError(f"parent must be a non-empty 1-D integer array (-1 for roots), got {p.dtype} {p.shape}")
+        n = p.size
+        if ((p < -1) | (p >= n)).any() or (p == np.arange(n)).any():
+            raise ValueError("parent entries must be -1 (root) or another node's index in [0, n)")
+        w = _weights(weights, n, "weights (edge length to the parent)")
+        child = np.flatnonzero(p >= 0)
+        return cls.from_edges(child, p[child], w[child], n)
+
+    @classmethod
+    def from_edge_index(cls, edge_index, n: int | None = None, weights=None) -> "Forest":
+        """edge_index (2, E) ints (each undirected edge once or both ways), weights (E,), n nodes."""
+        e = np.asarray(edge_index.cpu() if isinstance(edge_index, torch.Tensor) else edge_index)
+        if e.ndim != 2 or e.shape[0] != 2 or not np.issubdtype(e.dtype, np.integer):
+            raise ValueError(f"edge_index must be a (2, E) integer array, got {e.dtype} {e.shape}")
+        if n is None:
+            if not e.size:
+                raise ValueError("n must be given for an edge_index without edges")
+            n = int(e.max()) + 1
+        n = check_positive_int("n", n)
+        if e.size and (e.min() < 0 or e.max() >= n):
+            raise ValueError(f"edge_index entries must lie in [0, n={n})")
+        w = _weights(weights, e.shape[1], "weights (one per edge)")
+        lo, hi = np.minimum(e[0], e[1]), np.maximum(e[0], e[1])
+        _, first = np.unique(lo * n + hi, return_index=True)  # both directions: one edge
+        return cls.from_edges(lo[first], hi[first], w[first], n)
+
+    @classmethod
+    def from_scipy(cls, adjacency) -> "Forest":
+        """A symmetric scipy.sparse adjacency whose entries are edge lengths."""
+        a = sp.csr_matrix(adjacency, dtype=np.float64)
+        if a.shape[0] != a.shape[1] or a.shape[0] == 0:
+            raise ValueError(f"adjacency must be square and non-empty, got shape {a.shape}")
+        if (a != a.T).nnz:
+            raise ValueError("adjacency must be symmetric (an undirected forest)")
+        upper = sp.triu(a, k=1).tocoo()
+        if a.diagonal().any():
+            raise ValueError("a forest has no self-loops; adjacency has a non-zero diagonal")
+        return cls.from_edges(upper.row, upper.col, upper.data, a.shape[0])
+
+    @classmethod
+    def from_edges(cls, u: np.ndarray, v: np.ndarray, w: np.ndarray, n: int) -> "Forest":
+        """Undirected edges (u_k, v_k) of length w_k, each once: checks it is a forest, roots it."""
+        u, v, w = (np.asarray(a) for a in (u, v, w))
+        if (u == v).any():
+            raise ValueError("a forest has no self-loops")
+        if not np.isfinite(w).all() or (w < 0).any():
+            raise ValueError("edge weights (lengths) must be finite and non-negative")
+        pattern = sp.coo_matrix((np.ones(2 * u.size), (np.concatenate([u, v]), np.concatenate([v, u]))),
+                                shape=(n, n)).tocsr()
+        components, labels = csgraph.connected_components(pattern, directed=False)
+        if u.size != n - components:
+            raise ValueError(f"not a forest: {u.size} edges on {n} nodes in {components} components (a cycle)")
+        # root each tree at its smallest node; breadth-first predecessors give the parents
+        parent = np.full(n, -1, dtype=np.int64)
+        roots = np.unique(labels, return_index=True)[1]
+        if u.size:
+            # one BFS over a virtual super-root joined to every tree's root: O(n) in C
+            rows = np.concatenate([u, v, np.full(roots.size, n)])
+            cols = np.concatenate([v, u, roots])
+            g = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n + 1, n + 1)).tocsr()
+            _, pred = csgraph.breadth_first_order(g, n, directed=True, return_predecessors=True)
+            parent = np.where(pred[:n] == n, -1, pred[:n]).astype(np.int64)
+        weight_of = sp.coo_matrix((np.concatenate([w, w]), (np.concatenate([u, v]), np.concatenate([v, u]))),
+                                  shape=(n, n)).tocsr()
+        child = np.flatnonzero(parent >= 0)
+        weight = np.zeros(n)
+        weight[child] = np.asarray(weight_of[child, parent[child]]).ravel()
+        return cls(parent, weight)
+
+    # ----------------------------------------------------------------------- helpers
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """(child, parent) node ids of every edge, each (n - trees,), in level order of the child."""
+        has = np.flatnonzero(self.parent_pos >= 0)
+        return self.order[has], self.order[self.parent_pos[has]]
+
+    def roots(self) -> np.ndarray:
+        """Node ids of the roots (one per tree, the tree's smallest node), in level order."""
+        return self.order[self.parent_pos < 0]
+
+    def node_depths(self) -> np.ndarray:
+        """(n,) depth (edges to its root) of every node id."""
+        depth = np.empty(self.n, dtype=np.int64)
+        depth[self.order] = np.repeat(np.arange(self.height + 1), np.diff(self.level_starts))
+        return depth
+
+    def tensors(self, device) -> dict:
+        """The level-order index arrays as int64 tensors on ``device`` (cached)."""
+        key = str(device)
+        if key not in self._tensors:
+            self._tensors[key] = {
+                "order": torch.as_tensor(self.order, device=device),
+                "position": torch.as_tensor(self.position, device=device),
+                "parent_pos": torch.as_tensor(self.parent_pos, device=device),
+            }
+        return self._tensors[key]
+
+    def levels(self):
+        """(depth, start, stop) of each level in level order, roots (depth 0) first."""
+        s = self.level_starts
+        return [(k, int(s[k]), int(s[k + 1])) for k in range(len(s) - 1)]
+
+    def to_level_order(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., n, c) by node id -> (..., n, c) in level order."""
+        return x.index_select(-2, self.tensors(x.device)["order"])
+
+    def from_level_order(self, y: torch.Tensor) -> torch.Tensor:
+        """Inverse of ``to_level_order``."""
+        return y.index_select(-2, self.tensors(y.device)["position"])
+
+
+def _weights(weights, size: int, what: str) -> np.ndarray:
+    if weights is None:
+        return np.ones(size)
+    w = np.asarray(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights, dtype=np.float64)
+    if w.shape != (size,):
+        raise ValueError(f"{what} must have shape ({size},), got {w.shape}")
+    return w
+
+
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """Depth of every node by pointer doubling: O(n log height), vectorised."""
+    n = parent.size
+    idx = np.arange(n)
+    jump = np.where(parent >= 0, parent, idx)  # roots point at themselves
+    depth = (parent >= 0).astype(np.int64)  # distance to ``jump``
+    for _ in range(max(1, n.bit_length()) + 1):
+        nxt = jump[jump]
+        if np.array_equal(nxt, jump):
+            return depth
+        depth = depth + depth[jump]
+        jump = nxt
+    raise ValueError("parent array has a cycle")
+
+
+def forest_diameter(forest: Forest) -> int:
+    """The largest number of edges on a path within one tree of ``forest`` (max over its trees).
+
+    Two breadth-first passes (choromanski22 Cor. 6.4), all trees at once, O(n) in SciPy's C
+    csgraph: the deepest node of each tree (depths come with the level order: the first pass from
+    the root) is an end of a longest path of that tree; one multi-source BFS from all those ends
+    gives each tree's eccentricity of that end = its diameter. Edge lengths are ignored (hops).
+    """
+    check_forest(forest)
+    n = forest.n
+    if forest.height == 0:
+        return 0
+    child, parent = forest.edges()
+    pattern = sp.coo_matrix((np.ones(child.size), (child, parent)), shape=(n, n)).tocsr()
+    _, labels = csgraph.connected_components(pattern, directed=False)
+    depth = forest.node_depths()
+    by_depth = np.argsort(-depth, kind="stable")
+    ends = by_depth[np.unique(labels[by_depth], return_index=True)[1]]  # deepest node per tree
+    rows = np.concatenate([child, parent, np.full(ends.size, n)])
+    cols = np.concatenate([parent, child, ends])
+    g = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n + 1, n + 1)).tocsr()
+    dist = csgraph.shortest_path(g, method="D", directed=True, unweighted=True, indices=n)
+    return int(dist[np.isfinite(dist)].max()) - 1
+
+
+# =========================================================================================
+# Checks shared by the tree masks (the token input goes through fast.validation.check_tokens).
+# =========================================================================================
+
+#: Bound on the transient buffers of one product step (bytes); more columns / rows are chunked.
+#: Small enough that the buffers come from the allocator's heap rather than fresh pages (fresh
+#: large mappings cost a page fault per 4 KiB; 256 MiB made the n = 2^16 path product 2x slower).
+DEFAULT_MAX_CHUNK_BYTES = 32 * 2**20
+
+#: f(0), ..., f(n - 1): a floating tensor (may require grad), or anything np.asarray takes.
+FTable = Union[torch.Tensor, np.ndarray, Sequence[float]]
+
+
+def check_forest(forest: object) -> Forest:
+    """``forest`` is a Forest (a parent array or adjacency is not: build one with Forest.from_*)."""
+    if not isinstance(forest, Forest):
+        raise TypeError(f"forest must be a fast.masks.tree.Forest, got {type(forest).__name__}")
+    return forest
+
+
+def check_unweighted(forest: object, who: str) -> Forest:
+    """``forest`` is a Forest whose edges all have length 1 (Lemmas 6.1 / 6.2 count hops)."""
+    check_forest(forest)
+    edges = forest.parent_pos >= 0
+    if not np.all(forest.weight[edges] == 1.0):
+        raise ValueError(f"{who} needs an unweighted forest (every edge length 1); this forest has edge lengths "
+                         f"in [{forest.weight[edges].min():.3g}, {forest.weight[edges].max():.3g}]. Use TreeExpMask "
+                         "for exp-affine f on weighted forests, or rebuild the Forest without weights.")
+    return forest
+
+
+def check_f(f: FTable, n: int) -> torch.Tensor:
+    """f (n,) = f(0), ..., f(n - 1) as a floating tensor (kept as given, so it may require grad)."""
+    if isinstance(f, torch.Tensor):
+        if f.is_complex():
+            raise TypeError(f"f must be a real tensor, got {f.dtype}")
+        t = f if f.is_floating_point() else f.to(torch.float64)
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(f, dtype=np.float64))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"f must be a tensor (or array) of shape ({n},): f(0), ..., f(n - 1)") from err
+    if tuple(t.shape) != (n,):
+        raise ValueError(f"f must have shape ({n},): f(0), ..., f(n - 1) for the n = {n} nodes, got {tuple(t.shape)}")
+    if not bool(torch.isfinite(t.detach()).all()):
+        raise ValueError("f contains non-finite values (NaN or inf)")
+    return t

@@ -1,0 +1,162 @@
+"""TreeDCMask: M_ij = f(dist(i, j)) for any f on an unweighted forest in O(N log^2 N c)
+(choromanski22 Lemma 6.1, Eq. 26; docs/papers.md Sec. 2): the torch product of a SeparatorPlan."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fast.masks.base import MaskOperator
+from fast.masks.tree.forest import DEFAULT_MAX_CHUNK_BYTES, Forest, FTable, check_f, check_unweighted
+from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, SeparatorPlan
+from fast.validation import check_positive_int, check_tokens, compute_dtype
+
+
+class TreeDCMask(MaskOperator):
+    """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n log^2 n c) (Lemma 6.1).
+
+    forest: an unweighted ``Forest``; f: (n,) tensor (or array) f(0), ..., f(n - 1), finite, any
+    sign, may require grad. ``matmul`` takes x (..., n, c). dense_threshold: subproblems with at
+    most max(dense_threshold, 2) nodes are dense blocks (default 64). max_chunk_bytes bounds the
+    transient buffers of one step of the product (default 32 MiB; at least one row or block per
+    step). plan: a ``SeparatorPlan`` of this forest from another mask (``other.plan``), shared
+    instead of planned again (the plan does not depend on f, the device or the dtype).
+
+    Balanced separator recursion (planned once, in __init__, by separator_plan.SeparatorPlan). For
+    a tree T with more than dense_threshold nodes take a centroid v (every component of T - v has
+    <= |T|/2 nodes), split those components by size into two groups and set T_1 = {v} + group 1,
+    T_2 = {v} + group 2 (each <= 2(|T| - 1)/3 + 1 nodes; V(T_1) u V(T_2) = V(T),
+    V(T_1) n V(T_2) = {v}). This is the paper's two-vertex separator argument with one vertex and
+    2/3 in place of 9/10. With s^k_i = sum_{j in T_k} f(dist(i, j)) x_j (Eq. 26) computed recursively,
+
+        (M x)_i = s^1_i + z^2[dist(i, v)]      for i in T_1 - {v}
+        (M x)_i = s^2_i + z^1[dist(i, v)]      for i in T_2 - {v}
+        (M x)_v = s^1_v + s^2_v - f(0) x_v     (v counted in both)
+        z^k[a] = sum_b f(a + b) y^k[b],  y^k[b] = sum_{j in T_k - {v}, dist(j, v) = b} x_j
+
+    since a path from T_1 - {v} to T_2 - {v} passes v. z = H y with the Hankel matrix
+    H_ab = f(a + b) is a correlation with f, done by FFT (rfft/irfft of size N >= a_max + b_max + 1,
+    5-smooth, so nothing wraps): z[a] = irfft(rfft(y) conj(rfft(f[:N])))[N - a]. Short rows (padded
+    lengths p_a p_b <= HANKEL_DENSE_RATIO N, so p <= ~256) multiply by the Hankel block itself, a
+    batched GEMM that is faster there. Subproblems of at most dense_threshold nodes (and trees of
+    a forest that small, packed together) use the dense block f(dist) with distances counted
+    within the block. The recursion depth is O(log n) (<= log_{3/2} n); each level costs
+    O(n log n c) in FFTs and O(n c) in scatters and gathers, the leaves O(n dense_threshold c):
+    O(n log^2 n c) in all. The plan (index and distance arrays, in preorder so that subproblems are
+    contiguous ranges) takes O(n log n) memory and set-up; ``recursion_depth``, ``num_subproblems``
+    (separator splits plus dense blocks), ``num_dense_blocks`` and ``num_fft_rows`` describe it.
+    Memory of a product: the plan, x and the output, plus buffers bounded by ``max_chunk_bytes``
+    (without autograd; with it, every step's buffers are kept, O(n log n c) in all). Half
+    precision inputs compute in float32.
+    """
+
+    def __init__(self, forest: Forest, f: FTable, *, dense_threshold: int | None = None,
+                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, plan: SeparatorPlan | None = None):
+        check_unweighted(forest, "TreeDCMask")
+        if dense_threshold is not None:
+            dense_threshold = check_positive_int("dense_threshold", dense_threshold)
+        self.forest = forest
+        self.n = forest.n
+        self.f = check_f(f, self.n)
+        self.max_chunk_bytes = check_positive_int("max_chunk_bytes", max_chunk_bytes)
+        if plan is None:
+            plan = SeparatorPlan.build(forest, DEFAULT_DENSE_THRESHOLD if dense_threshold is None else dense_threshold)
+        elif not isinstance(plan, SeparatorPlan):
+            raise TypeError(f"plan must be a SeparatorPlan (another TreeDCMask's .plan), got {type(plan).__name__}")
+        elif plan.forest is not forest:
+            raise ValueError("plan was built for another Forest; pass the forest it was built from (plan.forest)")
+        elif dense_threshold is not None and dense_threshold != plan.dense_threshold:
+            raise ValueError(f"dense_threshold={dense_threshold} disagrees with the plan's "
+                             f"dense_threshold={plan.dense_threshold}; leave it out to use the plan's")
+        self.plan = plan
+        self.dense_threshold = plan.dense_threshold
+        self.recursion_depth = plan.recursion_depth
+        self.num_subproblems = plan.num_subproblems
+        self.num_dense_blocks = plan.num_dense_blocks
+        self.num_fft_rows = plan.num_fft_rows
+        self._tensors: dict = {}
+
+    def _device_plan(self, device: torch.device | str) -> dict:
+        """The plan's index arrays and dense blocks as tensors on ``device`` (cached per device)."""
+        key = str(device)
+        if key not in self._tensors:
+            t = {k: torch.as_tensor(v, device=device) for k, v in self.plan.index_arrays().items()}
+            t["blocks"] = [(size, torch.as_tensor(nodes, device=device), torch.as_tensor(dists, device=device))
+                           for size, nodes, dists in self.plan.blocks]
+            self._tensors[key] = t
+        return self._tensors[key]
+
+    # ----------------------------------------------------------------------- product
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x for x (..., n, c) -> (..., n, c): dense blocks, Hankel FFTs, the f(0) fix at the v's."""
+        check_tokens("x", x, self.n)
+        out_dtype, work = x.dtype, compute_dtype(x.dtype)
+        lead, c, n = x.shape[:-2], x.shape[-1], self.n
+        plan = self._device_plan(x.device)
+        # preorder: every subproblem is a few contiguous ranges, so the gathers below stay local
+        xs = x.to(work).reshape(-1, n, c).index_select(1, plan["pre_node"])
+        f = self.f.to(device=x.device, dtype=work)
+        grad = torch.is_grad_enabled() and (xs.requires_grad or f.requires_grad)
+        out = self._cross_terms(xs, f, self._dense_blocks(xs, f, plan), grad)[:, :n]
+        out = out - f[0] * plan["splits"].to(work)[:, None] * xs  # v was in both halves of its split
+        return out.index_select(1, plan["label"]).reshape(*lead, n, c).to(out_dtype)
+
+    def _dense_blocks(self, xs: torch.Tensor, f: torch.Tensor, plan: dict) -> torch.Tensor:
+        """sum over dense blocks of f(dist) @ x[block], scattered back: (B, n, c)."""
+        B, n, c = xs.shape
+        xp = torch.cat([xs, xs.new_zeros(B, 1, c)], dim=1)  # row n: padding
+        out = xs.new_zeros(B, n + 1, c)
+        f_ext = torch.cat([f, f.new_zeros(1)])  # f_ext[n] = 0: padding and pairs across trees
+        item = xs.element_size()
+        for size, nodes, dists in plan["blocks"]:
+            step = max(1, self.max_chunk_bytes // (size * item * (3 * B * c + size)))
+            for b0 in range(0, nodes.shape[0], step):
+                idx = nodes[b0:b0 + step].reshape(-1)
+                xb = xp.index_select(1, idx).view(B, -1, size, c)
+                out.index_add_(1, idx, torch.matmul(f_ext[dists[b0:b0 + step]], xb).view(B, -1, c))
+        return out
+
+    def _cross_terms(self, xs: torch.Tensor, f: torch.Tensor, out: torch.Tensor, grad: bool) -> torch.Tensor:
+        """Adds the Hankel products through the separators to out (B, n, c); returns it.
+
+        Rows (one per side of a split) are sorted by key and processed in steps of one key that
+        fit ``max_chunk_bytes``: y (B, rows, y length, c) by index_add of x at distance bins, then
+        z = H y (dense rows) or z = irfft(rfft(y) conj(rfft(f[:N]))) (FFT rows: a correlation,
+        z[a] at bin N - a), gathered at the targets' bins and added to their rows.
+        """
+        B, n, c = xs.shape
+        p = self.plan
+        plan = self._device_plan(xs.device)
+        budget = max(1, self.max_chunk_bytes // (6 * B * c * xs.element_size()))
+        ops: dict = {}  # per key: the Hankel matrix, or conj(rfft(f[:N])) as (N // 2 + 1, 1)
+        rows, r0, change = len(p.row_key), 0, p.key_change
+        while r0 < rows:
+            kind, z_len, y_len = key = p.row_key[r0]
+            r1 = int(np.searchsorted(p.w_start, p.w_start[r0] + budget, side="right")) - 1
+            nxt = change[np.searchsorted(change, r0, side="right"):]
+            r1 = min(max(r1, r0 + 1), int(nxt[0]) if nxt.size else rows)
+            y0, z0 = int(p.y_start[r0]), int(p.z_start[r0])
+            s0, s1 = int(p.src_off[r0]), int(p.src_off[r1])
+            t0, t1 = int(p.tgt_off[r0]), int(p.tgt_off[r1])
+            y = xs.new_zeros(B, (r1 - r0) * y_len, c).index_add_(
+                1, plan["src_bin"][s0:s1] - y0, xs.index_select(1, plan["src_node"][s0:s1]))
+            y = y.view(B, r1 - r0, y_len, c)
+            if key not in ops:
+                if kind == DENSE_ROW:
+                    a = torch.arange(1, z_len + 1, device=xs.device)
+                    b = torch.arange(1, y_len + 1, device=xs.device)
+                    fp = torch.nn.functional.pad(f, (0, max(0, z_len + y_len + 1 - n)))
+                    ops[key] = fp[a[:, None] + b[None, :]]  # H[a - 1, b - 1] = f(a + b)
+                else:
+                    spec = torch.fft.rfft(torch.nn.functional.pad(f[:z_len], (0, max(0, z_len - n))))
+                    ops[key] = spec.conj().resolve_conj()[:, None]
+            if kind == DENSE_ROW:
+                z = torch.matmul(ops[key], y)
+            else:
+                spec = torch.fft.rfft(y, dim=2)
+                spec = spec * ops[key] if grad else spec.mul_(ops[key])
+                z = torch.fft.irfft(spec, n=z_len, dim=2)
+            z = z.reshape(B, (r1 - r0) * z_len, c).contiguous()
+            out.index_add_(1, plan["tgt_node"][t0:t1], z.index_select(1, plan["tgt_bin"][t0:t1] - z0))
+            r0 = r1
+        return out
