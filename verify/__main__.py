@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                              progress=not args.no_progress)
     except ValueError as exc:
         ap.error(str(exc))
-    print(format_table(results))
-    for r in results:
+    print(format_table(results))  # ends with the reasons of every failing check
+    for r in results:  # a check that raised: its traceback, for whoever fixes it
         if r.status == "fail" and "error" in r.details:
-            print(f"\n{r.id}: {r.details['error']}", file=sys.stderr)
+            print(f"\n{r.id} raised:\n{r.details.get('traceback') or r.details['error']}", file=sys.stderr)
     if args.json:
         write_json(results, args.json)
     return 1 if any(r.status == "fail" for r in results) else 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import traceback
 from pathlib import Path
@@ -32,24 +33,26 @@ def run_checks(
     device: str = "cpu",
     seed: int = 0,
     progress: bool = True,
+    sweeps: dict | None = None,
 ) -> list[CheckResult]:
     """Run the selected checks with a progress bar and return their results.
 
     A check that raises is reported as a failure with its traceback in ``details``; it never
-    stops the others.
+    stops the others. sweeps: a cache of measured sweeps shared by every check's Context
+    (verify.result.Context.sweeps; e.g. verify.measure's, so complexity checks reuse its sweeps).
     """
+    sweeps = {} if sweeps is None else sweeps
     chosen = select(all_checks(), only, quick)
     results: list[CheckResult] = []
     bar = tqdm(chosen, desc="verify", unit="check", disable=not progress, leave=False)
     for check in bar:
         bar.set_postfix_str(check.id)
-        ctx = Context(quick=quick, device=device, seed=seed, note=bar.set_postfix_str)
+        ctx = Context(quick=quick, device=device, seed=seed, note=bar.set_postfix_str, sweeps=sweeps)
         start = time.perf_counter()
         try:
-            res = check.run(ctx)
+            res = check.evaluate(ctx)
         except Exception as exc:  # report, do not hide
-            res = CheckResult(check.id, check.title, check.source, check.kind, "fail", None, None,
-                              details={"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            res = check.error_result(exc, traceback.format_exc())
         res.seconds = time.perf_counter() - start
         results.append(res)
     return results
@@ -79,26 +82,64 @@ def seed_sweep(
     return counts
 
 
-def _fmt(x) -> str:
+def _number(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def format_value(x, unit: str = "") -> str:
+    """A statistic or threshold for people: bytes as KiB/MiB/GiB/TiB, seconds as s/ms/us, else 3
+    significant digits; None as "-"."""
     if x is None:
         return "-"
-    if isinstance(x, float):
-        return f"{x:.3g}"
-    return str(x)
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return str(x)
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    if unit == "bytes":
+        size = abs(x)
+        for name, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if size >= scale:
+                return f"{x / scale:.3g} {name}"
+        return f"{x:.0f} B"
+    if unit == "seconds":
+        size = abs(x)
+        if size >= 1 or size == 0:
+            return f"{x:.3g} s"
+        if size >= 1e-3:
+            return f"{x * 1e3:.3g} ms"
+        return f"{x * 1e6:.3g} us"
+    return _number(x)
+
+
+#: Units format_value writes into the value itself; the others get the unit column.
+_IN_VALUE = ("bytes", "seconds")
 
 
 def format_table(results: list[CheckResult]) -> str:
-    """A fixed-width table: id, source, status, statistic vs threshold, seconds."""
-    head = ("id", "source", "status", "statistic", "threshold", "seconds")
-    rows = [head] + [(r.id, r.source, r.status.upper() if r.status == "fail" else r.status,
-                      _fmt(r.statistic), _fmt(r.threshold), f"{r.seconds:.1f}") for r in results]
+    """A fixed-width table (id, source, status, statistic, compare, threshold, unit, seconds), the
+    tally, and then, for every failing check, its reasons (details["reasons"], or the error)."""
+    head = ("id", "source", "status", "statistic", "pass if", "threshold", "unit", "seconds")
+    rows = [head]
+    for r in results:
+        rows.append((r.id, r.source, r.status.upper() if r.status == "fail" else r.status,
+                     format_value(r.statistic, r.unit), r.compare or "-",
+                     format_value(r.threshold, r.unit), "-" if r.unit in _IN_VALUE or not r.unit else r.unit,
+                     f"{r.seconds:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     n_pass = sum(r.status == "pass" for r in results)
     n_fail = sum(r.status == "fail" for r in results)
     n_skip = sum(r.status == "skip" for r in results)
+    lines.append("(pass if: statistic <op> threshold, plus any further conditions a failing check lists below)")
     lines.append(f"\n{n_pass} passed, {n_fail} failed, {n_skip} skipped")
+    failing = [r for r in results if r.status == "fail"]
+    if failing:
+        lines.append("\nWhy they failed:")
+        for r in failing:
+            lines.append(f"{r.id}:")
+            lines.extend(f"  - {reason}" for reason in r.reasons)
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
-"""verify/registry.py: the records are well formed, and every mechanism's fast path equals its
-reference on small random problems (float64 to 1e-10, float32 to 1e-4 relative Frobenius error:
-helpers.EQUIV_TOL)."""
+"""verify/registry.py and the loader verify.mechanisms: the records are well formed (variants,
+scale flags, cost factors, metrics), and every mechanism's fast path equals its reference on small
+random problems, every variant included (float64 to 1e-10, float32 to 1e-4 relative Frobenius
+error: helpers.EQUIV_TOL)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,8 @@ import torch
 
 from tests.helpers import EQUIV_TOL
 from verify import registry
-from verify.registry import COMPLEXITY_CLASSES, get, mechanisms, register, relative_error
+from verify.mechanisms import get, mechanisms
+from verify.registry import COMPLEXITY_CLASSES, COST_FACTOR_CLASSES, Variant, register, relative_error
 
 MECHS = mechanisms()
 IDS = [m.id for m in MECHS]
@@ -33,6 +35,80 @@ def test_record_fields(mech):
         assert list(sizes) == sorted(set(sizes))
         assert all(n > 0 and n & (n - 1) == 0 for n in sizes)  # powers of two (docs/methods.md)
     assert get(mech.id) is mech
+
+
+def _sizes_ok(sizes) -> bool:
+    return list(sizes) == sorted(set(sizes)) and all(n > 0 and n & (n - 1) == 0 for n in sizes)
+
+
+@pytest.mark.parametrize("mech", MECHS, ids=IDS)
+def test_variants_are_well_formed(mech):
+    variants = mech.all_variants
+    assert variants and mech.default_variant == variants[0] and mech.variant() == variants[0]
+    assert len({v.name for v in variants}) == len(variants)
+    for v in variants:
+        assert isinstance(v, Variant) and mech.variant(v.name) == v
+        for impl in ("fast", "dense"):
+            for quick in (True, False):
+                sizes = mech.sizes(impl, quick, v)
+                assert sizes and _sizes_ok(sizes), (v.name, impl, quick)
+                assert mech.sizes(impl, quick, v.name) == sizes
+        # the quick grid never goes beyond the full one
+        assert max(mech.sizes("fast", True, v)) <= max(mech.sizes("fast", False, v))
+    with pytest.raises(KeyError, match="has no variant 'no-such'"):
+        mech.variant("no-such")
+
+
+@pytest.mark.parametrize("mech", MECHS, ids=IDS)
+def test_every_variants_problem_builds_at_small_n(mech):
+    for v in mech.all_variants:
+        for n in (1, 2, 9):
+            n = mech.admissible(n)
+            p = mech.problem(n, 3, v)
+            assert p.n == n and p.q.shape[-2] == n
+            assert mech.reference(p).shape == (n, p.v.shape[-1])
+            if mech.dense_mask is not None:
+                assert mech.dense_mask(p).shape == (n, n)
+    # the default variant's problem is make_problem's own: callers without a variant agree
+    default, plain = mech.problem(16, 1), mech.make_problem(16, 1)
+    assert default.extras.keys() == plain.extras.keys()
+    for key in default.extras:
+        assert np.array_equal(default.extras[key], plain.extras[key])
+
+
+@pytest.mark.parametrize("mech", [m for m in MECHS if len(m.all_variants) > 1], ids=lambda m: m.id)
+def test_variants_are_different_problems(mech):
+    """Each declared variant changes the problem (else it would time the same thing twice)."""
+    seen = []
+    for v in mech.all_variants:
+        p = mech.problem(64, 0, v)
+        key = tuple(np.asarray(p.extras[k]).tobytes() for k in sorted(p.extras))
+        assert key not in seen, v.name
+        seen.append(key)
+
+
+@pytest.mark.parametrize("mech", MECHS, ids=IDS)
+def test_cost_factors_and_metrics(mech):
+    if mech.complexity in COST_FACTOR_CLASSES:
+        assert mech.cost_factor is not None and mech.cost_factor_name
+    else:
+        assert mech.cost_factor is None
+    for v in mech.all_variants:
+        p = mech.problem(mech.admissible(64), 0, v)
+        if mech.cost_factor is not None:
+            assert float(mech.cost_factor(p)) >= 1
+        if mech.metrics is not None:
+            metrics = mech.metrics(p)
+            assert metrics and all(np.isfinite(float(x)) for x in metrics.values())
+            for name in metrics:
+                if name.endswith(" bound"):
+                    assert name[: -len(" bound")] in metrics  # "X bound" bounds metric X
+                    assert metrics[name[: -len(" bound")]] <= metrics[name]
+
+
+def test_scale_flags():
+    assert {m.id for m in MECHS if m.scale} == {"linear", "causal", "block-toeplitz", "tree-exp"}
+    assert {m.id for m in MECHS if m.scale_train} == {"linear", "causal", "block-toeplitz"}
 
 
 def test_register_refuses_duplicate_id(monkeypatch):
@@ -74,6 +150,18 @@ def test_mechanism_without_dense_twin_says_so():
         softmax.dense(softmax.make_problem(4, 0))
 
 
+@pytest.mark.parametrize("mech", MECHS, ids=IDS)
+def test_fast_setup_requires_grad(mech):
+    """requires_grad=True: the runner's output has a graph down to q, k, v (scale/<id>-train)."""
+    p = mech.problem(mech.admissible(16), 0)
+    out = mech.fast_setup(p, "cpu", torch.float64, requires_grad=True)()
+    assert out.requires_grad
+    out.sum().backward()
+    assert mech.fast_setup(p, "cpu", torch.float64)().requires_grad is False
+    plain = mech.fast_setup(p, "cpu", torch.float64)()
+    torch.testing.assert_close(out.detach(), plain, rtol=0, atol=0)
+
+
 def test_relative_error():
     r = np.array([[3.0, 4.0]])
     assert relative_error(r, r) == 0.0
@@ -107,13 +195,27 @@ def test_make_problem_is_deterministic(mech):
 @pytest.mark.parametrize("mech", MECHS, ids=IDS)
 def test_fast_matches_reference(mech, n):
     n = mech.admissible(n)
-    problem = mech.make_problem(n, seed=n)
+    problem = mech.problem(n, seed=n)
     expected = mech.reference(problem)
     assert expected.dtype == np.float64 and np.isfinite(expected).all()
     for dtype in (torch.float64, torch.float32):
         got = mech.fast(problem, "cpu", dtype)
         assert got.dtype == dtype
         assert relative_error(expected, got) <= EQUIV_TOL[dtype]
+
+
+VARIANT_CASES = [(m, v) for m in MECHS for v in m.all_variants[1:]]
+
+
+@pytest.mark.parametrize("mech, variant", VARIANT_CASES, ids=[f"{m.id}-{v.name}" for m, v in VARIANT_CASES])
+def test_fast_matches_reference_on_every_variant(mech, variant):
+    for n in (1, 70):
+        problem = mech.problem(mech.admissible(n), 4, variant)
+        expected = mech.reference(problem)
+        for dtype in (torch.float64, torch.float32):
+            assert relative_error(expected, mech.fast(problem, "cpu", dtype)) <= EQUIV_TOL[dtype]
+        if mech.dense_setup is not None:
+            assert relative_error(expected, mech.dense(problem, "cpu", torch.float64)) <= EQUIV_TOL[torch.float64]
 
 
 @pytest.mark.parametrize("mech", [m for m in MECHS if m.dense_setup is not None], ids=lambda m: m.id)

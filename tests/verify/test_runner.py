@@ -11,19 +11,19 @@ import torch
 
 import verify.__main__ as cli
 from verify import runner
-from verify.result import Check, CheckResult
+from verify.result import Check, CheckResult, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = {"id", "title", "source", "kind", "status", "statistic", "threshold", "seconds", "details"}
+SCHEMA = {"id", "title", "source", "kind", "status", "statistic", "threshold", "seconds", "details", "compare", "unit"}
 
 
 def _check(cid, status="pass", quick=True, raises=False):
     def run(ctx):
         if raises:
             raise RuntimeError("boom")
-        return CheckResult(cid, "title " + cid, "src", "bound", status, 1.0, 2.0)
+        return Outcome(status, 1.0)
 
-    return Check(cid, "title " + cid, "src", "bound", run=run, quick=quick)
+    return Check(cid, "title " + cid, "src", "bound", run=run, quick=quick, threshold=2.0, compare="<=")
 
 
 CHECKS = [_check("equivalence/causal"), _check("equivalence/causal-2"), _check("equivalence/linear"),
@@ -54,13 +54,15 @@ def test_run_checks_reports_an_exception_as_a_failure(monkeypatch):
     assert [r.id for r in results] == ["a/ok", "a/boom", "a/skip"]
     assert [r.status for r in results] == ["pass", "fail", "skip"]
     assert results[1].details["error"] == "RuntimeError: boom" and "Traceback" in results[1].details["traceback"]
+    assert (results[1].title, results[1].threshold, results[1].compare) == ("title a/boom", 2.0, "<=")
+    assert (results[0].title, results[0].statistic, results[0].threshold) == ("title a/ok", 1.0, 2.0)
     assert all(r.seconds >= 0 for r in results)
     assert [r.id for r in runner.run_checks(only=["a/ok"], progress=False)] == ["a/ok"]
 
 
 def _seeded_checks():
     def flaky(ctx):  # fails for seeds divisible by 3
-        return CheckResult("s/flaky", "t", "s", "bound", "fail" if ctx.seed % 3 == 0 else "pass", None, None)
+        return Outcome("fail" if ctx.seed % 3 == 0 else "pass")
 
     return [Check("s/flaky", "t", "s", "bound", run=flaky), _check("s/solid")]
 
@@ -86,22 +88,73 @@ def test_cli_seed_sweep(monkeypatch, capsys, tmp_path):
 
 
 def test_format_table_counts_and_flags_failures():
-    results = [CheckResult("a/one", "t", "src-1", "bound", "pass", 0.5, 1.0),
+    results = [CheckResult("a/one", "t", "src-1", "bound", "pass", 0.5, 1.0, compare="<="),
                CheckResult("a/two", "t", "src-2", "bound", "fail", float("inf"), None),
                CheckResult("a/three", "t", "src-3", "bound", "skip", None, None),
-               CheckResult("a/four", "t", "src-4", "bound", "pass", 0.123456, 0.5)]
+               CheckResult("a/four", "t", "src-4", "bound", "pass", 0.123456, 0.5, compare="<", unit="relative")]
     table = runner.format_table(results)
     lines = table.splitlines()
-    assert lines[-1] == "2 passed, 1 failed, 1 skipped"
-    assert lines[0].split() == ["id", "source", "status", "statistic", "threshold", "seconds"]
+    tally = lines.index("2 passed, 1 failed, 1 skipped")
+    assert lines[0].split() == ["id", "source", "status", "statistic", "pass", "if", "threshold", "unit", "seconds"]
     assert set(lines[1].replace(" ", "")) == {"-"}
     assert "FAIL" in lines[3] and "pass" in lines[2] and "skip" in lines[4]
     assert "0.123" in lines[5] and "0.123456" not in lines[5]
+    assert lines[2].split()[3:6] == ["0.5", "<=", "1"] and lines[5].split()[3:7] == ["0.123", "<", "0.5", "relative"]
     # fixed width: every cell of every row starts where its column's dashes start
     starts = [i for i, ch in enumerate(lines[1]) if ch == "-" and (i == 0 or lines[1][i - 1] == " ")]
-    assert len(starts) == 6
-    for line in [lines[0]] + lines[2:6]:
+    assert len(starts) == 8
+    for line in lines[2:6]:
         assert all(line[i] != " " and (i == 0 or line[i - 1] == " ") for i in starts), line
+    # after the tally: the failing check and why (no reasons given: says so)
+    assert lines[tally + 1:] == ["", "Why they failed:", "a/two:", "  - failed (the check gave no reason)"]
+
+
+def _row(table: str, cid: str) -> list[str]:
+    return next(line for line in table.splitlines() if line.startswith(cid + " ")).split("  ")
+
+
+def test_format_table_directions_and_units():
+    results = [CheckResult("scale/x", "t", "s", "scale", "pass", 412 * 2**20, 4 * 2**40 / 1000, compare="<=",
+                           unit="bytes"),
+               CheckResult("scale/y", "t", "s", "scale", "pass", 3 * 2**30 + 2**29, 1e3, compare="<=", unit="bytes"),
+               CheckResult("time/a", "t", "s", "bound", "pass", 0.0123, 2.5, compare="<", unit="seconds"),
+               CheckResult("time/b", "t", "s", "bound", "pass", 4.2e-5, 300.0, compare="<=", unit="seconds"),
+               CheckResult("complexity/z", "t", "s", "complexity", "pass", 1.91, 1.8, compare=">", unit="exponent"),
+               CheckResult("erratum/e", "t", "s", "erratum", "pass", 0.02, 1e-3, compare=">=", unit="ratio")]
+    table = runner.format_table(results)
+    cells = lambda cid: [c.strip() for c in _row(table, cid) if c.strip()]  # noqa: E731
+    assert cells("scale/x")[3:6] == ["412 MiB", "<=", "4.1 GiB"]
+    assert cells("scale/y")[3:6] == ["3.5 GiB", "<=", "1000 B"]
+    assert cells("time/a")[3:6] == ["12.3 ms", "<", "2.5 s"]
+    assert cells("time/b")[3:6] == ["42 us", "<=", "300 s"]
+    assert cells("complexity/z")[3:7] == ["1.91", ">", "1.8", "exponent"]
+    assert cells("erratum/e")[3:7] == ["0.02", ">=", "0.001", "ratio"]
+    assert "Why they failed" not in table
+
+
+@pytest.mark.parametrize("x, unit, text", [
+    (None, "bytes", "-"), (512, "bytes", "512 B"), (2**10, "bytes", "1 KiB"), (1.5 * 2**20, "bytes", "1.5 MiB"),
+    (4 * 2**40, "bytes", "4 TiB"), (2.0, "seconds", "2 s"), (0.0, "seconds", "0 s"), (1e-3, "seconds", "1 ms"),
+    (float("inf"), "bytes", "inf"), (1e-10, "relative", "1e-10"), (3, "", "3")])
+def test_format_value(x, unit, text):
+    assert runner.format_value(x, unit) == text
+
+
+def test_format_table_prints_every_failing_checks_reasons():
+    results = [CheckResult("scale/a", "t", "s", "scale", "fail", 5 * 2**30, 2**30, compare="<=", unit="bytes",
+                           details={"reasons": ["peak memory 5.00 GiB > 1.00 GiB", "one call took 400 s > 300 s"]}),
+               CheckResult("eq/b", "t", "s", "equivalence", "fail", None, 1e-10, compare="<=",
+                           details={"error": "ValueError: planted", "traceback": "Traceback (most recent call last)"}),
+               CheckResult("eq/c", "t", "s", "equivalence", "fail", 1e-6, 1e-10, compare="<=", unit="relative"),
+               CheckResult("eq/d", "t", "s", "equivalence", "pass", 1e-12, 1e-10, compare="<=",
+                           details={"reasons": []})]
+    table = runner.format_table(results)
+    why = table.splitlines()[table.splitlines().index("Why they failed:"):]
+    assert why == ["Why they failed:",
+                   "scale/a:", "  - peak memory 5.00 GiB > 1.00 GiB", "  - one call took 400 s > 300 s",
+                   "eq/b:", "  - ValueError: planted",
+                   "eq/c:", "  - statistic 1e-06 is not <= threshold 1e-10"]
+    assert "eq/d:" not in table and "Traceback" not in table
 
 
 def test_write_json(tmp_path):
@@ -132,11 +185,13 @@ def test_cli_subprocess_unknown_only_exits_2():
 
 
 def test_cli_exit_1_when_a_check_fails(monkeypatch, capsys):
-    failing = CheckResult("a/b", "t", "s", "bound", "fail", 2.0, 1.0, details={"error": "ValueError: planted"})
+    failing = CheckResult("a/b", "t", "s", "bound", "fail", 2.0, 1.0,
+                          details={"error": "ValueError: planted", "traceback": "Traceback: line 1"})
     monkeypatch.setattr(cli, "run_checks", lambda **kw: [failing])
     assert cli.main(["--no-progress"]) == 1
     captured = capsys.readouterr()
-    assert "FAIL" in captured.out and "planted" in captured.err
+    assert "FAIL" in captured.out and "a/b:\n  - ValueError: planted" in captured.out  # the reason, under the table
+    assert "a/b raised:\nTraceback: line 1" in captured.err
     monkeypatch.setattr(cli, "run_checks", lambda **kw: [CheckResult("a/b", "t", "s", "bound", "skip", None, None)])
     assert cli.main(["--no-progress"]) == 0
 
@@ -153,3 +208,21 @@ def test_cli_cuda_without_cuda_exits_2(capsys):
         cli.main(["--device", "cuda", "--only", "equivalence/linear"])
     assert info.value.code == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_run_checks_shares_one_sweep_cache(monkeypatch):
+    seen = []
+
+    def run(ctx):
+        seen.append(ctx.sweeps)
+        ctx.sweeps[len(seen)] = "sweep"
+        return Outcome("pass", 0.0)
+
+    monkeypatch.setattr(runner, "all_checks", lambda: [Check("a/one", "t", "s", "bound", run=run),
+                                                      Check("a/two", "t", "s", "bound", run=run)])
+    cache = {}
+    runner.run_checks(progress=False, sweeps=cache)
+    assert seen[0] is cache and seen[1] is cache and cache == {1: "sweep", 2: "sweep"}
+    seen.clear()
+    runner.run_checks(progress=False)  # without one: still one dict for the whole run
+    assert seen[0] is seen[1] and seen[0] is not cache

@@ -24,9 +24,8 @@ import torch
 
 from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask
 from reference.masks import tree as ref_tree
-from verify.problems import rng_for
-from verify.mechanisms.tree import TREE_FAMILIES, mixed_forest, tree_parent
-from verify.result import Check, CheckResult, Context
+from verify.problems import TREE_FAMILIES, mixed_forest, rng_for, tree_parent
+from verify.result import Check, Context, Outcome, judged
 from verify.timing import fit_exponent, pinned_threads
 
 LEMMA_35_A = (-0.5, -1.5, 0.3)  # a = 1 would make the printed and corrected forms agree
@@ -40,12 +39,11 @@ def _trees(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     rng = rng_for(seed, 61)
     out = {}
     for n in (40, 150):
-        child = np.arange(1, n)
-        parent = np.concatenate([[-1], np.floor(rng.random(n - 1) * child)]).astype(np.int64)
+        parent = tree_parent("random recursive", n, rng)
         out[f"random tree n={n}"] = (parent, rng.uniform(0.5, 1.5, n))
-    out["path n=30"] = (np.arange(-1, 29), rng.uniform(0.5, 1.5, 30))
-    out["star n=30"] = (np.concatenate([[-1], np.zeros(29, dtype=np.int64)]), rng.uniform(0.5, 1.5, 30))
-    forest = np.concatenate([[-1], np.floor(rng.random(59) * np.arange(1, 60))]).astype(np.int64)
+    out["path n=30"] = (tree_parent("path", 30), rng.uniform(0.5, 1.5, 30))
+    out["star n=30"] = (tree_parent("star", 30), rng.uniform(0.5, 1.5, 30))
+    forest = tree_parent("random recursive", 60, rng)
     forest[[20, 41]] = -1
     out["forest n=60 (3 trees)"] = (forest, rng.uniform(0.5, 1.5, 60))
     return out
@@ -72,8 +70,7 @@ def two_phase(parent: np.ndarray, weight: np.ndarray, x: np.ndarray, a: float, b
     return out
 
 
-def _lemma_35(ctx: Context) -> CheckResult:
-    start = time.perf_counter()
+def _lemma_35(ctx: Context) -> Outcome:
     rng = rng_for(ctx.seed, 62)
     rows, worst_correct, weakest_printed = [], 0.0, math.inf
     for name, (parent, weight) in _trees(ctx.seed).items():
@@ -92,17 +89,20 @@ def _lemma_35(ctx: Context) -> CheckResult:
             worst_correct = max(worst_correct, max(errs["corrected"], errs["fast"]) / tol)
             weakest_printed = min(weakest_printed, errs["printed"])
             rows.append({"tree": name, "a": a, "tolerance": tol, **{f"{k}_relative_error": float(v) for k, v in errs.items()}})
-    ok = worst_correct <= 1.0 and weakest_printed > PRINTED_MUST_EXCEED
-    return CheckResult(
-        id="choromanski22/lemma-3.5", title="tree mask exp(a dist + b): corrected two-phase recursion exact, printed one wrong",
-        source="choromanski22 Lemma 3.5, Eqs. 11, 14-16", kind="erratum", status="pass" if ok else "fail",
-        statistic=worst_correct, threshold=1.0, seconds=time.perf_counter() - start,
-        details={"printed": "s_i = e^b x_i + sum_c e^{w(i,c)} s_c; w_i = e^{w(i,p)} w_p + (1 - e^{2 w(i,p)}) s_i",
-                 "corrected": "s_i = e^b x_i + sum_c e^{a w(i,c)} s_c; w_i = e^{a w(i,p)} w_p + (1 - e^{2 a w(i,p)}) s_i",
-                 "statistic": "max over cases of (relative Frobenius error of the corrected recursion, NumPy loop and "
-                              "fast, vs dense) / tolerance; tolerance 1e-12 exp(2 max(a, 0) H), H the weighted height",
-                 "weakest_printed_error": weakest_printed, "printed_must_exceed": PRINTED_MUST_EXCEED,
-                 "b": LEMMA_35_B, "cases": rows})
+    reasons = []
+    if not worst_correct <= 1.0:
+        reasons.append(f"the corrected recursion (NumPy loop or fast.TreeExpMask) is off by {worst_correct:.3g} "
+                       "tolerances (> 1)")
+    if not weakest_printed > PRINTED_MUST_EXCEED:
+        reasons.append(f"the printed recursion is off by only {weakest_printed:.3g} <= {PRINTED_MUST_EXCEED:g} "
+                       "somewhere: the erratum is not shown")
+    return judged(not reasons, worst_correct, reasons,
+                  printed="s_i = e^b x_i + sum_c e^{w(i,c)} s_c; w_i = e^{w(i,p)} w_p + (1 - e^{2 w(i,p)}) s_i",
+                  corrected="s_i = e^b x_i + sum_c e^{a w(i,c)} s_c; w_i = e^{a w(i,p)} w_p + (1 - e^{2 a w(i,p)}) s_i",
+                  statistic="max over cases of (relative Frobenius error of the corrected recursion, NumPy loop and "
+                            "fast, vs dense) / tolerance; tolerance 1e-12 exp(2 max(a, 0) H), H the weighted height",
+                  weakest_printed_error=weakest_printed, printed_must_exceed=PRINTED_MUST_EXCEED, b=LEMMA_35_B,
+                  cases=rows)
 
 
 # --------------------------------------------------------------------------- lemma 6.1 / 6.2
@@ -142,29 +142,24 @@ EXACT_ANY_F = 1e-10
 LEAF = 4  # lemma-6.1's dense-leaf size: small, so the recursion (not the dense blocks) is tested
 
 
-def _lemma_61(ctx: Context) -> CheckResult:
-    start = time.perf_counter()
+def _lemma_61(ctx: Context) -> Outcome:
     # dense_threshold 4: even the mixed forest's ~33-node trees go through separator splits
     worst, rows, _ = _exactness(lambda forest, f: TreeDCMask(forest, f, dense_threshold=LEAF), ctx, lambda op, parent: {
         "recursion_depth": op.recursion_depth, "depth_bound": math.log(parent.size, 1.5)})
-    depth_ok = all(r["recursion_depth"] <= r["depth_bound"] for r in rows)
-    ok = worst <= EXACT_ANY_F and depth_ok
-    return CheckResult(
-        id="choromanski22/lemma-6.1", title="tree mask f(dist) by separator divide and conquer is exact, depth O(log N)",
-        source="choromanski22 Lemma 6.1", kind="bound", status="pass" if ok else "fail", statistic=worst,
-        threshold=EXACT_ANY_F, seconds=time.perf_counter() - start,
-        details={"statistic": "max relative Frobenius error vs dense f(dist) (float64)", "n": FAMILY_N,
-                 "depth_within_log_1.5_n": depth_ok, "cases": rows})
+    too_deep = [r for r in rows if not r["recursion_depth"] <= r["depth_bound"]]
+    reasons = [] if worst <= EXACT_ANY_F else [f"max relative error {worst:.3g} > {EXACT_ANY_F:g}"]
+    reasons += [f"{r['tree']}, f = {r['f']}: recursion depth {r['recursion_depth']} > log_1.5 N = "
+                f"{r['depth_bound']:.2f}" for r in too_deep]
+    return judged(not reasons, worst, reasons,
+                  statistic="max relative Frobenius error vs dense f(dist) (float64)", n=FAMILY_N,
+                  **{"depth_within_log_1.5_n": not too_deep}, cases=rows)
 
 
-def _lemma_62(ctx: Context) -> CheckResult:
-    start = time.perf_counter()
+def _lemma_62(ctx: Context) -> Outcome:
     worst, rows, _ = _exactness(TreeDiamMask, ctx)
-    return CheckResult(
-        id="choromanski22/lemma-6.2", title="tree mask f(dist) by depth arrays is exact", source="choromanski22 Lemma 6.2",
-        kind="bound", status="pass" if worst <= EXACT_ANY_F else "fail", statistic=worst, threshold=EXACT_ANY_F,
-        seconds=time.perf_counter() - start,
-        details={"statistic": "max relative Frobenius error vs dense f(dist) (float64)", "n": FAMILY_N, "cases": rows})
+    reasons = [] if worst <= EXACT_ANY_F else [f"max relative error {worst:.3g} > {EXACT_ANY_F:g}"]
+    return judged(not reasons, worst, reasons, statistic="max relative Frobenius error vs dense f(dist) (float64)",
+                  n=FAMILY_N, cases=rows)
 
 
 #: Half-octave grids: more points narrow the slope's CI (t with few degrees of freedom is wide).
@@ -190,8 +185,7 @@ def _time_diam(parent: np.ndarray, rounds: int) -> float:
     return best
 
 
-def _lemma_62_diam(ctx: Context) -> CheckResult:
-    start = time.perf_counter()
+def _lemma_62_diam(ctx: Context) -> Outcome:
     sizes = DIAM_SIZES[ctx.quick]
     rounds = 3 if ctx.quick else 5
     with pinned_threads(1):
@@ -201,21 +195,30 @@ def _lemma_62_diam(ctx: Context) -> CheckResult:
     # the diam factor: t_path / t_binary tracks diam_path / diam_binary = (N - 1) / (2 log2 N), whose
     # local log-log slope is ~0.85 here; per-level overheads (N levels on a path) only flatten it
     fr = fit_exponent(sizes, [p / b for p, b in zip(path, binary)])
-    ok = fr.low > RATIO_LOWER and fb.high < BINARY_UPPER
-    return CheckResult(
-        id="choromanski22/lemma-6.2-diam", title="O(N diam): paths (diam N) fall behind binary trees (diam log N) like N / log N",
-        source="choromanski22 Lemma 6.2, Cor. 6.3", kind="complexity", status="pass" if ok else "fail",
-        statistic=fr.low, threshold=RATIO_LOWER, seconds=time.perf_counter() - start,
-        details={"statistic": "lower 95% CI of the slope of log(t_path / t_binary) vs log N",
-                 "binary_must_be_below": BINARY_UPPER, "sizes": list(sizes), "path_seconds": path,
-                 "binary_seconds": binary, "path_fit": fp.to_dict(), "binary_fit": fb.to_dict(),
-                 "ratio_fit": fr.to_dict(), "columns": DIAM_COLUMNS, "min_of_rounds": rounds})
+    reasons = []
+    if not fr.low > RATIO_LOWER:
+        reasons.append(f"lower CI {fr.low:.2f} of the slope of t_path / t_binary is not > {RATIO_LOWER}: "
+                       "the diam factor does not show")
+    if not fb.high < BINARY_UPPER:
+        reasons.append(f"binary trees: upper CI {fb.high:.2f} of the time slope is not < {BINARY_UPPER}")
+    return judged(not reasons, fr.low, reasons,
+                  statistic="lower 95% CI of the slope of log(t_path / t_binary) vs log N",
+                  binary_must_be_below=BINARY_UPPER, sizes=list(sizes), path_seconds=path, binary_seconds=binary,
+                  path_fit=fp.to_dict(), binary_fit=fb.to_dict(), ratio_fit=fr.to_dict(), columns=DIAM_COLUMNS,
+                  min_of_rounds=rounds)
 
 
 def checks() -> list[Check]:
-    return [Check("choromanski22/lemma-3.5", "tree exp recursion (with erratum)", "choromanski22 Lemma 3.5", "erratum",
-                  _lemma_35),
-            Check("choromanski22/lemma-6.1", "tree divide and conquer exact", "choromanski22 Lemma 6.1", "bound", _lemma_61),
-            Check("choromanski22/lemma-6.2", "tree depth arrays exact", "choromanski22 Lemma 6.2", "bound", _lemma_62),
-            Check("choromanski22/lemma-6.2-diam", "diam factor: path vs binary tree", "choromanski22 Lemma 6.2",
-                  "complexity", _lemma_62_diam)]
+    return [Check("choromanski22/lemma-3.5",
+                  "tree mask exp(a dist + b): corrected two-phase recursion exact, printed one wrong",
+                  "choromanski22 Lemma 3.5, Eqs. 11, 14-16", "erratum", _lemma_35, threshold=1.0, compare="<=",
+                  unit="ratio"),
+            Check("choromanski22/lemma-6.1",
+                  "tree mask f(dist) by separator divide and conquer is exact, depth O(log N)",
+                  "choromanski22 Lemma 6.1", "bound", _lemma_61, threshold=EXACT_ANY_F, compare="<=", unit="relative"),
+            Check("choromanski22/lemma-6.2", "tree mask f(dist) by depth arrays is exact", "choromanski22 Lemma 6.2",
+                  "bound", _lemma_62, threshold=EXACT_ANY_F, compare="<=", unit="relative"),
+            Check("choromanski22/lemma-6.2-diam",
+                  "O(N diam): paths (diam N) fall behind binary trees (diam log N) like N / log N",
+                  "choromanski22 Lemma 6.2, Cor. 6.3", "complexity", _lemma_62_diam, threshold=RATIO_LOWER,
+                  compare=">", unit="slope")]

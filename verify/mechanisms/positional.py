@@ -16,7 +16,7 @@ import fast
 from reference.masks import hypercube as ref_hypercube
 from reference.masks import lowrank as ref_lowrank
 from reference.masks import toeplitz as ref_toeplitz
-from verify.mechanisms.sequence import favor_dense_setup, favor_fast_setup, favor_problem, favor_reference
+from verify.favor import favor_mechanism, favor_problem
 from verify.problems import Problem, rng_for
 from verify.registry import Mechanism, register
 
@@ -119,11 +119,8 @@ def _power_of_two_at_most(n: int) -> int:
 
 
 def _register(id, title, source, complexity, problem, dense_mask, fast_mask, **kw) -> Mechanism:
-    return register(Mechanism(
-        id=id, title=title, source=source, complexity=complexity, make_problem=problem,
-        reference=lambda p: favor_reference(p, dense_mask(p)),
-        fast_setup=favor_fast_setup(fast_mask), dense_setup=favor_dense_setup(dense_mask),
-        dense_mask=dense_mask, **kw))
+    return register(favor_mechanism(id, title, source, complexity, problem=problem, dense_mask=dense_mask,
+                                    fast_mask=fast_mask, **kw))
 
 
 _register(
@@ -136,6 +133,7 @@ _register(
     "N log N", block_toeplitz_problem, _block_dense, _block_fast,
     # 2-D circulant embedding transforms 4N points per column: 2^15 keeps the quick sweep short
     quick_fast_sizes=tuple(2**p for p in range(7, 16)),
+    scale=True, scale_train=True,
     notes="M_xy = exp(b(x - y)) on the near-square grid grid_shape(N), row-major order.",
 )
 _register(

@@ -6,82 +6,16 @@ import torch
 
 import fast
 import reference.attention as ref_attention
-import reference.features as ref_features
 from reference.masks import sequence as ref_masks
-from verify.dense import dense_masked_attention
-from verify.problems import Problem, qkv, rng_for
+from verify.favor import favor_mechanism, favor_problem, favor_tensors
+from verify.problems import Problem, rng_for
 from verify.registry import Mechanism, register
-
-D_QK = 16  # query/key width
-D_V = 16  # value width
-M_FEATURES = 16  # random features
-
-
-def favor_problem(n: int, seed: int, **extras) -> Problem:
-    """Q, K (N, 16) of row norm 1, V (N, 16), an iid Gaussian projection (16, 16)."""
-    q, k, v = qkv(n, D_QK, D_V, seed=seed)
-    w = ref_features.gaussian_projection(M_FEATURES, D_QK, rng_for(seed, 10))
-    return Problem(n=n, seed=seed, q=q, k=k, v=v, projection=w, extras=extras)
-
-
-def favor_reference(problem: Problem, mask: np.ndarray | None) -> np.ndarray:
-    """Dense float64 masked kernel attention with FAVOR+ features of x / d^(1/4)."""
-    s = problem.q.shape[-1] ** -0.25
-    phi_q = ref_features.favor_plus(problem.q * s, problem.projection)
-    phi_k = ref_features.favor_plus(problem.k * s, problem.projection)
-    return ref_attention.masked_kernel_attention(phi_q, phi_k, problem.v, mask)
-
-
-def _tensors(problem: Problem, device, dtype):
-    return [torch.as_tensor(a, device=device, dtype=dtype) for a in (problem.q, problem.k, problem.v, problem.projection)]
-
-
-def favor_fast_setup(make_mask):
-    """Runner factory for fast.favor_attention with the operator ``make_mask(problem, device)``."""
-
-    def setup(problem: Problem, device, dtype):
-        q, k, v, w = _tensors(problem, device, dtype)
-        mask = make_mask(problem, device) if make_mask else None
-        return lambda: fast.favor_attention(q, k, v, w, mask)
-
-    return setup
-
-
-def favor_dense_setup(make_dense_mask):
-    """Runner factory for the dense torch twin with the (N, N) mask ``make_dense_mask(problem)``."""
-
-    def setup(problem: Problem, device, dtype):
-        q, k, v, w = _tensors(problem, device, dtype)
-        mask = None if make_dense_mask is None else torch.as_tensor(make_dense_mask(problem), device=device, dtype=dtype)
-        fmap = fast.FavorPlus(w, stabilize=True)
-        s = q.shape[-1] ** -0.25
-        return lambda: dense_masked_attention(fmap(q * s, True), fmap(k * s, False), v, mask)
-
-    return setup
-
-
-def _favor_mechanism(id, title, source, dense_mask, fast_mask, problem=favor_problem, **kw) -> Mechanism:
-    return register(
-        Mechanism(
-            id=id,
-            title=title,
-            source=source,
-            complexity="N",
-            make_problem=problem,
-            reference=lambda p: favor_reference(p, None if dense_mask is None else dense_mask(p)),
-            fast_setup=favor_fast_setup(fast_mask),
-            dense_setup=favor_dense_setup(dense_mask),
-            dense_mask=dense_mask or (lambda p: np.ones((p.n, p.n))),
-            **kw,
-        )
-    )
-
 
 # ----------------------------------------------------------------------------------- softmax
 
 
-def _softmax_fast_setup(problem: Problem, device, dtype):
-    q, k, v, _ = _tensors(problem, device, dtype)
+def _softmax_fast_setup(problem: Problem, device, dtype, requires_grad: bool = False):
+    q, k, v, _ = favor_tensors(problem, device, dtype, requires_grad)
     return lambda: fast.softmax_attention(q, k, v)
 
 
@@ -103,21 +37,17 @@ register(
 
 # ---------------------------------------------------------------------------- linear family
 
-_favor_mechanism(
-    "linear",
-    "Unmasked linear attention, FAVOR+",
-    "choromanski22 Eq. 3",
-    dense_mask=None,
-    fast_mask=None,
-)
+register(favor_mechanism(
+    "linear", "Unmasked linear attention, FAVOR+", "choromanski22 Eq. 3", "N",
+    dense_mask=None, fast_mask=None, scale=True, scale_train=True,
+))
 
-_favor_mechanism(
-    "causal",
-    "Causal mask, chunked scan",
-    "choromanski22 Sec. 3.1",
+register(favor_mechanism(
+    "causal", "Causal mask, chunked scan", "choromanski22 Sec. 3.1", "N",
     dense_mask=lambda p: ref_masks.causal_mask(p.n),
     fast_mask=lambda p, device: fast.CausalMask(p.n, chunk=64),
-)
+    scale=True, scale_train=True,
+))
 
 
 def packing_problem(n: int, seed: int) -> Problem:
@@ -130,14 +60,12 @@ def packing_problem(n: int, seed: int) -> Problem:
     return favor_problem(n, seed, segment_ids=np.cumsum(ids))
 
 
-_favor_mechanism(
-    "packing",
-    "Packing mask (segment ids)",
-    "choromanski22 Sec. 3.1, Fig. 2",
+register(favor_mechanism(
+    "packing", "Packing mask (segment ids)", "choromanski22 Sec. 3.1, Fig. 2", "N",
+    problem=packing_problem,
     dense_mask=lambda p: ref_masks.packing_mask(p.extras["segment_ids"]),
     fast_mask=lambda p, device: fast.PackingMask(torch.as_tensor(p.extras["segment_ids"], device=device)),
-    problem=packing_problem,
-)
+))
 
 
 def padding_problem(n: int, seed: int) -> Problem:
@@ -147,11 +75,9 @@ def padding_problem(n: int, seed: int) -> Problem:
     return favor_problem(n, seed, key_mask=np.arange(n) < length)
 
 
-_favor_mechanism(
-    "padding",
-    "Padding mask (real keys only)",
-    "choromanski22 Sec. 3.1, Fig. 2",
+register(favor_mechanism(
+    "padding", "Padding mask (real keys only)", "choromanski22 Sec. 3.1, Fig. 2", "N",
+    problem=padding_problem,
     dense_mask=lambda p: ref_masks.padding_mask(p.extras["key_mask"]),
     fast_mask=lambda p, device: fast.PaddingMask(torch.as_tensor(p.extras["key_mask"], device=device)),
-    problem=padding_problem,
-)
+))

@@ -1,32 +1,70 @@
 """Registry records: tree-exp, tree-dc, tree-diam (choromanski22 Lemma 3.5, 6.1, 6.2; docs/papers.md Sec. 2).
 
-Problems are FAVOR+ attention (favor_problem) with a tree-distance mask on a random forest whose
-parent array and edge lengths live in problem.extras, so reference/ (dense csgraph distances)
-and fast/ (the level-order recursion) build the same mask.
+Problems are FAVOR+ attention (verify.favor) with a tree-distance mask on a forest whose parent
+array (and edge lengths) live in problem.extras, so reference/ (dense csgraph distances) and
+fast/ (the tree recursions) build the same mask. The forests come from verify.problems (the one
+place for tree generators); each record declares the tree families as variants, the default
+first: its historical problem (a mixed or random forest), then one tree of each family in
+verify.problems.TREE_FAMILIES.
 """
 from __future__ import annotations
 
-import numpy as np
+import math
 
+import numpy as np
 import torch
 
 from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask, forest_diameter
 from reference.masks import tree as ref_tree
-from verify.mechanisms.sequence import favor_dense_setup, favor_fast_setup, favor_problem, favor_reference
-from verify.problems import (MIXED_KINDS, TREE_FAMILIES, Problem, component_sizes, mixed_forest,  # noqa: F401
-                             random_forest, rng_for, tree_parent)
-from verify.registry import Mechanism, register
+from verify.favor import favor_mechanism, favor_problem
+from verify import problems  # the tree generators, used as problems.<name>: one import path for them
+from verify.problems import TREE_FAMILIES, Problem, rng_for
+from verify.registry import Variant, register
 
 TREE_A = -0.3  # f(z) = exp(a z + b): decay with distance (the stable sign, Lemma 3.5)
 TREE_B = 0.2
-#: Quick sweeps stop at 2^15 (fast) and 2^12 (dense): three tree mechanisms must fit verify --quick.
+#: tree-exp on one tree of a family: unit edge lengths, f(z) = exp(-0.3 z).
+FAMILY_A, FAMILY_B = -0.3, 0.0
+#: Quick sweeps of the default variants stop at 2^15 (fast) and 2^12 (dense): three tree
+#: mechanisms must fit verify --quick.
 QUICK = dict(quick_fast_sizes=tuple(2**p for p in range(8, 16)), quick_dense_sizes=tuple(2**p for p in range(7, 13)))
+#: Fast grids of the one-family variants: each is a whole extra sweep, so they stop earlier.
+FAMILY_SIZES = dict(quick_fast_sizes=tuple(2**p for p in range(8, 15)), fast_sizes=tuple(2**p for p in range(8, 17)))
+#: tree-diam on a path or a caterpillar costs O(N^2) (diam ~ N): both grids stop at 2^12 (quick 2^11).
+LONG_DIAM_SIZES = dict(quick_fast_sizes=tuple(2**p for p in range(8, 12)),
+                       fast_sizes=tuple(2**p for p in range(8, 13)),
+                       quick_dense_sizes=tuple(2**p for p in range(7, 12)),
+                       dense_sizes=tuple(2**p for p in range(7, 13)))
+#: Salt of the generator of the one-family trees (only "random recursive" draws from it).
+FAMILY_SALT = 67
+
+MIXED = "mixed forest"
+RANDOM = "random forest"
 
 
+def family_parent(family: str, n: int, seed: int) -> np.ndarray:
+    """Parent array (n,) of one unweighted tree of ``family`` (verify.problems.tree_parent)."""
+    return problems.tree_parent(family, n, rng_for(seed, FAMILY_SALT))
 
-def tree_exp_problem(n: int, seed: int) -> Problem:
-    parent, weights = random_forest(n, seed)
-    return favor_problem(n, seed, parent=parent, weights=weights, a=np.float64(TREE_A), b=np.float64(TREE_B))
+
+def _family_variants(**sizes) -> tuple[Variant, ...]:
+    return tuple(Variant(f, f"one {f} tree", params={"family": f}, **sizes) for f in TREE_FAMILIES)
+
+
+# ---------------------------------------------------------------------------------- tree-exp
+
+
+def tree_exp_problem(n: int, seed: int, family: str = RANDOM, a: float = TREE_A, b: float = TREE_B) -> Problem:
+    """FAVOR+ inputs and a forest for M_ij = exp(a dist(i, j) + b) (0 between trees).
+
+    family "random forest": random recursive trees with a few extra roots and edge lengths
+    uniform on [0.5, 1.5] (verify.problems.random_forest); a tree family: one tree, unit lengths.
+    """
+    if family == RANDOM:
+        parent, weights = problems.random_forest(n, seed)
+    else:
+        parent, weights = family_parent(family, n, seed), np.ones(n)
+    return favor_problem(n, seed, parent=parent, weights=weights, a=np.float64(a), b=np.float64(b))
 
 
 def _tree_exp_dense(p: Problem) -> np.ndarray:
@@ -39,11 +77,14 @@ def _tree_exp_fast(p: Problem, device) -> TreeExpMask:
     return TreeExpMask(forest, float(p.extras["a"]), float(p.extras["b"]))
 
 
-register(Mechanism(
-    id="tree-exp", title="Tree mask exp(a dist + b), two-phase recursion", source="choromanski22 Lemma 3.5",
-    complexity="N", make_problem=tree_exp_problem, reference=lambda p: favor_reference(p, _tree_exp_dense(p)),
-    fast_setup=favor_fast_setup(_tree_exp_fast), dense_setup=favor_dense_setup(_tree_exp_dense),
-    dense_mask=_tree_exp_dense, **QUICK,
+register(favor_mechanism(
+    "tree-exp", "Tree mask exp(a dist + b), two-phase recursion", "choromanski22 Lemma 3.5", "N",
+    problem=tree_exp_problem, dense_mask=_tree_exp_dense, fast_mask=_tree_exp_fast, **QUICK,
+    variants=(Variant(RANDOM, f"weighted random recursive forest, a = {TREE_A}, b = {TREE_B}",
+                      params={"family": RANDOM}),
+              *(Variant(f, f"one {f} tree, unit edges, a = {FAMILY_A}, b = {FAMILY_B}",
+                        params={"family": f, "a": FAMILY_A, "b": FAMILY_B}, **FAMILY_SIZES) for f in TREE_FAMILIES)),
+    scale=True,
     notes=f"Weighted random recursive forest, a = {TREE_A}, b = {TREE_B}; corrected Eqs. 11, 15, 16.",
 ))
 
@@ -56,10 +97,26 @@ def tree_f(n: int) -> np.ndarray:
     return (1.0 + np.arange(n)) ** -1.5
 
 
-def _any_f_problem(max_chain):
-    def make(n: int, seed: int) -> Problem:
-        return favor_problem(n, seed, parent=mixed_forest(n, seed, max_chain), f=tree_f(n))
-    return make
+#: tree-diam's path and caterpillar components are capped so the forest's diameter is O(log N)
+#: (binary and random trees): its default sweep then measures O(N log N); the "path" and
+#: "caterpillar" variants show the diam factor.
+DIAM_CHAIN = 16
+
+
+def _any_f_problem(n: int, seed: int, family: str, max_chain: int | None) -> Problem:
+    parent = problems.mixed_forest(n, seed, max_chain) if family == MIXED else family_parent(family, n, seed)
+    return favor_problem(n, seed, parent=parent, f=tree_f(n))
+
+
+def tree_dc_problem(n: int, seed: int, family: str = MIXED) -> Problem:
+    """FAVOR+ inputs, f(l) = (1 + l)^-1.5 and a forest: the mixed forest (every family at once,
+    verify.problems.mixed_forest) or one unweighted tree of ``family``."""
+    return _any_f_problem(n, seed, family, None)
+
+
+def tree_diam_problem(n: int, seed: int, family: str = MIXED) -> Problem:
+    """As tree_dc_problem, but the mixed forest's path and caterpillar hold at most DIAM_CHAIN nodes."""
+    return _any_f_problem(n, seed, family, DIAM_CHAIN)
 
 
 def _any_f_dense(p: Problem) -> np.ndarray:
@@ -72,27 +129,35 @@ def _any_f_fast(cls):
     return make
 
 
-#: tree-diam's path and caterpillar components are capped so the forest's diameter is O(log N)
-#: (binary and random trees): its sweep then measures O(N log N); paths are lemma-6.2's business.
-DIAM_CHAIN = 16
-
-
 def tree_diameter(p: Problem) -> float:
-    """diam of the problem's forest (edges), for the "N diam" complexity class."""
+    """diam of the problem's forest (edges, at least 1), tree-diam's cost factor ("N diam")."""
     return float(max(1, forest_diameter(Forest.from_parent(p.extras["parent"]))))
 
 
-register(Mechanism(
-    id="tree-dc", title="Tree mask f(dist), separator divide and conquer + FFT Hankel", source="choromanski22 Lemma 6.1",
-    complexity="N log^2 N", make_problem=_any_f_problem(None), reference=lambda p: favor_reference(p, _any_f_dense(p)),
-    fast_setup=favor_fast_setup(_any_f_fast(TreeDCMask)), dense_setup=favor_dense_setup(_any_f_dense),
-    dense_mask=_any_f_dense, **QUICK,
+def tree_dc_metrics(p: Problem) -> dict[str, float]:
+    """TreeDCMask's plan at the problem's forest: recursion depth with its bound log_1.5 N
+    (Lemma 6.1's balanced split), and the number of subproblems."""
+    op = TreeDCMask(Forest.from_parent(p.extras["parent"]), torch.as_tensor(p.extras["f"]))
+    return {"recursion_depth": float(op.recursion_depth), "recursion_depth bound": math.log(p.n, 1.5),
+            "num_subproblems": float(op.num_subproblems)}
+
+
+register(favor_mechanism(
+    "tree-dc", "Tree mask f(dist), separator divide and conquer + FFT Hankel", "choromanski22 Lemma 6.1", "N log^2 N",
+    problem=tree_dc_problem, dense_mask=_any_f_dense, fast_mask=_any_f_fast(TreeDCMask), **QUICK,
+    variants=(Variant(MIXED, "mixed forest: path, star, caterpillar, complete binary, 2 random recursive",
+                      params={"family": MIXED}),
+              *_family_variants(**FAMILY_SIZES)),
+    metrics=tree_dc_metrics,
     notes="Mixed forest (path, star, caterpillar, binary, random trees), f(l) = (1 + l)^-1.5.",
 ))
-register(Mechanism(
-    id="tree-diam", title="Tree mask f(dist), depth arrays", source="choromanski22 Lemma 6.2",
-    complexity="N diam", make_problem=_any_f_problem(DIAM_CHAIN), reference=lambda p: favor_reference(p, _any_f_dense(p)),
-    fast_setup=favor_fast_setup(_any_f_fast(TreeDiamMask)), dense_setup=favor_dense_setup(_any_f_dense),
-    dense_mask=_any_f_dense, cost_factor=tree_diameter, cost_factor_name="diam", **QUICK,
+register(favor_mechanism(
+    "tree-diam", "Tree mask f(dist), depth arrays", "choromanski22 Lemma 6.2", "N diam",
+    problem=tree_diam_problem, dense_mask=_any_f_dense, fast_mask=_any_f_fast(TreeDiamMask), **QUICK,
+    variants=(Variant(MIXED, f"mixed forest, path and caterpillar capped at {DIAM_CHAIN} nodes (diam O(log N))",
+                      params={"family": MIXED}),
+              *(Variant(f, f"one {f} tree", params={"family": f},
+                        **(LONG_DIAM_SIZES if f in ("path", "caterpillar") else FAMILY_SIZES)) for f in TREE_FAMILIES)),
+    cost_factor=tree_diameter, cost_factor_name="diam",
     notes=f"Mixed forest with path and caterpillar capped at {DIAM_CHAIN} nodes (diam O(log N)), f(l) = (1 + l)^-1.5.",
 ))

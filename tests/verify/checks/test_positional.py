@@ -85,17 +85,25 @@ def test_deviation_rejects_levels_of_another_size():
 # ------------------------------------------------------------------------------- the checks
 
 
+def _evaluate(check_id: str, ctx: Context | None = None):
+    check = next(c for c in P.checks() if c.id == check_id)
+    return check.evaluate(ctx or Context(quick=True, seed=0))
+
+
 def test_checks_are_the_documented_ones_and_registered():
     got = {c.id: c.kind for c in P.checks()}
     assert got == DOCUMENTED
     assert all(c.quick for c in P.checks())
     assert set(DOCUMENTED) <= {c.id for c in all_checks()}
+    assert all(c.compare and c.threshold is not None for c in P.checks())
+    assert {c.id: c.compare for c in P.checks()}["choromanski22/section-4.1-grid"] == ">"  # an erratum: must exceed
 
 
 @pytest.mark.parametrize("check", P.checks(), ids=lambda c: c.id)
 def test_check_passes_at_seed_0(check):
-    res = check.run(Context(quick=True, seed=0))
-    assert (res.id, res.kind) == (check.id, DOCUMENTED[check.id])
+    res = check.evaluate(Context(quick=True, seed=0))
+    assert (res.id, res.kind, res.title, res.source) == (check.id, DOCUMENTED[check.id], check.title, check.source)
+    assert res.details["reasons"] == []
     assert res.status == "pass", res.details
     assert math.isfinite(res.statistic) and res.threshold is not None
     if res.kind == "erratum":
@@ -114,12 +122,21 @@ def test_lemma_33_fails_on_column_major_order(monkeypatch):
         return m[np.ix_(order, order)]
 
     monkeypatch.setattr(P.ref_toeplitz, "block_toeplitz_mask", column_major)
-    res = P._lemma_33(Context(quick=True, seed=0))
+    res = _evaluate("choromanski22/lemma-3.3")
     assert res.status == "fail" and res.statistic > 0
+    assert any("dense reference mask deviates" in r for r in res.details["reasons"])
 
 
 def test_section_41_fails_on_a_wrong_diffusion_time(monkeypatch):
     real = fast.HypercubeDiffusionMask
     monkeypatch.setattr(P.fast, "HypercubeDiffusionMask", lambda n, lam: real(n, lam * 1.001))
-    res = P._section_41(Context(quick=True, seed=0))
-    assert res.status == "fail" and res.statistic > res.threshold
+    res = _evaluate("choromanski22/section-4.1")
+    assert res.status == "fail" and res.statistic > res.threshold and res.reasons
+
+
+def test_lemma_33_fails_when_the_controls_cannot_fail(monkeypatch):
+    """A deviation measure that sees nothing (always 0) passes the reference but not the controls."""
+    monkeypatch.setattr(P, "block_toeplitz_deviation", lambda m, levels: 0.0)
+    res = _evaluate("choromanski22/lemma-3.3")
+    assert res.status == "fail" and res.statistic == 0.0
+    assert len(res.details["reasons"]) == 1 and "negative control" in res.details["reasons"][0]

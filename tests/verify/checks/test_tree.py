@@ -6,13 +6,41 @@ import pytest
 
 from reference.masks import tree as ref_tree
 from verify.checks import tree as C
+from verify.problems import tree_parent
 from verify.result import Context
 
 
+def _evaluate(check_id: str, seed: int = 0):
+    check = next(c for c in C.checks() if c.id == check_id)
+    return check.evaluate(Context(quick=True, seed=seed))
+
+
 def test_lemma_35_check_passes_and_shows_the_erratum():
-    r = C._lemma_35(Context(quick=True, seed=0))
+    r = _evaluate("choromanski22/lemma-3.5")
     assert r.id == "choromanski22/lemma-3.5" and r.kind == "erratum" and r.status == "pass"
     assert r.details["weakest_printed_error"] > C.PRINTED_MUST_EXCEED
+    assert (r.statistic <= r.threshold == 1.0) and r.compare == "<=" and r.details["reasons"] == []
+
+
+def test_lemma_35_trees_come_from_the_one_tree_generator():
+    trees = C._trees(0)
+    np.testing.assert_array_equal(trees["path n=30"][0], tree_parent("path", 30))
+    np.testing.assert_array_equal(trees["star n=30"][0], tree_parent("star", 30))
+    rng = C.rng_for(0, 61)
+    np.testing.assert_array_equal(trees["random tree n=40"][0], tree_parent("random recursive", 40, rng))
+    for parent, weight in trees.values():
+        ref_tree.forest_adjacency(parent, weights=weight)  # valid forests, lengths in [0.5, 1.5]
+        assert weight.min() >= 0.5 and weight.max() <= 1.5
+    assert int((trees["forest n=60 (3 trees)"][0] < 0).sum()) == 3
+
+
+def test_lemma_35_fails_when_the_printed_form_is_not_wrong(monkeypatch):
+    """If the 'printed' recursion were the corrected one, the erratum is not shown: fail, saying so."""
+    real = C.two_phase
+    monkeypatch.setattr(C, "two_phase", lambda parent, w, x, a, b, printed: real(parent, w, x, a, b, False))
+    r = _evaluate("choromanski22/lemma-3.5")
+    assert r.status == "fail" and r.statistic <= r.threshold
+    assert len(r.details["reasons"]) == 1 and "printed recursion" in r.details["reasons"][0]
 
 
 @pytest.mark.parametrize("a", [-0.5, 0.3])
@@ -45,7 +73,7 @@ def test_checks_are_listed_with_their_ids_and_kinds():
 
 
 def test_lemma_61_check_passes_with_depth_within_bound():
-    r = C._lemma_61(Context(quick=True, seed=0))
+    r = _evaluate("choromanski22/lemma-6.1")
     assert (r.id, r.kind, r.source, r.status) == ("choromanski22/lemma-6.1", "bound", "choromanski22 Lemma 6.1", "pass")
     assert r.statistic <= r.threshold == C.EXACT_ANY_F
     assert r.details["depth_within_log_1.5_n"] is True and r.details["n"] == C.FAMILY_N
@@ -59,7 +87,7 @@ def test_lemma_61_check_passes_with_depth_within_bound():
 
 
 def test_lemma_62_check_passes():
-    r = C._lemma_62(Context(quick=True, seed=0))
+    r = _evaluate("choromanski22/lemma-6.2")
     assert (r.id, r.kind, r.source, r.status) == ("choromanski22/lemma-6.2", "bound", "choromanski22 Lemma 6.2", "pass")
     assert r.statistic <= r.threshold == C.EXACT_ANY_F
     assert {c["tree"] for c in r.details["cases"]} == FAMILIES and len(r.details["cases"]) == 2 * len(FAMILIES)
@@ -84,8 +112,9 @@ def test_planted_bug_in_the_product_fails_lemma_61(monkeypatch):
         return out
 
     monkeypatch.setattr(C.TreeDCMask, "matmul", wrong)
-    r = C._lemma_61(Context(quick=True, seed=0))
+    r = _evaluate("choromanski22/lemma-6.1")
     assert r.status == "fail" and r.statistic > r.threshold
+    assert len(r.details["reasons"]) == 1 and "relative error" in r.details["reasons"][0]
     assert r.details["depth_within_log_1.5_n"] is True  # the depth is fine: the error alone fails it
 
 
@@ -99,7 +128,7 @@ def test_planted_bug_in_f_fails_lemma_61(monkeypatch):
         return real(forest, f, **kw)
 
     monkeypatch.setattr(C, "TreeDCMask", shifted)
-    r = C._lemma_61(Context(quick=True, seed=0))
+    r = _evaluate("choromanski22/lemma-6.1")
     assert r.status == "fail" and r.statistic > r.threshold
 
 
@@ -113,5 +142,39 @@ def test_too_deep_recursion_fails_lemma_61(monkeypatch):
         return op
 
     monkeypatch.setattr(C, "TreeDCMask", deep)
-    r = C._lemma_61(Context(quick=True, seed=0))
+    r = _evaluate("choromanski22/lemma-6.1")
     assert r.status == "fail" and r.statistic <= r.threshold and r.details["depth_within_log_1.5_n"] is False
+    assert r.details["reasons"] and all("recursion depth" in x for x in r.details["reasons"])
+
+
+# --------------------------------------------------------------- lemma-6.2-diam (fake timings)
+
+
+def _fake_times(monkeypatch, path_cost, binary_cost):
+    """Replace the timer by exact costs of N (no timing in a pass/fail test)."""
+    def fake(parent, rounds):
+        n = parent.size
+        return (path_cost if parent[-1] == n - 2 and n > 2 else binary_cost)(n) * 1e-9
+    monkeypatch.setattr(C, "_time_diam", fake)
+
+
+def test_lemma_62_diam_passes_when_paths_fall_behind_like_n_over_log_n(monkeypatch):
+    _fake_times(monkeypatch, lambda n: n * n, lambda n: n * 2 * np.log2(n))
+    r = _evaluate("choromanski22/lemma-6.2-diam")
+    assert r.status == "pass" and r.statistic > r.threshold == C.RATIO_LOWER and r.compare == ">"
+    assert r.unit == "slope" and r.details["reasons"] == []
+
+
+def test_lemma_62_diam_fails_without_the_diam_factor(monkeypatch):
+    """An O(N log N) method on paths too: the ratio's slope is 0, and the reason says so."""
+    _fake_times(monkeypatch, lambda n: n * np.log2(n), lambda n: n * np.log2(n))
+    r = _evaluate("choromanski22/lemma-6.2-diam")
+    assert r.status == "fail" and not r.statistic > r.threshold
+    assert len(r.details["reasons"]) == 1 and "diam factor" in r.details["reasons"][0]
+
+
+def test_lemma_62_diam_fails_when_binary_trees_are_quadratic(monkeypatch):
+    _fake_times(monkeypatch, lambda n: n**2.9, lambda n: n**2.0)
+    r = _evaluate("choromanski22/lemma-6.2-diam")
+    assert r.status == "fail" and r.statistic > r.threshold  # the ratio grows: only the binary slope fails
+    assert len(r.details["reasons"]) == 1 and "binary trees" in r.details["reasons"][0]

@@ -10,7 +10,7 @@ import torch
 
 import fast
 from verify.mechanisms import positional as MP
-from verify.registry import get, mechanisms
+from verify.mechanisms import get, mechanisms
 
 POSITIONAL = ("toeplitz-1d", "block-toeplitz", "low-rank", "hypercube-gdk")
 

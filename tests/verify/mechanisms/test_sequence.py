@@ -6,7 +6,7 @@ import pytest
 
 from reference.masks import sequence as ref_masks
 from verify.mechanisms import sequence as S
-from verify.registry import get
+from verify.mechanisms import get
 
 
 @pytest.mark.parametrize("n", [1, 2, 300, 1100])
@@ -28,10 +28,3 @@ def test_padding_problem_keeps_a_60_to_90_percent_prefix(n):
     assert length >= 1
     if n >= 10:
         assert 0.6 * n - 0.5 <= length <= 0.9 * n + 0.5
-
-
-def test_favor_problem_shapes_and_norms():
-    p = S.favor_problem(12, seed=0)
-    assert p.q.shape == p.k.shape == (12, S.D_QK) and p.v.shape == (12, S.D_V)
-    assert p.projection.shape == (S.M_FEATURES, S.D_QK)
-    np.testing.assert_allclose(np.linalg.norm(p.q, axis=1), 1.0, rtol=1e-14)

@@ -1,0 +1,38 @@
+"""Every check of ``python -m verify``: stable ids, and metadata declared once per check."""
+from __future__ import annotations
+
+from verify.checks import all_checks
+from verify.result import COMPARES, KINDS, UNITS
+
+#: The ids before issue 8 (python -m verify --list at 519625b), in order.
+OLD_IDS = """
+equivalence/softmax equivalence/linear equivalence/causal equivalence/packing equivalence/padding
+equivalence/tree-exp equivalence/tree-dc equivalence/tree-diam equivalence/toeplitz-1d
+equivalence/block-toeplitz equivalence/low-rank equivalence/hypercube-gdk
+performer/prf-unbiased-iid performer/prf-unbiased-orf performer/prf-variance-iid performer/prf-variance-orf
+choromanski22/lemma-3.3 choromanski22/section-4.1 choromanski22/section-4.1-grid choromanski22/section-3.4
+choromanski22/lemma-3.5 choromanski22/lemma-6.1 choromanski22/lemma-6.2 choromanski22/lemma-6.2-diam
+complexity/softmax complexity/linear complexity/causal complexity/packing complexity/padding
+complexity/tree-exp complexity/tree-dc complexity/tree-diam complexity/toeplitz-1d complexity/block-toeplitz
+complexity/low-rank complexity/hypercube-gdk
+scale/linear scale/causal scale/block-toeplitz scale/tree-exp
+""".split()
+NEW_IDS = ["scale/linear-train", "scale/causal-train", "scale/block-toeplitz-train"]
+
+
+def test_ids_are_the_old_ones_plus_the_training_scale_checks():
+    ids = [c.id for c in all_checks()]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == set(OLD_IDS) | set(NEW_IDS)
+    # everything but the scale family keeps its order
+    assert [i for i in ids if not i.startswith("scale/")] == [i for i in OLD_IDS if not i.startswith("scale/")]
+
+
+def test_every_check_declares_how_it_is_judged():
+    for c in all_checks():
+        assert c.kind in KINDS and c.title and c.source, c.id
+        assert c.compare in COMPARES and c.compare, c.id  # every check today is one main comparison
+        assert c.threshold is not None, c.id
+        assert c.unit in UNITS and c.unit, c.id
+    units = {c.id.split("/")[0]: c.unit for c in all_checks()}
+    assert units["scale"] == "bytes" and units["complexity"] == "exponent" and units["equivalence"] == "relative"
