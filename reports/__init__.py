@@ -1,17 +1,14 @@
-"""maskbench reports: sweeps, peak memory, verification and figures -> one HTML page.
+"""maskbench reports: render a results JSON (verify/schema.py) and asv results into one HTML page.
 
-``python -m reports [--quick] [--out DIR]`` (what ``make report`` runs) writes DIR/index.html,
-the PNG figures beside it and DIR/results.json with every number. Modules:
+reports/ only draws. ``python -m verify.measure --out FILE`` measures and writes FILE;
+``python -m reports --from-json FILE`` renders it (``make report`` runs both). This package
+imports nothing that measures (no fast/, reference/, torch, verify.timing, verify.measure,
+verify.memory, verify.mechanisms, subprocess): only verify.schema and verify.result (pure data),
+NumPy, matplotlib, Jinja2 and the standard library (tests/reports/test_imports.py checks it).
 
-    sweeps       in-process timing sweeps over the registry, exponent fits, crossovers
-    memory       peak memory per (mechanism, impl), one subprocess each (also the child)
-    favor        FAVOR+ kernel estimation error vs the number of features m
-    gallery      dense masks M of small instances (heatmaps; summaries in results.json)
-    asv_history  asv result files -> per-benchmark series across commits
-    data         ReportData: everything the page shows; results.json schema
-    figures      matplotlib (Agg) figures
-    html         the index.html page
-    render       ReportData -> files
-
-This package imports nothing at import time: ``python -m reports.memory`` children stay light.
+    asv_history  asv result files -> series across commits, per-mechanism histories
+    format       numbers as text: units (bytes, seconds), fits, powers of two, comparison signs
+    figures      matplotlib (Agg) figures, one function per PNG
+    page         the view model and the Jinja2 rendering (templates/*.html.j2, autoescaped)
+    render       Results -> the PNGs and index.html in one folder
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,3 +117,118 @@ def unit_of(benchmark: str) -> str:
     if name.startswith(("peakmem_", "mem_")):
         return "bytes"
     return ""
+
+
+# ------------------------------------------------------------------ per-mechanism history
+
+
+def class_name(mech_id: str) -> str:
+    """asv_bench's class name of a mechanism id: non-word characters -> "_", "m_" before a digit.
+
+    (asv splits benchmark names at "-", so asv_bench renames the classes; the rule is restated
+    here because importing asv_bench would import the registry and torch.)
+    """
+    name = re.sub(r"\W", "_", mech_id)
+    return f"m_{name}" if name[:1].isdigit() else name
+
+
+@dataclass
+class Line:
+    """One line of a history panel: a value per commit of ``AsvHistory.commits`` (None: no result)."""
+
+    label: str
+    values: list[float | None]
+
+
+@dataclass
+class MechanismHistory:
+    """What the history section shows of one mechanism, aligned with ``AsvHistory.commits``.
+
+    exponent: one line per parameter combination (and machine, if several) of
+    complexity.<cls>.track_exponent. time: attention.<cls>.time_attention, implementation 'fast',
+    at N = ``time_n``; ``time_note`` says how that N was chosen.
+    """
+
+    mechanism: str
+    cls: str
+    exponent: list[Line] = field(default_factory=list)
+    time: list[Line] = field(default_factory=list)
+    time_n: int | None = None
+    time_note: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not self.exponent and not self.time
+
+
+def _aligned(s: AsvSeries, commits: list[str]) -> list[float | None]:
+    by = dict(zip(s.commits, s.values))
+    return [by.get(c) for c in commits]
+
+
+def _int(p: str) -> int | None:
+    try:
+        return int(float(unquote(p)))
+    except ValueError:
+        return None
+
+
+def mechanism_histories(history: AsvHistory, mechanism_ids: list[str]) -> list[MechanismHistory]:
+    """One MechanismHistory per mechanism with asv results: ``mechanism_ids`` first (in order),
+    then classes found in the results that no given id maps to (named by their class)."""
+    commits = history.commits
+    machines = sorted({s.machine for s in history.series})
+    multi = len(machines) > 1
+    by_bench: dict[str, list[AsvSeries]] = {}
+    for s in history.series:
+        by_bench.setdefault(s.benchmark, []).append(s)
+    ids = {class_name(m): m for m in mechanism_ids}
+    found = {b.split(".")[1] for b in by_bench
+             if b.count(".") == 2 and b.split(".")[0] in ("complexity", "attention")}
+    order = [class_name(m) for m in mechanism_ids] + sorted(found - set(ids))
+    out = []
+    for cls in order:
+        h = MechanismHistory(ids.get(cls, cls), cls)
+        for s in by_bench.get(f"complexity.{cls}.track_exponent", []):
+            label = ", ".join(filter(None, [s.label if s.params else "", s.machine if multi else ""])) or "exponent"
+            h.exponent.append(Line(label, _aligned(s, commits)))
+        fast = [s for s in by_bench.get(f"attention.{cls}.time_attention", [])
+                if s.params and unquote(s.params[0]) == "fast" and _int(s.params[-1]) is not None]
+        if fast:
+            _pick_time(h, fast, commits, multi)
+        if not h.empty:
+            out.append(h)
+    return out
+
+
+def _pick_time(h: MechanismHistory, fast: list[AsvSeries], commits: list[str], multi: bool) -> None:
+    """The largest N timed on every commit that timed this mechanism's fast path; else the N timed
+    on the most commits (largest first), so noted."""
+    timed = {c for s in fast for c in s.commits}
+    per_n: dict[int, set[str]] = {}
+    for s in fast:
+        per_n.setdefault(_int(s.params[-1]), set()).update(s.commits)
+    everywhere = [n for n, cs in per_n.items() if cs >= timed]
+    if everywhere:
+        n = max(everywhere)
+        h.time_note = f"largest N timed on all {len(timed)} commit(s) with results"
+    else:
+        n = max(per_n, key=lambda k: (len(per_n[k]), k))
+        h.time_note = (f"no N was timed on all {len(timed)} commit(s) with results; N timed on the most "
+                       f"({len(per_n[n])})")
+    h.time_n = n
+    for s in fast:
+        if _int(s.params[-1]) == n:
+            h.time.append(Line(s.machine if multi else "fast", _aligned(s, commits)))
+
+
+def other_track_series(history: AsvHistory) -> dict[str, list[AsvSeries]]:
+    """{benchmark: its series} for every track_ benchmark except complexity.*.track_exponent
+    (those are in the per-mechanism panels): accuracy, machine peak, ... one line per parameter
+    combination."""
+    out: dict[str, list[AsvSeries]] = {}
+    for s in history.series:
+        name = s.benchmark.rsplit(".", 1)[-1]
+        if name.startswith("track_") and not (s.benchmark.startswith("complexity.") and name == "track_exponent"):
+            out.setdefault(s.benchmark, []).append(s)
+    return out

@@ -1,20 +1,65 @@
-"""Turn a ReportData into files: the PNG figures, index.html and results.json in one folder."""
+"""Results (+ asv results) -> files: the PNG figures and index.html in one folder."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
-from reports.data import ReportData
+from reports import figures as fig
+from reports.asv_history import AsvHistory, MechanismHistory, load_history, mechanism_histories, other_track_series
+from reports.page import render_page
+from verify.schema import Results
 
 
-def write_report(data: ReportData, out_dir: str | Path) -> Path:
-    """Write figures, index.html and results.json into ``out_dir``; returns the index.html path."""
-    from reports.figures import make_figures
-    from reports.html import build_page
-
+def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | None = None,
+                 histories: list[MechanismHistory] | None = None,
+                 note: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
+    """Write every figure into ``out_dir``; returns {key: file name or None}, with "variants":
+    {mechanism id: file name} and "track_benchmarks": the asv track_ benchmarks drawn."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    figures = make_figures(data, out)
-    data.write_json(out / "results.json", figures=figures)
+    figures: dict[str, Any] = {}
+    for key, draw in (("gallery", lambda: fig.plot_gallery(results.gallery, out)),
+                      ("time", lambda: fig.plot_time(results, out)),
+                      ("crossover", lambda: fig.plot_crossover(results, out)),
+                      ("memory", lambda: fig.plot_memory(results, out)),
+                      ("favor", lambda: fig.plot_favor(results.favor_error, out))):
+        note(f"figure: {key}")
+        figures[key] = draw()
+    figures["variants"] = {}
+    taken: set[str] = set()
+    for m in results.mechanisms:
+        if not fig.has_variant_view(results, m):
+            continue
+        name = f"variants_{fig.slug(m.id)}.png"
+        while name in taken:  # two ids with the same slug
+            name = name[:-4] + "_.png"
+        taken.add(name)
+        note(f"figure: variants of {m.id}")
+        figures["variants"][m.id] = fig.plot_variants(results, m, out, name)
+    figures["asv_history"] = figures["asv_track"] = None
+    figures["track_benchmarks"] = []
+    if history is not None and history.commits:
+        if histories is None:
+            histories = mechanism_histories(history, [m.id for m in results.mechanisms])
+        claims = {m.id: m.complexity for m in results.mechanisms}
+        note("figure: asv history")
+        figures["asv_history"] = fig.plot_history(histories, history.commits, claims, out)
+        track = other_track_series(history)
+        figures["asv_track"] = fig.plot_track(track, history.commits, out)
+        figures["track_benchmarks"] = list(track)[: fig.MAX_PANELS]
+    return figures
+
+
+def write_report(results: Results, out_dir: str | Path, asv_results: str | Path | None = None,
+                 source: str = "results.json", note: Callable[[str], None] = lambda msg: None) -> Path:
+    """Figures and index.html into ``out_dir`` (asv results re-read from ``asv_results`` when
+    given); returns the index.html path. ``source``: how the page names the results file."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    history = load_history(asv_results) if asv_results is not None else None
+    histories = (mechanism_histories(history, [m.id for m in results.mechanisms])
+                 if history is not None else [])
+    figures = make_figures(results, out, history, histories, note)
     index = out / "index.html"
-    index.write_text(build_page(data, figures), encoding="utf-8")
+    index.write_text(render_page(results, figures, history, histories, source), encoding="utf-8")
     return index

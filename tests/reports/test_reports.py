@@ -1,143 +1,187 @@
-"""Smoke tests of the report builders on small synthetic inputs (no sweeps, no subprocesses)."""
+"""The report renders a synthetic Results (tests/reports/synthetic.py): no measuring anywhere.
+
+Rendering once per module (figures take a few seconds on a busy machine) and reading the page
+in several tests.
+"""
 from __future__ import annotations
 
-import json
+import html
+import re
+from pathlib import Path
 
-import numpy as np
 import pytest
+from markupsafe import escape
 
-from reports.asv_history import load_history
-from reports.data import MechanismInfo, ReportData
-from reports.favor import FavorError, FavorErrorCurve, predicted_variance
-from reports.gallery import mask_gallery
-from reports.html import build_page, esc
-from reports.memory import MemoryCurve, MemoryPoint
-from reports.render import write_report
-from reports.sweeps import analyse
-from verify.registry import mechanisms
-from verify.result import CheckResult
-from verify.timing import Sweep
+from reports.__main__ import main
+from reports.asv_history import class_name, load_history, mechanism_histories
+from reports.format import bytes_text, compare_sign, seconds_text, with_unit
+from reports.page import render_page
+from tests.reports.synthetic import COMMITS, FAIL_REASON, LOAD_WARNING, MALICIOUS, make_asv, make_results
 
-
-def _sweep(mech_id: str, impl: str, sizes, exponent: float, scale: float) -> Sweep:
-    # t = scale * N^exponent with a little deterministic wobble, so fits have a finite CI.
-    rng = np.random.default_rng(len(mech_id) + (7 if impl == "dense" else 0))
-    secs = [scale * n**exponent * float(np.exp(rng.normal(0, 0.03))) for n in sizes]
-    return Sweep(mech_id, impl, "cpu", "float32", 1, list(sizes), secs, 3, [secs] * 3)
+PNG = b"\x89PNG\r\n\x1a\n"
+TOC = ("summary", "gallery", "time", "crossover", "memory", "variants", "verification", "favor", "history",
+       "environment")
 
 
-def synthetic_data(with_asv_dir=None) -> ReportData:
-    """A ReportData for every registered mechanism, built from formulas instead of timings."""
-    mechs = mechanisms()
-    fast_n, dense_n = [2**p for p in range(8, 14)], [2**p for p in range(7, 12)]
-    timings, memory = {}, {}
-    for m in mechs:
-        dense = _sweep(m.id, "dense", dense_n, 2.0, 2e-9) if m.dense_setup is not None else None
-        timings[m.id] = analyse(_sweep(m.id, "fast", fast_n, 1.0, 2e-6), dense)
-        memory[m.id] = {"fast": MemoryCurve(m.id, "fast", "cpu", [MemoryPoint(n, n * 1e-4, 300.0) for n in fast_n],
-                                            300.0, "VmHWM reset")}
-        if dense is not None:
-            memory[m.id]["dense"] = MemoryCurve(m.id, "dense", "cpu", [MemoryPoint(n, n * n * 4e-6, 300.0, n > 128)
-                                                                       for n in dense_n], 300.0, "ru_maxrss")
-    x, y = np.full(4, 0.2), np.full(4, 0.1)
-    grid = [2, 4, 8, 16]
-    pred = list(np.sqrt(predicted_variance(x, y, np.array(grid))))
-    favor = FavorError(list(x), list(y), float(np.exp(x @ y)), 10, grid, pred,
-                       [FavorErrorCurve(k, grid, pred, [p * 0.9 for p in pred], [p * 1.1 for p in pred],
-                                        -0.5, -0.55, -0.45) for k in ("iid", "orthogonal")])
-    checks = [CheckResult(f"equivalence/{m.id}", f"fast == reference <{m.id}>", m.source, "equivalence",
-                          "pass", 1e-7, 1e-5, 0.1, {"note": "a < b & c"}) for m in mechs]
-    checks.append(CheckResult("performer/prf-variance", "variance", "wu22 Lemma 1", "statistical", "fail",
-                              float("inf"), 0.01, 1.0, {"error": "Traceback <module>"}))
-    env = {"mode": "quick", "date": "2026-01-01", "threads": 2, "cpus": 2, "sweep_threads": 1, "sweep_rounds": 3}
-    return ReportData(env, [MechanismInfo.from_mechanism(m) for m in mechs], timings, memory, favor, checks,
-                      "synthetic", load_history(with_asv_dir) if with_asv_dir else None, gallery=mask_gallery(mechs))
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    results = make_results()
+    results.write(root / "out" / "results.json")
+    asv = make_asv(root / "asv")
+    assert main(["--out", str(root / "out"), "--asv-results", str(asv), "--no-progress"]) == 0
+    return root, (root / "out" / "index.html").read_text(encoding="utf-8")
 
 
-def _asv_results(root) -> None:
-    """Two asv (format 2) result files for two commits, one parameterised benchmark."""
-    machine = root / "box"
-    machine.mkdir(parents=True)
-    (machine / "machine.json").write_text(json.dumps({"machine": "box", "version": 1}))
-    cols = ["result", "params", "version", "started_at", "duration"]
-    for i, (commit, date) in enumerate((("aaaa1111", 1000), ("bbbb2222", 2000))):
-        data = {"commit_hash": commit, "date": date, "env_name": "e", "params": {}, "python": "3.11",
-                "requirements": {}, "env_vars": {}, "result_columns": cols, "version": 2, "durations": {},
-                "results": {
-                    "bench.TimeSuite.time_fast": [[1e-3 * (i + 1), 2e-3, None],
-                                                  [["'causal'"], ["1024", "2048", "4096"]], "v", 0, 1.0],
-                    "bench.track_err": [0.5 + i, [], "v"],
-                }}
-        (machine / f"{commit}-existing.json").write_text(json.dumps(data))
+def _is_png(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:8] == PNG
 
 
-def test_page_lists_every_mechanism_and_figures_exist(tmp_path):
-    asv_dir = tmp_path / "asv"
-    _asv_results(asv_dir)
-    data = synthetic_data(asv_dir)
-    index = write_report(data, tmp_path / "out")
-    page = index.read_text()
-    for m in mechanisms():
-        assert f"<code>{esc(m.id)}</code>" in page
-    for name in ("time_vs_n.png", "memory_vs_n.png", "crossover.png", "favor_error.png", "asv_history.png",
-                 "mask_gallery.png"):
-        assert (tmp_path / "out" / name).stat().st_size > 1000
-        assert f'src="{name}"' in page
-    # escaped, never raw: check details contain < and &
-    assert "Traceback &lt;module&gt;" in page and "<module>" not in page
-    assert 'class="fail"' in page
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert set(results["timings"]) == {m.id for m in mechanisms()}
-    assert results["verify"][-1]["statistic"] == "inf"
+def test_toc_anchors_in_order(rendered):
+    _, page = rendered
+    positions = []
+    for key in TOC:
+        assert f'href="#{key}"' in page, key
+        assert f'id="{key}"' in page, key
+        positions.append(page.index(f'<section id="{key}"'))
+    assert positions == sorted(positions), "sections out of the table of contents' order"
+    assert 'href="#variants-tree-x"' in page and 'id="variants-tree-x"' in page
 
 
-def test_fits_and_crossover_from_synthetic_sweeps():
-    data = synthetic_data()
-    for m in mechanisms():
-        t = data.timings[m.id]
-        assert t.fast.fit.slope == pytest.approx(1.0, abs=0.1)
-        if t.dense is not None:
-            assert t.dense.fit.slope == pytest.approx(2.0, abs=0.1)
-            # 2e-6 N = 2e-9 N^2 at N = 1000
-            assert t.crossover == pytest.approx(1000, rel=0.3)
+def test_every_figure_is_a_png_and_on_the_page(rendered):
+    root, page = rendered
+    for name in ("mask_gallery.png", "time_vs_n.png", "crossover.png", "memory_vs_n.png", "favor_error.png",
+                 "variants_tree-x.png", "asv_history.png", "asv_track.png"):
+        assert _is_png(root / "out" / name), name
+        assert f'src="{name}"' in page, name
+    # causal has one variant and no cost factor or metric: no per-variant view of it
+    assert not (root / "out" / "variants_causal.png").exists()
 
 
-def test_asv_history_and_missing_results(tmp_path):
-    _asv_results(tmp_path)
-    h = load_history(tmp_path)
-    assert h.files == 2 and h.commits == ["aaaa1111", "bbbb2222"]
-    by = {(s.benchmark, s.params): s for s in h.series}
-    assert by[("bench.TimeSuite.time_fast", ("'causal'", "1024"))].values == [1e-3, 2e-3]
-    assert ("bench.TimeSuite.time_fast", ("'causal'", "4096")) not in by  # null results dropped
-    assert by[("bench.track_err", ())].values == [0.5, 1.5]
-    empty = load_history(tmp_path / "nowhere")
-    assert empty.series == [] and empty.files == 0
-    data = synthetic_data()
-    data.asv = empty
-    assert "make bench" in build_page(data, {})
+def test_variant_view_is_generic(rendered):
+    _, page = rendered
+    section = page[page.index('id="variants-tree-x"'):page.index('id="verification"')]
+    # both swept variants, the cost factor and the metric with its bound; the unswept one named
+    for text in ("path", "binary", "exponent of t / diam", "depth at largest N", "depth bound at largest N",
+                 'Metric "depth" is drawn against "depth bound"', "Checked for equivalence only, not timed: star"):
+        assert html.escape(text, quote=True) in section or text in section, text
+    assert "1.00 [0.96, 1.04]" in section  # path's t / diam fit (cost_fit of t = 3e-9 N^2, diam N - 1)
+    assert "failed at N = 2¹⁵: MemoryError: cannot allocate &lt;4 GiB&gt;" in section
 
 
-def test_page_without_verify_or_memory():
-    data = synthetic_data()
-    data.verify, data.memory, data.favor = None, {}, None
-    page = build_page(data, {"timing": "time_vs_n.png"})
-    assert "not run" in page and "--skip-verify" in page
+def test_verification_shows_direction_units_and_reasons(rendered):
+    _, page = rendered
+    table = page[page.index('id="verification"'):page.index('id="favor"')]
+    assert "3.5 GiB <b>≤</b> 8 GiB" in table  # bytes in binary units
+    assert "2.5 s <b>≤</b> 120 s" in table  # seconds
+    assert "0.7 <b>≥</b> 0.5" in table and "(ratio)" in table
+    assert "1.62 <b>≤</b> 1.35" in table and "(exponent)" in table
+    assert html.escape(FAIL_REASON) in table
+    assert "no GPU" in table  # a skipped check's reason
+    assert "7 passed" not in table and "6 passed" in table and "2 failed" in table and "1 skipped" in table
 
 
-def test_results_json_round_trip(tmp_path):
-    """results.json holds everything: a page re-rendered from it (--from-json) is the same page."""
-    asv_dir = tmp_path / "asv"
-    _asv_results(asv_dir)
-    data = synthetic_data(asv_dir)
-    figures = {"timing": "time_vs_n.png"}
-    again = ReportData.from_dict(json.loads(json.dumps(data.to_dict())))
-    assert build_page(again, figures) == build_page(data, figures)
+def test_malicious_detail_is_escaped(rendered):
+    _, page = rendered
+    assert "<script>" not in page and "<b>bold</b>" not in page
+    assert str(escape(MALICIOUS)) in page  # in the reasons cell (and, indented, in the details)
+    assert "Traceback &lt;module&gt;" in page
+    assert "mask &lt;too&gt; big &amp; broken" in page  # a failed gallery panel's error
 
 
-def test_cli_from_json(tmp_path):
-    from reports.__main__ import main
+def test_load_warning_box(rendered):
+    _, page = rendered
+    assert 'class="warning"' in page and str(escape(LOAD_WARNING)) in page
+    assert page.index('id="load-warning"') < page.index('id="summary"')
 
-    data = synthetic_data()
-    data.write_json(tmp_path / "in.json")
-    assert main(["--from-json", str(tmp_path / "in.json"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
-    assert (tmp_path / "out" / "index.html").exists() and (tmp_path / "out" / "time_vs_n.png").exists()
+
+def test_summary_one_exponent_per_mechanism(rendered):
+    _, page = rendered
+    summary = page[page.index('<section id="summary"'):page.index('<section id="gallery"')]
+    assert "the sweep complexity/causal tested" in summary
+    assert "complexity/tree-x timed a separate sweep" in summary
+    assert "1,000 [800, 1,300]" in summary and "200,000 [90,000, ?]" in summary
+    assert "extrapolated from the fits" in summary and "FAIL: complexity/tree-x" in summary
+    assert "12.5 MiB at N = 2¹⁴" in summary  # 800 bytes * 2^14
+
+
+def test_history_shows_three_commits(rendered):
+    root, page = rendered
+    history = page[page.index('<section id="history"'):page.index('<section id="environment"')]
+    for commit, _ in COMMITS:
+        assert f"<code>{commit[:8]}</code>" in history
+    assert "3 commit(s)" in history and "2 mechanism(s) with results" in history
+    assert "accuracy.causal.track_relative_error" in history
+    h = load_history(root / "asv")
+    (causal, tree) = mechanism_histories(h, ["causal", "tree-x"])
+    assert tree.cls == "tree_x" and [line.values for line in tree.exponent] == [[1.3, 1.31, 1.32]]
+    # 4096 is missing on the first commit: the time is taken at the largest N timed on all three
+    assert causal.time_n == 1024 and causal.time[0].values == pytest.approx([1e-3, 1.1e-3, 1.2e-3])
+
+
+def test_from_json_rerender_equals_first_render(rendered, tmp_path):
+    root, first = rendered
+    again = tmp_path / "again"
+    args = ["--from-json", str(root / "out" / "results.json"), "--out", str(again),
+            "--asv-results", str(root / "asv"), "--no-progress"]
+    assert main(args) == 0
+    second = (again / "index.html").read_text(encoding="utf-8")
+    src = re.compile(r'<code>[^<]*results\.json</code>')  # the page names its source file
+    assert src.sub("", second) == src.sub("", first)
+    pngs = sorted(p.name for p in (root / "out").glob("*.png"))
+    assert pngs == sorted(p.name for p in again.glob("*.png"))
+    # asv results are re-read on every render: a fourth commit appears without re-measuring
+    make_asv(root / "asv", COMMITS + (("dddd4444dddd", 1_700_300_000_000),))
+    assert main(args) == 0
+    assert "<code>dddd4444</code>" in (again / "index.html").read_text(encoding="utf-8")
+
+
+def test_missing_results_file_says_how_to_make_it(tmp_path, capsys):
+    assert main(["--out", str(tmp_path / "nowhere"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "python -m verify.measure --out" in err and "make report" in err
+
+
+def test_measuring_flags_point_to_verify_measure(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--quick"])
+    assert exc.value.code == 2
+    assert "python -m verify.measure --quick" in capsys.readouterr().err
+
+
+def test_schema_mismatch_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "results.json").write_text('{"schema": "maskbench-results/1"}')
+    assert main(["--out", str(tmp_path), "--no-progress"]) == 2
+    assert "maskbench-results/2" in capsys.readouterr().err
+
+
+def test_page_without_optional_parts(tmp_path):
+    r = make_results()
+    r.checks, r.gallery, r.favor_error, r.memory = None, None, None, []
+    r.environment.pop("load_warning")
+    page = render_page(r, {"variants": {}}, load_history(tmp_path / "no-asv"))
+    assert 'class="warning"' not in page
+    assert "The checks were not run" in page and "recorded no mask gallery" in page
+    assert "No asv results found" in page and "make bench" in page
+
+
+def test_many_lines_get_distinct_colour_and_marker(tmp_path):
+    from reports.figures import line_styles, plot_crossover
+
+    styles = line_styles(13)
+    assert len(set(styles)) == 13 and len({c for c, _ in styles}) == 13
+    assert plot_crossover(make_results(extra=11), tmp_path) == "crossover.png"
+    assert _is_png(tmp_path / "crossover.png")
+
+
+@pytest.mark.parametrize("mech_id, cls", [("toeplitz-1d", "toeplitz_1d"), ("2d-grid", "m_2d_grid"),
+                                          ("causal", "causal")])
+def test_class_name_matches_asv_bench(mech_id, cls):
+    assert class_name(mech_id) == cls
+
+
+def test_units_and_signs():
+    assert bytes_text(3 * 2**30) == "3 GiB" and bytes_text(1536) == "1.5 KiB" and bytes_text(12) == "12 B"
+    assert seconds_text(0.00042) == "420 µs" and seconds_text(2.5) == "2.5 s" and seconds_text(0.012) == "12 ms"
+    assert with_unit(2**20, "bytes") == "1 MiB" and with_unit(float("inf"), "seconds") == "∞"
+    assert compare_sign("<=") == "≤" and compare_sign(">=") == "≥" and compare_sign("") is None

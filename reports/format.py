@@ -1,0 +1,138 @@
+"""Numbers as text for the page and the figures: units, fits, powers of two, comparison signs.
+
+Pure functions of plain values (no matplotlib, no Jinja2); the templates call them as filters.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from verify.schema import Fit
+
+DASH = "–"
+_SUPERSCRIPT = str.maketrans("0123456789.-", "⁰¹²³⁴⁵⁶⁷⁸⁹·⁻")
+#: CheckResult.compare -> the sign printed between statistic and threshold.
+COMPARE_SIGNS = {"<=": "≤", ">=": "≥", "<": "<", ">": ">", "==": "=", "=": "=", "!=": "≠",
+                 "≤": "≤", "≥": "≥"}
+#: CheckResult.unit spellings that mean bytes / seconds.
+BYTE_UNITS = {"bytes", "byte", "b"}
+SECOND_UNITS = {"seconds", "second", "s", "sec"}
+
+
+def finite(x: Any) -> bool:
+    """True for an int or float that is neither inf nor nan (bools and None are not numbers here)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def number(x: Any, fmt: str = ".3g") -> str:
+    """"1.23", "∞", "nan", "–" (None); other values as str."""
+    if x is None:
+        return DASH
+    if isinstance(x, float) and math.isinf(x):
+        return "∞" if x > 0 else "−∞"
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, (int, float)):
+        return format(x, fmt)
+    return str(x)
+
+
+def count_text(x: Any) -> str:
+    """A structural number (a diameter, a depth): "4,095" when whole, else three digits."""
+    if finite(x) and float(x).is_integer():
+        return f"{int(x):,}"
+    return number(x)
+
+
+def bytes_text(b: float | None) -> str:
+    """Bytes at three significant digits in binary units: "512 B", "3.5 KiB", "80 MiB", "1.25 GiB"."""
+    if not finite(b):
+        return number(b)
+    sign, b = ("−" if b < 0 else ""), abs(float(b))
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{sign}{b / size:.3g} {unit}"
+    return f"{sign}{b:.0f} B"
+
+
+def seconds_text(t: float | None) -> str:
+    """A duration at three significant digits: "1.3 s", "0.42 ms" -> "420 µs", "95 ns"."""
+    if not finite(t):
+        return number(t)
+    a = abs(t)
+    if a >= 1 or a == 0:
+        return f"{t:.3g} s"
+    if a >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    if a >= 1e-6:
+        return f"{t * 1e6:.3g} µs"
+    return f"{t * 1e9:.3g} ns"
+
+
+def with_unit(x: Any, unit: str | None) -> str:
+    """A check's statistic or threshold in its unit: bytes as B/KiB/MiB/GiB, seconds as s/ms/µs/ns,
+    any other unit (exponent, relative, ...) as the bare number (the page names the unit beside it)."""
+    u = (unit or "").strip()
+    if u.lower() in BYTE_UNITS:
+        return bytes_text(x)
+    if u.lower() in SECOND_UNITS:
+        return seconds_text(x)
+    return number(x)
+
+
+def compare_sign(compare: str | None) -> str | None:
+    """"<=" -> "≤"; None (not recorded) stays None; an unknown spelling is shown as given."""
+    if compare is None or compare == "":
+        return None
+    return COMPARE_SIGNS.get(str(compare).strip(), str(compare))
+
+
+def class_text(complexity: str) -> str:
+    """A complexity class for people: "N log^2 N" -> "N log² N", "N^2" -> "N²"."""
+    return complexity.replace("^2", "²").replace("^3", "³")
+
+
+def fit_text(fit: Fit | None, digits: int = 2) -> str:
+    """"1.03 [0.98, 1.08]" (slope and its CI) or a dash."""
+    if fit is None:
+        return DASH
+    return f"{fit.slope:.{digits}f} [{fit.low:.{digits}f}, {fit.high:.{digits}f}]"
+
+
+def pow2_text(n: Any) -> str:
+    """"2¹²" for powers of two, "5,000" otherwise, "–" for None."""
+    if n is None:
+        return DASH
+    n = int(n)
+    return f"2{str(n.bit_length() - 1).translate(_SUPERSCRIPT)}" if n > 0 and n & (n - 1) == 0 else f"{n:,}"
+
+
+def n_text(n: float | None) -> str:
+    """An N estimate (crossovers are real numbers): "1,024", "3.2e+07", "–"."""
+    if not finite(n):
+        return number(n)
+    return f"{n:,.0f}" if abs(n) < 1e7 else f"{n:.2g}"
+
+
+def superscript(text: str) -> str:
+    """"1.02" -> "¹·⁰²" (slopes written as exponents in legends)."""
+    return text.translate(_SUPERSCRIPT)
+
+
+def json_text(x: Any) -> str:
+    """Indented JSON of a check's details (non-JSON values via str); escaped by the template."""
+    return json.dumps(x, indent=1, default=str, sort_keys=False)
+
+
+def value_text(x: Any) -> str:
+    """An environment value: lists and dicts as compact JSON, None as a dash."""
+    if x is None:
+        return DASH
+    if isinstance(x, (list, tuple, dict)):
+        return json.dumps(x, default=str)
+    if isinstance(x, float):
+        return number(x, ".4g")
+    return str(x)

@@ -1,0 +1,151 @@
+"""A synthetic verify.schema.Results and a fake asv results folder, built from formulas.
+
+Two mechanisms by default: "causal" (one variant, a dense twin) and "tree-x" (two swept variants
+"path" and "binary", a cost factor "diam", a metric "depth" with "depth bound", one variant that
+is not swept); checks with a failing one with reasons and one with a malicious detail; a load
+warning; a gallery with a matrix and a failed panel. ``extra`` adds plain mechanisms (for panels
+with more than ten lines). Nothing here measures: every number comes from a formula.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from verify.result import CheckResult
+from verify.schema import (Comparison, FavorError, FavorErrorCurve, Fit, Gallery, MaskPanel, MechanismInfo,
+                           MemoryCurve, MemoryPoint, Results, SweepResult, VariantInfo)
+
+MALICIOUS = "<script>alert('x')</script> & <b>bold</b>"
+FAIL_REASON = "upper CI of time/diam slope 1.62 >= 1.35"
+LOAD_WARNING = "timing stage 'sweeps' ran with load average 3.4 on 2 CPUs (less than 1 core idle)"
+SIZES = [2**p for p in range(8, 15)]
+DENSE_SIZES = [2**p for p in range(7, 13)]
+
+
+def fit_of(sizes, values) -> Fit:
+    """Least-squares slope of log values on log sizes with a fixed +-0.04 'interval'."""
+    slope, intercept = np.polyfit(np.log(sizes), np.log(values), 1)
+    return Fit(float(slope), float(slope) - 0.04, float(slope) + 0.04, float(intercept), 0.95, float(slope))
+
+
+def sweep(mech: str, variant: str, impl: str, sizes, f, cost=None, metrics=None, error_n=None) -> SweepResult:
+    wobble = np.random.default_rng(len(mech) + len(variant) + len(impl))
+    secs = [float(f(n) * np.exp(wobble.normal(0, 0.02))) for n in sizes]
+    fitted = [t >= 1e-3 or i >= len(sizes) - 4 for i, t in enumerate(secs)]
+    keep = [i for i, k in enumerate(fitted) if k]
+    s = SweepResult(mech, variant, impl, "cpu", "float32", 1, 3, list(sizes), secs, [secs] * 3, fitted,
+                    fit_of([sizes[i] for i in keep], [secs[i] for i in keep]))
+    if cost is not None:
+        s.cost_factors = [float(cost(n)) for n in sizes]
+        s.cost_fit = fit_of([sizes[i] for i in keep], [secs[i] / s.cost_factors[i] for i in keep])
+    if metrics is not None:
+        s.metrics = {k: [float(g(n)) for n in sizes] for k, g in metrics.items()}
+    if error_n is not None:
+        s.error, s.error_n = "MemoryError: cannot allocate <4 GiB>", error_n
+    return s
+
+
+def check(cid, kind, status, statistic, threshold, compare="", unit="", **details) -> CheckResult:
+    return CheckResult(cid, f"title of {cid}", "paper Sec. 1", kind, status, statistic, threshold, 0.5, details,
+                       compare=compare, unit=unit)
+
+
+def make_results(extra: int = 0) -> Results:
+    env = {"mode": "quick", "date": "2026-01-01 12:00:00 UTC", "git_commit": "abc1234", "threads": 2, "cpus": 2,
+           "load": {"sweeps": {"start": [3.4, 2.0, 1.0], "end": [3.1, 2.1, 1.0]}}, "load_warning": LOAD_WARNING}
+    depth = {"depth": lambda n: math.floor(math.log(n, 1.5)) - 3, "depth bound": lambda n: math.log(n) / math.log(1.5)}
+    mechs = [
+        MechanismInfo("causal", "Causal linear attention", "katharopoulos20 Sec. 3.2", "N"),
+        MechanismInfo("tree-x", "Tree mask f(dist)", "choromanski22 Lemma 6.2", "N diam",
+                      variants=[VariantInfo("path", "path, diam N - 1"), VariantInfo("binary", "complete binary"),
+                                VariantInfo("star", "star (equivalence only)", sweep=False)],
+                      cost_factor_name="diam"),
+    ]
+    sweeps = [
+        sweep("causal", "default", "fast", SIZES, lambda n: 2e-6 * n),
+        sweep("causal", "default", "dense", DENSE_SIZES, lambda n: 2e-9 * n * n),
+        sweep("tree-x", "path", "fast", SIZES[:5], lambda n: 3e-9 * n * n, cost=lambda n: n - 1, metrics=depth),
+        sweep("tree-x", "binary", "fast", SIZES, lambda n: 4e-7 * n * math.log2(n),
+              cost=lambda n: 2 * math.log2(n) - 2, metrics=depth, error_n=2**15),
+        sweep("tree-x", "path", "dense", DENSE_SIZES, lambda n: 2e-9 * n * n),
+    ]
+    comparisons = [
+        Comparison("causal", "default", DENSE_SIZES, [2e-9 * n * n / (2e-6 * n) for n in DENSE_SIZES], None,
+                   1000.0, 800.0, 1300.0, 1024, False),
+        Comparison("tree-x", "path", DENSE_SIZES, [0.6] * len(DENSE_SIZES), None, 2.0e5, 9.0e4, None, None, True),
+    ]
+    memory = [
+        MemoryCurve("causal", "default", "fast", "cpu", [MemoryPoint(n, n * 800.0, 3e8) for n in SIZES], 3e8,
+                    "VmHWM reset"),
+        MemoryCurve("causal", "default", "dense", "cpu",
+                    [MemoryPoint(n, n * n * 12.0, 3e8, n > 256) for n in DENSE_SIZES], 3e8, "VmHWM reset"),
+    ]
+    grid = [2, 4, 8, 16, 32]
+    pred = [0.3 / math.sqrt(m) for m in grid]
+    favor = FavorError([0.2] * 4, [0.1] * 4, math.exp(0.08), 100, grid, pred,
+                       [FavorErrorCurve(k, grid, [p * f for p in pred], [p * f * 0.9 for p in pred],
+                                        [p * f * 1.1 for p in pred], -0.5, -0.55, -0.45)
+                        for k, f in (("iid", 1.0), ("orthogonal", 0.8))])
+    n = 16
+    tril = np.tril(np.ones((n, n))).tolist()
+    gallery = Gallery(n, 0, [MaskPanel("causal", n, 0.0, 1.0, (n + 1) / (2 * n), None, tril),
+                             MaskPanel("tree-x", n, error="RuntimeError: mask <too> big & broken")], [])
+    checks = [
+        check("equivalence/causal", "equivalence", "pass", 1e-7, 1e-5, "<=", "relative"),
+        check("complexity/causal", "complexity", "pass", 1.04, 1.35, "<=", "exponent",
+              fast={"sizes": sweeps[0].sizes, "seconds": sweeps[0].seconds, "fit": sweeps[0].fit.to_dict()}),
+        check("scale/causal", "scale", "pass", 3.5 * 2**30, 8 * 2**30, "<=", "bytes"),
+        check("scale/causal-train", "scale", "pass", 2.5, 120.0, "<=", "seconds"),
+        check("complexity/tree-x", "complexity", "fail", 1.62, 1.35, "<=", "exponent",
+              fast={"sizes": [1, 2, 3], "seconds": [1.0, 2.0, 3.0],
+                    "fit": fit_of([1, 2, 3], [1.0, 2.0, 3.0]).to_dict()},
+              reasons=[FAIL_REASON]),
+        check("equivalence/tree-x", "equivalence", "pass", 2e-7, 1e-5, ">=", "relative"),
+        check("performer/lower-bound", "bound", "pass", 0.7, 0.5, ">=", "ratio"),
+        check("performer/broken", "statistical", "fail", None, 0.01, "<=", "",
+              error=MALICIOUS, traceback="Traceback <module>", reasons=[MALICIOUS]),
+        check("tree/skipped", "bound", "skip", None, None, reason="no GPU"),
+    ]
+    for i in range(extra):
+        mid = f"extra-{i:02d}"
+        mechs.append(MechanismInfo(mid, f"Extra mechanism {i}", "synthetic", "N log N"))
+        sweeps.append(sweep(mid, "default", "fast", SIZES, lambda n, i=i: (1 + i) * 1e-7 * n * math.log2(n)))
+        sweeps.append(sweep(mid, "default", "dense", DENSE_SIZES, lambda n: 2e-9 * n * n))
+        comparisons.append(Comparison(mid, "default", DENSE_SIZES,
+                                      [2e-9 * n / ((1 + i) * 1e-7 * math.log2(n)) for n in DENSE_SIZES], None,
+                                      float(2 ** (9 + i % 5)), float(2 ** (8.5 + i % 5)), float(2 ** (9.5 + i % 5)),
+                                      None, i % 2 == 1))
+    return Results(env, mechs, sweeps, comparisons, memory, favor, gallery, checks,
+                   "synthetic checks (tests/reports/synthetic.py)", {"sweeps": 12.0, "memory": 3.5})
+
+
+COMMITS = (("aaaa1111aaaa", 1_700_000_000_000), ("bbbb2222bbbb", 1_700_100_000_000),
+           ("cccc3333cccc", 1_700_200_000_000))
+
+
+def make_asv(root: Path, commits=COMMITS) -> Path:
+    """asv (result format 2) files for ``commits`` on one machine: track_exponent and
+    time_attention of "causal" and "tree-x" (class tree_x), N = 4096 missing on the first commit,
+    and an accuracy track_ benchmark. Returns ``root``."""
+    machine = Path(root) / "box"
+    machine.mkdir(parents=True, exist_ok=True)
+    (machine / "machine.json").write_text(json.dumps({"machine": "box", "version": 1}))
+    cols = ["result", "params", "version", "started_at", "duration"]
+    for i, (commit, date) in enumerate(commits):
+        results = {}
+        for cls, base in (("causal", 1.0), ("tree_x", 1.3)):
+            results[f"complexity.{cls}.track_exponent"] = [base + 0.01 * i, [], "v", 0, 1.0]
+            big = None if i == 0 else 4e-3 * (1 + 0.1 * i)
+            results[f"attention.{cls}.time_attention"] = [
+                [1e-3 * (1 + 0.1 * i), big, 5e-3, 8e-2],
+                [["'fast'", "'dense'"], ["1024", "4096"]], "v", 0, 1.0]
+        results["accuracy.causal.track_relative_error"] = [[1e-7, 2e-7, 1e-7 * (i + 1), 3e-7],
+                                                           [["'fast'", "'dense'"], ["64", "256"]], "v", 0, 1.0]
+        data = {"commit_hash": commit, "date": date, "env_name": "e", "params": {}, "python": "3.11",
+                "requirements": {}, "env_vars": {}, "result_columns": cols, "version": 2, "durations": {},
+                "results": results}
+        (machine / f"{commit[:8]}-existing.json").write_text(json.dumps(data))
+    return Path(root)
