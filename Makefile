@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: report test verify bench publish clean
+.PHONY: report test verify bench bench-history bench-continuous bench-compare publish bench-preview clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# Measure (verify.measure writes one results JSON; ARGS go to it, e.g. ARGS=--quick), then render
+# it and the asv results into reports/out/index.html (python -m reports only draws).
 report: $(STAMP)
-	$(PY) -m reports $(ARGS)
+	$(PY) -m verify.measure --out reports/out/results.json $(ARGS)
+	$(PY) -m reports --from-json reports/out/results.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
@@ -26,16 +29,45 @@ test: $(STAMP)
 verify: $(STAMP)
 	$(PY) -m verify $(ARGS)
 
+# asv (docs/benchmarks.md). Every target records under one machine name, so that `make bench`,
+# per-commit runs and `asv compare` see the same history.
+ASV         := $(VENV)/bin/asv
+ASV_MACHINE ?= maskbench-local
+RANGE       ?= HEAD^!
+BASE        ?= HEAD~1
+
 # asv against the installed project (no per-commit rebuild); results saved under HEAD's hash.
 # OPENBLAS_NUM_THREADS=1 pins NumPy's BLAS (the reference) to one thread, as the benchmarks pin
-# torch; it must be set before NumPy loads, hence here and not in asv_bench/.
+# torch; it must be set before NumPy loads (asv_bench/__init__.py sets it too where it can).
 bench: $(STAMP)
-	$(VENV)/bin/asv machine --yes --machine maskbench-local >/dev/null
-	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/asv run --python=same --machine maskbench-local \
+	$(ASV) machine --yes --machine $(ASV_MACHINE) >/dev/null
+	OPENBLAS_NUM_THREADS=1 $(ASV) run --python=same --machine $(ASV_MACHINE) \
 	    --set-commit-hash $$(git rev-parse HEAD) $(ARGS)
 
+# Per commit: every commit of RANGE (a git range, e.g. RANGE=HEAD~3..HEAD) is built into asv's
+# virtualenv (torch pinned in asv.conf.json's matrix) and benchmarked with this tree's asv_bench.
+bench-history: $(STAMP)
+	$(ASV) machine --yes --machine $(ASV_MACHINE) >/dev/null
+	OPENBLAS_NUM_THREADS=1 $(ASV) run --machine $(ASV_MACHINE) $(ARGS) "$(RANGE)"
+
+# BASE against HEAD, both built per commit; fails when a benchmark got slower (asv continuous).
+bench-continuous: $(STAMP)
+	$(ASV) machine --yes --machine $(ASV_MACHINE) >/dev/null
+	OPENBLAS_NUM_THREADS=1 $(ASV) continuous --machine $(ASV_MACHINE) $(ARGS) "$(BASE)" HEAD
+
+# The table of BASE vs HEAD from results already recorded (no run).
+bench-compare: $(STAMP)
+	$(ASV) compare --machine $(ASV_MACHINE) $(ARGS) "$(BASE)" HEAD
+
+# asv's HTML in .asv/html, then its libraries served from local npm packages so that the page
+# also works offline (asv_bench/offline_html.py; without npm it stays asv's online page).
 publish: $(STAMP)
-	$(VENV)/bin/asv publish
+	$(ASV) publish $(ARGS)
+	$(PY) -m asv_bench.offline_html --html-dir .asv/html --vendor-dir .asv/www-vendor
+
+# Serve .asv/html on 127.0.0.1 (a page opened as file:// may not read its own data files).
+bench-preview: $(STAMP)
+	$(ASV) preview $(ARGS)
 
 clean:
 	rm -rf $(VENV) reports/out .asv

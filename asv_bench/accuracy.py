@@ -13,7 +13,7 @@ in common.skip_reason. The pass/fail tolerances live in verify/ (equivalence che
 """
 from __future__ import annotations
 
-from verify.registry import Mechanism, mechanisms, relative_error
+from verify.registry import Mechanism, relative_error
 
 from . import common
 
@@ -56,13 +56,8 @@ def _benchmark_class(mech: Mechanism) -> type | None:
 
 
 def _register_all() -> None:
-    for mech in mechanisms():
-        cls = _benchmark_class(mech)
-        if cls is None:
-            continue
-        if cls.__name__ in globals():
-            raise RuntimeError(f"benchmark class name {cls.__name__!r} of mechanism {mech.id!r} is taken")
-        globals()[cls.__name__] = cls
+    classes = [_benchmark_class(mech) for mech in common.mechanisms()]
+    common.install_classes(globals(), [cls for cls in classes if cls is not None])
 
 
 _register_all()

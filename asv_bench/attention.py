@@ -1,7 +1,7 @@
 """Time and peak memory of every registered mechanism x implementation x N.
 
-One class per mechanism of verify.registry.mechanisms(), created below with type() and named
-after the mechanism id ("toeplitz-1d" -> toeplitz_1d), so asv lists e.g.
+One class per mechanism of the registry (common.mechanisms()), created below with type() and
+named after the mechanism id ("toeplitz-1d" -> toeplitz_1d), so asv lists e.g.
 
     attention.causal.time_attention        params: implementation x N
     attention.causal.peakmem_attention
@@ -25,7 +25,7 @@ asv's numbers are for history across commits; exponents are fitted from verify/t
 """
 from __future__ import annotations
 
-from verify.registry import Mechanism, mechanisms
+from verify.registry import Mechanism
 
 from . import common
 
@@ -64,11 +64,7 @@ def _benchmark_class(mech: Mechanism) -> type:
 
 
 def _register_all() -> None:
-    for mech in mechanisms():
-        cls = _benchmark_class(mech)
-        if cls.__name__ in globals():
-            raise RuntimeError(f"benchmark class name {cls.__name__!r} of mechanism {mech.id!r} is taken")
-        globals()[cls.__name__] = cls
+    common.install_classes(globals(), [_benchmark_class(mech) for mech in common.mechanisms()])
 
 
 _register_all()

@@ -1,7 +1,20 @@
-"""Shared helpers of the asv suite: size grids, skip rules, thread pinning, seeded runners.
+"""Shared helpers of the asv suite: the registry, size grids, skip rules, thread pinning, runners.
 
 Everything here is derived from the registry record of a mechanism (verify.registry.Mechanism),
-so the benchmark modules only loop over ``verify.registry.mechanisms()``.
+so the benchmark modules only loop over ``common.mechanisms()``.
+
+Old commits. ``asv run A..B`` installs each commit's project and runs THIS suite against it
+(the benchmarks come from the working tree, the code under test from the commit), so the
+helpers below read the registry through the API of whichever commit is installed:
+
+    loader        ``verify.mechanisms.mechanisms()`` from commit 519625b on; before it,
+                  ``verify.registry.mechanisms()``.
+    problems      ``Mechanism.problem(n, seed, variant)`` (default variant) where it exists,
+                  else ``make_problem(n, seed)``.
+    cost factor   ``Mechanism.cost_factor``, called ``extra_factor`` before 519625b.
+
+A benchmark whose inputs a commit cannot provide is skipped (setup raises NotImplementedError,
+shown as n/a), never an error.
 
 Implementations (the ``implementation`` parameter of every generated class):
 
@@ -23,14 +36,45 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from reference.budget import dense_budget
-from verify.problems import Problem
 from verify.registry import Mechanism
+
+
+def _import_loader() -> tuple[Callable[[], list], str | None]:
+    """The installed commit's registry loader, and why it is partial (None: it is complete).
+
+    A commit whose loader raises while registering its families (e.g. 519625b, the skeleton of
+    issue 8, where the tree family still passed ``extra_factor``) is benchmarked on the
+    mechanisms registered before the error, with a warning on stderr (``asv run -e`` shows it);
+    the benchmarks of the others fail at that commit ("benchmark not found").
+    """
+    try:  # the loader package, from commit 519625b on (verify.registry imports no family)
+        from verify.mechanisms import mechanisms as load
+        return load, None
+    except ImportError as exc:
+        error = exc
+        try:  # older commits: verify.registry loaded the families itself
+            from verify.registry import mechanisms as load
+            return load, None
+        except ImportError:
+            pass
+    except Exception as exc:  # noqa: BLE001 - a family of this commit fails to register
+        error = exc
+    from verify.registry import registered
+
+    return registered, f"{type(error).__name__}: {error}"
+
+
+_load_mechanisms, LOAD_ERROR = _import_loader()
+if LOAD_ERROR is not None:
+    print(f"asv_bench: the registry of the installed maskbench did not load ({LOAD_ERROR}); "
+          "benchmarking only the mechanisms registered before the error", file=sys.stderr)
 
 #: Problems are seeded, so every process and every commit times the very same inputs.
 SEED = 0
@@ -59,6 +103,29 @@ TIME_SETTINGS = dict(
 )
 
 
+def mechanisms() -> list[Mechanism]:
+    """Every registered mechanism of the installed project, in registration order."""
+    return list(_load_mechanisms())
+
+
+def make_problem(mech: Mechanism, n: int, seed: int = SEED) -> Any:
+    """The seeded problem of ``mech``'s default variant at N = ``n`` (the API of old commits too)."""
+    if hasattr(mech, "problem"):
+        return mech.problem(n, seed)
+    return mech.make_problem(n, seed)
+
+
+def cost_factor(mech: Mechanism) -> Callable[[Any], float] | None:
+    """``mech``'s per-problem cost cofactor (the diameter for "N diam"), or None."""
+    return getattr(mech, "cost_factor", None) or getattr(mech, "extra_factor", None)
+
+
+def admissible(mech: Mechanism, n: int) -> int:
+    """The N ``mech`` is defined at for a requested ``n`` (the hypercube needs 2^k)."""
+    rule = getattr(mech, "admissible", None)
+    return int(rule(n)) if rule is not None else int(n)
+
+
 def class_name(mech_id: str) -> str:
     """A Python identifier for a mechanism id: "toeplitz-1d" -> "toeplitz_1d".
 
@@ -66,6 +133,27 @@ def class_name(mech_id: str) -> str:
     """
     name = re.sub(r"\W", "_", mech_id)
     return f"m_{name}" if name[:1].isdigit() else name
+
+
+def install_classes(namespace: dict, classes: list[type]) -> None:
+    """Put the generated benchmark ``classes`` into a module's ``namespace`` (its globals()).
+
+    The classes a previous import generated are removed first, so that importlib.reload of a
+    module after (un)registering a mechanism leaves exactly the classes of the registry now.
+    Two mechanisms whose ids map to one class name, or a name taken by a module attribute,
+    are refused (RuntimeError naming both).
+    """
+    for name in namespace.get("_GENERATED", ()):
+        namespace.pop(name, None)
+    taken: dict[str, str] = {}
+    for cls in classes:
+        mech_id = cls.mechanism.id
+        if cls.__name__ in taken or cls.__name__ in namespace:
+            other = taken.get(cls.__name__, "a module attribute")
+            raise RuntimeError(f"benchmark class name {cls.__name__!r} of mechanism {mech_id!r} is taken by {other}")
+        taken[cls.__name__] = repr(mech_id)
+    namespace.update({cls.__name__: cls for cls in classes})
+    namespace["_GENERATED"] = tuple(taken)
 
 
 def size_grid(mech: Mechanism, stride: int = GRID_STRIDE) -> list[int]:
@@ -102,8 +190,8 @@ def pin_threads() -> None:
     Why: on a 2-core machine a second intra-op thread competes with asv itself and with
     whatever else runs, which makes timings swing between processes; one thread is also what
     the exponent fits of verify/timing.py use (docs/methods.md), so the two sets of numbers agree.
-    NumPy's BLAS (OpenBLAS, used by the reference) is pinned by ``make bench`` through
-    OPENBLAS_NUM_THREADS=1, which must be set before NumPy is loaded.
+    NumPy's BLAS (OpenBLAS, used by the reference) is pinned through OPENBLAS_NUM_THREADS=1,
+    which must be set before NumPy is loaded (asv_bench/__init__.py and the Makefile set it).
     """
     torch.set_num_threads(1)
 
@@ -112,12 +200,12 @@ def pin_threads() -> None:
 class Prepared:
     """The untimed part of one (mechanism, implementation, N): the problem and a runner."""
 
-    problem: Problem
+    problem: Any
     runner: Callable[[], object]
 
 
 def _build(mech: Mechanism, impl: str, n: int) -> Prepared:
-    problem = mech.make_problem(n, SEED)
+    problem = make_problem(mech, n)
     if impl == "reference":
         runner = functools.partial(mech.reference, problem)
     elif impl == "fast":
