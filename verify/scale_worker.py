@@ -1,46 +1,30 @@
-"""Child process of the scale checks: run one fast path once at a large N and report JSON.
+"""Child process of the scale checks: run one fast path at a large N and report JSON.
 
-    python -m verify.scale_worker MECHANISM N [--device cpu] [--seed 0]
+    python -m verify.scale_worker MECHANISM N [--device cpu] [--seed 0] [--calls 2] [--train]
 
-Runs in its own process so that its peak RSS (ru_maxrss) belongs to this problem alone.
-Prints one JSON object: setup_s, first_s, second_s (the last call), calls_s (all), baseline_rss (before setup), after_setup_rss,
-peak_rss (bytes; the peak mark is reset after setup where Linux allows, so it is the run's peak),
-finite, shape.
+Runs in its own process so that its peak memory belongs to this problem alone (the parent calls
+it through verify.memory.run_scale_worker). The peak is read by verify.memory.peak_memory (VmHWM
+reset after set-up, ru_maxrss fallback; on CUDA also torch.cuda.max_memory_allocated), the same
+helper the memory-vs-N curves use.
+
+--train: the runner is built with requires_grad=True (Mechanism.fast_setup(problem, device,
+dtype, requires_grad=True): q, k, v are leaves that require grad) and each call runs the forward
+pass and ``out.sum().backward()``, so the peak covers the tensors autograd saves for backward
+(scale/<id>-train). Without it, calls run forward only under torch.inference_mode().
+
+Prints one JSON object (bytes, seconds): mechanism, n, train, setup_s, first_s, second_s (the last
+call), calls_s (all), baseline_rss (before set-up), after_setup_rss, peak_rss (absolute; the peak
+mark is reset after set-up where Linux allows, so it is the calls' peak), peak_method,
+peak_reset_after_setup, finite (the output of every call), shape, threads, device, and on CUDA
+cuda_max_allocated.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import resource
 import sys
 import time
-
-
-def _rss_now() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM) so the run's peak excludes setup (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss() -> int:
-    """VmHWM from /proc/self/status (bytes), else ru_maxrss."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,37 +34,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calls", type=int, default=2, help="timed calls (>= 1); the report keeps each")
+    ap.add_argument("--train", action="store_true", help="forward + out.sum().backward() per call, inputs require grad")
     args = ap.parse_args(argv)
+    if args.n < 1:
+        ap.error(f"N must be >= 1, got {args.n}")
 
     import torch
 
-    from verify.registry import get
+    from verify.mechanisms import get
+    from verify.memory import METHOD_HWM, peak_memory, rss_bytes
 
     mech = get(args.mechanism)
-    baseline = _rss_now()
+    cuda = args.device.startswith("cuda")
+    baseline = rss_bytes()
     t0 = time.perf_counter()
-    runner = mech.fast_setup(mech.make_problem(args.n, args.seed), args.device, torch.float32)
+    problem = mech.problem(args.n, args.seed)
+    if args.train:
+        runner = mech.fast_setup(problem, args.device, torch.float32, requires_grad=True)
+    else:
+        runner = mech.fast_setup(problem, args.device, torch.float32)
+    del problem
     setup_s = time.perf_counter() - t0
-    after_setup = _rss_now()
-    reset = _reset_peak()
-    timings = []
-    with torch.inference_mode():
+    after_setup = rss_bytes()
+    timings, finite, shape = [], True, []
+    mode = torch.enable_grad() if args.train else torch.inference_mode()
+    with peak_memory("cpu") as pk, (peak_memory(args.device) if cuda else contextlib.nullcontext()) as cuda_pk, mode:
         for _ in range(max(1, args.calls)):
             t0 = time.perf_counter()
             out = runner()
-            if args.device.startswith("cuda"):
+            if args.train:
+                out.sum().backward()
+            if cuda:
                 torch.cuda.synchronize()
             timings.append(time.perf_counter() - t0)
-            finite = bool(torch.isfinite(out).all())
+            finite = finite and bool(torch.isfinite(out.detach()).all())
             shape = list(out.shape)
             del out
-    peak = _peak_rss()
-    report = {"mechanism": mech.id, "n": args.n, "setup_s": setup_s, "first_s": timings[0],
-              "second_s": timings[-1], "calls_s": timings, "baseline_rss": baseline, "after_setup_rss": after_setup,
-              "peak_rss": peak, "peak_reset_after_setup": reset, "finite": finite,
-              "shape": shape, "threads": torch.get_num_threads(), "device": args.device}
-    if args.device.startswith("cuda"):
-        report["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
+    report = {"mechanism": mech.id, "n": args.n, "train": bool(args.train), "setup_s": setup_s,
+              "first_s": timings[0], "second_s": timings[-1], "calls_s": timings, "baseline_rss": baseline,
+              "after_setup_rss": after_setup, "peak_rss": pk.peak, "peak_method": pk.method,
+              "peak_reset_after_setup": pk.method == METHOD_HWM, "finite": finite, "shape": shape,
+              "threads": torch.get_num_threads(), "device": args.device}
+    if cuda:
+        report["cuda_max_allocated"] = cuda_pk.peak
     json.dump(report, sys.stdout)
     return 0
 

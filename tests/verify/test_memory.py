@@ -1,0 +1,117 @@
+"""verify/memory.py: the one peak-memory helper, and its child processes at tiny N."""
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from verify import memory
+from verify.memory import METHOD_CUDA, METHOD_HWM, METHOD_MAXRSS, Peak, peak_memory
+
+MIB = 1024 * 1024
+LINUX = sys.platform.startswith("linux")
+
+
+def test_rss_and_peak_readings_are_consistent():
+    rss = memory.rss_bytes()
+    assert rss > 10 * MIB  # a Python process with numpy and torch imported
+    assert memory.peak_rss_bytes() >= rss - MIB  # the high-water mark is never below the current RSS
+    assert memory.maxrss_bytes() >= memory.peak_rss_bytes() - MIB  # ru_maxrss is monotone, VmHWM resettable
+    assert memory.peak_method("cpu") in (METHOD_HWM, METHOD_MAXRSS)
+    assert memory.peak_method("cuda:0") == METHOD_CUDA
+
+
+def test_peak_memory_sees_a_temporary_allocation():
+    """A 64 MiB array written then freed inside the block: the peak rises by about 64 MiB over the
+    baseline (pages are counted once touched) and the block's own overhead is far below that."""
+    size = 64 * MIB
+    with peak_memory() as pk:
+        a = np.ones(size // 8)
+        del a
+    assert pk.method in (METHOD_HWM, METHOD_MAXRSS)
+    if pk.method == METHOD_HWM:
+        assert pk.resolved and 0.9 * size <= pk.extra <= 1.5 * size, pk
+        # an empty block right after: the reset makes the previous peak disappear
+        with peak_memory() as quiet:
+            pass
+        assert quiet.extra < size / 4, quiet
+    else:  # ru_maxrss: an upper bound only
+        assert pk.peak >= pk.baseline
+
+
+@pytest.mark.skipif(not LINUX, reason="VmHWM reset is Linux-only")
+def test_peak_memory_falls_back_to_ru_maxrss(monkeypatch):
+    monkeypatch.setattr(memory, "reset_peak", lambda: False)
+    with peak_memory() as pk:
+        pass
+    assert pk.method == METHOD_MAXRSS and pk.peak == memory.maxrss_bytes()
+    assert pk.resolved is False  # ru_maxrss did not move: an upper bound, flagged
+
+
+def test_peak_extra_is_never_negative():
+    assert Peak(METHOD_HWM, baseline=100, peak=40).extra == 0
+    assert Peak(METHOD_HWM, baseline=100, peak=140).extra == 40
+
+
+def test_memory_sizes_caps_quick_grids():
+    mech = SimpleNamespace(sizes=lambda impl, quick, variant=None: {
+        ("fast", True): (2**16, 2**10, 2**15), ("dense", True): (2**13, 2**14), ("fast", False): (2**18, 2**12)}[
+        impl, quick])
+    assert memory.memory_sizes(mech, "fast", True) == (2**10, 2**15)  # increasing, capped at 2^15
+    assert memory.memory_sizes(mech, "dense", True) == (2**13,)  # nothing under the cap: the smallest
+    assert memory.memory_sizes(mech, "fast", False) == (2**12, 2**18)  # full grids are not capped
+
+
+def test_memory_curves_one_child_for_both_impls_at_tiny_n():
+    """One real child (linear, fast at N = 64, 128 and dense at 64): points in bytes, increasing
+    order, the method, the variant."""
+    from verify.mechanisms import get
+
+    ticks = []
+    fast, dense = memory.memory_curves("linear", [("fast", [128, 64]), ("dense", [64])],
+                                       on_point=lambda: ticks.append(1), timeout=120)
+    assert fast.error is None and dense.error is None, (fast.error, dense.error)
+    assert [p.n for p in fast.points] == [64, 128] and [p.n for p in dense.points] == [64] and len(ticks) == 3
+    assert (fast.impl, dense.impl) == ("fast", "dense")
+    for curve in (fast, dense):
+        assert curve.method in (METHOD_HWM, METHOD_MAXRSS) and curve.mechanism == "linear"
+        assert curve.variant == get("linear").default_variant.name
+        assert curve.import_baseline_bytes > 10 * MIB
+        for p in curve.points:
+            assert p.peak_bytes >= 0 and p.baseline_bytes > 10 * MIB
+            assert p.peak_bytes < 64 * MIB  # N <= 128 attention needs kilobytes, not tens of MiB
+
+
+def test_memory_curve_records_a_failing_child():
+    """A child that exits with an error (here argparse's, before torch is imported: fast): every
+    unfinished curve carries it."""
+    curve = memory.memory_curve("linear", "bogus", [64], timeout=120)
+    assert curve.points == [] and "status 2" in curve.error and "invalid choice" in curve.error
+    assert memory.memory_curves("linear", []) == []
+
+
+def test_scale_worker_forward_in_process(capsys):
+    """The worker's main() in this process (no child: keeps the test fast), forward only."""
+    from verify import scale_worker
+
+    assert scale_worker.main(["linear", "256", "--calls", "1"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["mechanism"] == "linear" and rep["n"] == 256 and rep["train"] is False
+    assert rep["finite"] and rep["shape"][-2] == 256 and len(rep["calls_s"]) == 1
+    assert rep["peak_rss"] >= rep["after_setup_rss"] - MIB and rep["peak_method"] in (METHOD_HWM, METHOD_MAXRSS)
+    assert rep["peak_reset_after_setup"] == (rep["peak_method"] == METHOD_HWM)
+
+
+def test_scale_worker_child_trains_at_tiny_n():
+    """run_scale_worker in a child, --train: forward + backward per call, JSON with train true."""
+    rep = memory.run_scale_worker("linear", 256, calls=2, train=True, timeout=120)
+    assert rep["train"] is True and rep["finite"] and len(rep["calls_s"]) == 2
+    assert rep["mechanism"] == "linear" and rep["shape"][-2] == 256
+
+
+def test_scale_worker_failure_names_the_mechanism():
+    with pytest.raises(RuntimeError, match="linear at N=0"):  # argparse refuses N = 0 before importing torch
+        memory.run_scale_worker("linear", 0, timeout=120)
