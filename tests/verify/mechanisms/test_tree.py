@@ -188,8 +188,8 @@ def test_variant_sizes(mech_id):
     for family in FAMILIES:
         long_diam = mech_id == "tree-diam" and family in ("path", "caterpillar")
         v = mech.variant(family)
-        assert mech.sizes("fast", True, v) == (_pow2(8, 11) if long_diam else _pow2(8, 14))
-        assert mech.sizes("fast", False, v) == (_pow2(8, 12) if long_diam else _pow2(8, 16))
+        assert mech.sizes("fast", True, v) == (_pow2(7, 10) if long_diam else _pow2(8, 14))
+        assert mech.sizes("fast", False, v) == (_pow2(7, 11) if long_diam else _pow2(8, 16))
         if long_diam:  # O(N diam) = O(N^2) on these: the dense grids stop there too
             assert mech.sizes("dense", True, v) == _pow2(7, 11) and mech.sizes("dense", False, v) == _pow2(7, 12)
         else:
