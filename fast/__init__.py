@@ -1,6 +1,6 @@
 """PyTorch implementations that reach each mechanism's claimed complexity.
 
-Never builds an N x N matrix. Device- and dtype-agnostic, batched over leading dims (..., N, d),
+Never builds an N x N matrix (except DenseMask, a mask the user gives whole). Device- and dtype-agnostic, batched over leading dims (..., N, d),
 differentiable. Never imports ``reference`` and never touches global RNG state.
 """
 from fast.attention import (
@@ -21,6 +21,7 @@ from fast.features import (
     gaussian_projection,
 )
 from fast.masks.base import MaskOperator
+from fast.masks.explicit import DenseMask, SparseMask, as_mask_operator
 from fast.masks.hypercube import HypercubeDiffusionMask
 from fast.masks.lowrank import LowRankMask
 from fast.masks.sequence import CausalMask, PackingMask, PaddingMask
@@ -37,7 +38,8 @@ from fast.masks.tree import (
 __all__ = [
     "DenominatorError", "favor_attention", "linear_attention", "masked_linear_attention",
     "softmax_attention", "EluPlusOne", "FavorPlus", "FeatureMap", "Hyperbolic", "Identity",
-    "ReLU", "TrigRFF", "gaussian_projection", "MaskOperator", "CausalMask", "PackingMask",
+    "ReLU", "TrigRFF", "gaussian_projection", "MaskOperator", "DenseMask", "SparseMask",
+    "as_mask_operator", "CausalMask", "PackingMask",
     "PaddingMask", "ToeplitzMask", "BlockToeplitzMask", "LowRankMask", "HypercubeDiffusionMask",
     "Forest", "TreeExpMask", "TreeDiamMask", "TreeDCMask", "forest_diameter", "tree_mask_operator",
 ]

@@ -1,25 +1,27 @@
 """Attention drivers: dense softmax, linear (choromanski22 Eq. 3) and masked linear (Algorithm 1).
 
 Shapes: q, k (..., N, d_qk); v (..., N, d); features phi_q, phi_k (..., N, m); leading dims are
-batch and heads and must agree between the arguments.
+batch and heads and must agree between the arguments. The building blocks of Algorithm 1 (the
+blocked numerator, block sizing, the guarded division, the memory-saving autograd Function) live
+in fast.algebra, below the masks; the mask contract in fast.masks.base.
 """
 from __future__ import annotations
-
 
 import torch
 import torch.nn.functional as F
 
+from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, blocked_numerator, default_block_cols, divide,
+                          features_per_block, masked_products)
 from fast.errors import DenominatorError
 from fast.features import FavorPlus
-from fast.masks.base import MaskOperator
+from fast.masks.base import attend_of, key_stabilizer_of
+from fast.masks.explicit import as_mask_operator
 from fast.validation import check_positive_int, check_same_device, check_tensor, compute_dtype
 
-#: Most columns of [vec(phi_k v^T)] pushed through the mask at once: peak extra memory of the
-#: generic path is O(N * block_cols).
-DEFAULT_BLOCK_COLS = 256
-#: block_cols=None: as many columns as keep one block of (..., N, cols) within this many bytes
-#: (a mask's matmul makes a few copies of it), between d and DEFAULT_BLOCK_COLS.
-DEFAULT_BLOCK_BYTES = 256 * 2**20
+# DenominatorError, DEFAULT_BLOCK_COLS, DEFAULT_BLOCK_BYTES and blocked_numerator are re-exported:
+# they used to live here
+__all__ = ["softmax_attention", "masked_linear_attention", "linear_attention", "favor_attention", "DenominatorError",
+           "DEFAULT_BLOCK_COLS", "DEFAULT_BLOCK_BYTES", "blocked_numerator"]
 
 
 def softmax_attention(
@@ -57,21 +59,11 @@ def _check_features(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -
         raise ValueError(f"phi_q and phi_k must share leading (batch, head) dims, got {tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
 
 
-def _divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    bad = (den == 0) | ~torch.isfinite(den)
-    if bool(bad.any()):
-        raise DenominatorError(
-            f"attention denominator vanished or is not finite at {int(bad.sum())} of {den.numel()} "
-            "query positions (every key masked out, features underflowing, or a non-positive mask)"
-        )
-    return num / den.unsqueeze(-1)
-
-
 def masked_linear_attention(
     phi_q: torch.Tensor,
     phi_k: torch.Tensor,
     v: torch.Tensor,
-    mask: MaskOperator | None = None,
+    mask: object = None,
     *,
     block_cols: int | None = None,
 ) -> torch.Tensor:
@@ -81,62 +73,65 @@ def masked_linear_attention(
 
     phi_q: (..., N_q, m); phi_k: (..., N, m); v: (..., N, d) -> (..., N_q, d), input dtype.
 
+    mask: None, or anything ``fast.as_mask_operator`` accepts (a MaskOperator, a dense (N, N) or
+    (..., N, N) tensor or NumPy array, a torch sparse tensor, a scipy.sparse matrix).
     mask=None: unmasked linear attention (Eq. 3), two GEMMs, O(N m d); N_q may differ from N.
-    mask with ``attend``: that specialised form (e.g. the chunked causal scan).
-    Otherwise: D1 = M [vec(phi_k_j v_j^T)] is applied to column blocks of about ``block_cols``
-    columns and contracted with phi_q at once, so peak extra memory is O(N (m + d) + N block_cols),
-    never O(N m d); D2 = M phi_k gives the denominator. Cost O((T_M(N) + N) m d) (Lemma 3.1).
-    block_cols=None picks it from N: at most DEFAULT_BLOCK_COLS, and one block within
-    DEFAULT_BLOCK_BYTES (64 columns at N = 2^20 in float32), at least d.
+    An operator whose ``attend`` is not None: that specialised form (e.g. the chunked causal scan).
+    Otherwise the generic path (fast.algebra.masked_products): D1 = M [vec(phi_k_j v_j^T)] is
+    applied to column blocks of about ``block_cols`` columns and contracted with phi_q at once, so
+    peak extra memory is O(N (m + d) + N block_cols), never O(N m d); D2 = M phi_k gives the
+    denominator. Cost O((T_M(N) + N) m d) (Lemma 3.1). block_cols=None picks it from N: at most
+    DEFAULT_BLOCK_COLS, and one block within DEFAULT_BLOCK_BYTES (64 columns at N = 2^20 in
+    float32), at least d. Under autograd the generic path saves only phi_q, phi_k, v and
+    recomputes the blocks in backward, one at a time (training memory O(N (m + d)) as well);
+    gradients reach the mask's parameters().
 
     float16/bfloat16 inputs accumulate in float32 and are cast back.
 
     Raises:
         DenominatorError: a denominator is 0 or not finite (reported, never divided by).
+        TypeError / ValueError: bad inputs, naming the argument (``mask`` for the mask).
     """
     _check_features(phi_q, phi_k, v)
     if block_cols is not None:
         check_positive_int("block_cols", block_cols)
+    op = None if mask is None else as_mask_operator(mask)
     out_dtype = v.dtype
     work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
     phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
 
-    if mask is None:
+    if op is None:
         kv = phi_k.transpose(-1, -2) @ v  # (..., m, d)
         num = phi_q @ kv
         den = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)
-        return _divide(num, den.squeeze(-1)).to(out_dtype)
+        return divide(num, den.squeeze(-1)).to(out_dtype)
 
     n = phi_k.shape[-2]
-    if getattr(mask, "n", None) != n or phi_q.shape[-2] != n:
-        raise ValueError(f"mask is for N={getattr(mask, 'n', None)} tokens but phi_q, phi_k have N={phi_q.shape[-2]}, {n}")
-    if hasattr(mask, "attend"):
-        num, den = mask.attend(phi_q, phi_k, v)
-        return _divide(num, den).to(out_dtype)
+    if op.n != n or phi_q.shape[-2] != n:
+        raise ValueError(f"mask is for N={op.n} tokens but phi_q, phi_k have N={phi_q.shape[-2]}, {n}")
+    attend = attend_of(op)
+    if attend is not None:
+        num, den = _check_attend(op, attend(phi_q, phi_k, v), v)
+        return divide(num, den).to(out_dtype)
 
-    if block_cols is None:
-        rows = v.numel() // v.shape[-1]  # batch x N
-        block_cols = min(DEFAULT_BLOCK_COLS, max(v.shape[-1], DEFAULT_BLOCK_BYTES // (rows * v.element_size())))
-    den = (phi_q * mask.matmul(phi_k)).sum(-1)
-    num = blocked_numerator(phi_q, phi_k, v, mask.matmul, max(1, block_cols // v.shape[-1]))
-    return _divide(num, den).to(out_dtype)
+    fpb = features_per_block(default_block_cols(v) if block_cols is None else block_cols, v.shape[-1])
+    num, den = masked_products(phi_q, phi_k, v, op, fpb)
+    return divide(num, den).to(out_dtype)
 
 
-def blocked_numerator(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, matmul, features_per_block: int) -> torch.Tensor:
-    """Algorithm 1's numerator phi_q_i^T devec(D1_i), D1 = M [vec(phi_k_j v_j^T)], in feature blocks.
-
-    phi_q, phi_k: (..., N, m); v: (..., N, d); matmul(x) = M @ x for x (..., N, c) -> (..., N, d).
-    Each block pushes ``features_per_block * d`` columns through the mask at once and contracts
-    them with phi_q immediately, so the O(N m d) matrix D1 never exists whole.
-    """
-    m, d = phi_k.shape[-1], v.shape[-1]
-    num = torch.zeros_like(v)
-    for a in range(0, m, features_per_block):
-        b = min(m, a + features_per_block)
-        cols = (phi_k[..., a:b, None] * v[..., None, :]).flatten(-2)  # (..., N, (b-a) d)
-        mixed = matmul(cols).unflatten(-1, (b - a, d))
-        num = num + torch.einsum("...nk,...nkd->...nd", phi_q[..., a:b], mixed)
-    return num
+def _check_attend(op: object, result: object, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """mask.attend must return (num (..., N, d), den (..., N)) with matching leading dims."""
+    n, d = v.shape[-2], v.shape[-1]
+    ok = isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)
+    if ok:
+        num, den = result
+        ok = num.dim() >= 2 and tuple(num.shape[-2:]) == (n, d) and tuple(den.shape) == tuple(num.shape[:-1])
+    if not ok:
+        got = (tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in result)
+               if isinstance(result, tuple) else type(result).__name__)
+        raise ValueError(f"mask.attend must return (num (..., {n}, {d}), den (..., {n})) with the same leading dims, "
+                         f"got {got} (mask is {type(op).__name__})")
+    return result
 
 
 def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -149,23 +144,27 @@ def favor_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     projection: torch.Tensor,
-    mask: MaskOperator | None = None,
+    mask: object = None,
 ) -> torch.Tensor:
     """Performer softmax-kernel attention with an optional mask operator.
 
     Feeds q / d_qk^(1/4) and k / d_qk^(1/4) to stabilised FAVOR+ with W = ``projection`` (m, d_qk),
-    so the estimated kernel is exp(q.k / sqrt(d_qk)), then masked_linear_attention. The keys'
-    stabiliser is the mask's ``key_stabilizer`` where it has one (padding, packing), so keys the
-    mask hides never set the scale. CausalMask has none yet: a future key with a far larger
-    FAVOR+ exponent than the past can underflow early keys (float64 needs exponents ~700 apart;
-    this is then reported as DenominatorError, never a NaN).
+    so the estimated kernel is exp(q.k / sqrt(d_qk)), then masked_linear_attention. mask: None
+    or anything ``fast.as_mask_operator`` accepts. The keys' stabiliser is the operator's
+    ``key_stabilizer`` (fast.masks.base: the per-(batch, head) max by default; padding and
+    packing override it so that keys the mask hides never set the scale). For CausalMask the
+    default is the only exact choice (each query sees a different prefix): a future key with a
+    far larger FAVOR+ exponent than the past can underflow early keys (float64 needs exponents
+    ~700 apart; this is then reported as DenominatorError, never a NaN).
     q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d).
     """
     check_tensor("q", q)
     check_tensor("k", k)
     check_tensor("projection", projection)
     check_same_device(q=q, projection=projection)
+    op = None if mask is None else as_mask_operator(mask)
     fmap = FavorPlus(projection, stabilize=True)
     scale = q.shape[-1] ** -0.25
-    phi_k = fmap(k * scale, is_query=False, key_stabilizer=getattr(mask, "key_stabilizer", None))
-    return masked_linear_attention(fmap(q * scale, is_query=True), phi_k, v, mask)
+    stabilizer = None if op is None else key_stabilizer_of(op)  # None: FavorPlus's own per-slice max
+    phi_k = fmap(k * scale, is_query=False, key_stabilizer=stabilizer)
+    return masked_linear_attention(fmap(q * scale, is_query=True), phi_k, v, op)

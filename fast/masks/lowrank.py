@@ -14,10 +14,11 @@ from __future__ import annotations
 import torch
 
 from fast.features import FavorPlus
+from fast.masks.base import MaskOperator
 from fast.validation import check_tensor, check_tokens, compute_dtype
 
 
-class LowRankMask:
+class LowRankMask(MaskOperator):
     """M = left @ right with left (..., N, r) and right (..., r, N); leading dims broadcast with x's."""
 
     def __init__(self, left: torch.Tensor, right: torch.Tensor):
@@ -51,3 +52,10 @@ class LowRankMask:
         work = compute_dtype(x.dtype)
         left, right = (f.to(device=x.device, dtype=work) for f in (self.left, self.right))
         return (left @ (right @ x.to(work))).to(x.dtype)
+
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x = right^T (left^T x) for x (..., N, c) -> (..., N, c), O(N r c)."""
+        check_tokens("x", x, self.n)
+        work = compute_dtype(x.dtype)
+        left, right = (f.to(device=x.device, dtype=work) for f in (self.left, self.right))
+        return (right.mT @ (left.mT @ x.to(work))).to(x.dtype)

@@ -1,15 +1,19 @@
 """Sequence masks as operators: causal, packing, padding (choromanski22 Sec. 3.1).
 
-All act on x: (..., N, c) and never build N x N.
+All act on x: (..., N, c) and never build N x N. The ``attend`` of causal and padding are
+autograd Functions that save only phi_q, phi_k, v (and, for padding, the (..., N, 1) key
+weights) and form their O(N C) / O(N m d / C) intermediates again in backward, so training
+memory is O(N (m + d)) whatever the chunk C and the widths m, d.
 """
 from __future__ import annotations
 
 import torch
 
+from fast.masks.base import MaskOperator
 from fast.validation import broadcast_shape, check_positive_int, check_tokens
 
 
-class CausalMask:
+class CausalMask(MaskOperator):
     """M_ij = 1 if j <= i. ``matmul`` is a prefix sum; ``attend`` is the chunked scan.
 
     Chunked scan with chunk C: split N into N/C chunks; inside a chunk the C x C block of
@@ -18,6 +22,11 @@ class CausalMask:
     z = sum phi_k (m). The states of all chunks are formed at once by a prefix sum over the
     N/C chunk totals, so the work is O(N C (m + d) + N m d) in GEMMs rather than the memory-bound
     cumsum of N outer products (~100x slower on CPU, docs/methods.md).
+
+    Under autograd the scan saves phi_q, phi_k, v only; backward forms the chunk blocks and
+    states again (its transient memory is the forward's: O(N C + N m d / C)) and applies the
+    transposed scan (a reverse prefix sum over chunks), so nothing of size N C or N m d / C is
+    kept between forward and backward. Backward is itself differentiable (double backward).
     """
 
     def __init__(self, n: int, chunk: int = 64):
@@ -37,19 +46,36 @@ class CausalMask:
         check_tokens("x", x, self.n)
         return torch.cumsum(x, dim=-2)
 
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x = suffix sums over tokens (sum over i >= j), x: (..., N, c)."""
+        check_tokens("x", x, self.n)
+        return torch.flip(torch.cumsum(torch.flip(x, dims=(-2,)), dim=-2), dims=(-2,))
+
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of causal linear attention by the chunked scan."""
+        """(num (..., N, d), den (..., N)) of causal linear attention by the chunked scan.
+
+        phi_q, phi_k: (..., N, m); v: (..., N, d), with the same leading dims (as the driver passes them).
+        """
+        return _CausalScan.apply(phi_q, phi_k, v, self)
+
+    def _chunks(self, *tensors: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
+        """(chunk C, each (..., N, c) zero-padded to a multiple of C and viewed as (..., N/C, C, c))."""
         n, c = self.n, min(self.chunk, self.n)
         pad = (-n) % c
-        if pad:  # zero keys add nothing; padded queries are cut off below
-            phi_q, phi_k, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (phi_q, phi_k, v))
-        q = phi_q.unflatten(-2, (-1, c))  # (..., nc, C, m)
-        k = phi_k.unflatten(-2, (-1, c))
-        vv = v.unflatten(-2, (-1, c))  # (..., nc, C, d)
+        if pad:  # zero keys add nothing; padded queries are cut off by the caller
+            tensors = tuple(torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in tensors)
+        return c, [t.unflatten(-2, (-1, c)) for t in tensors]
+
+    def _scan(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.n
+        c, (q, k, vv) = self._chunks(phi_q, phi_k, v)  # (..., nc, C, m), (..., nc, C, m), (..., nc, C, d)
         tri = self._triangle(c, q.device)
-        scores = (q @ k.transpose(-1, -2)).masked_fill(~tri, 0.0)  # intra-chunk block
+        # without autograd (inside the Function) the (N, C) blocks are updated in place: one at a time
+        fill = torch.Tensor.masked_fill if torch.is_grad_enabled() else torch.Tensor.masked_fill_
+        scores = fill(q @ k.transpose(-1, -2), ~tri, 0.0)  # intra-chunk block
         num = scores @ vv
         den = scores.sum(-1)
+        del scores
         kv = k.transpose(-1, -2) @ vv  # (..., nc, m, d) chunk totals
         ksum = k.sum(-2)  # (..., nc, m)
         # exclusive prefix over chunks = the running state each chunk starts from
@@ -61,6 +87,55 @@ class CausalMask:
         den = den.flatten(-2)[..., :n]
         return num, den
 
+    def _scan_backward(self, phi_q, phi_k, v, g_num, g_den):
+        """Gradients of (num, den) = _scan(phi_q, phi_k, v) for upstream (g_num (..., N, d), g_den (..., N)).
+
+        Per chunk, with A = tril(Q K^T), S = exclusive prefix of K^T V, z = exclusive prefix of K^T 1:
+            dA = tril(G V^T + g 1^T),  dQ = dA K + G S^T + g z^T,
+            dK = dA^T Q + V dT^T + 1 dt^T,  dV = A^T G + K dT,
+        where dT, dt are the exclusive SUFFIX sums over chunks of Q^T G and Q^T g. Without double
+        backward, A and dA are formed in place and one at a time (one (N, C) block alive).
+        """
+        n = self.n
+        c, (q, k, vv, gn) = self._chunks(phi_q, phi_k, v, g_num)
+        gd = self._chunks(g_den.unsqueeze(-1))[1][0]  # (..., nc, C, 1)
+        tri = self._triangle(c, q.device)
+        inplace = not torch.is_grad_enabled()  # True unless create_graph (double backward)
+        fill = torch.Tensor.masked_fill_ if inplace else torch.Tensor.masked_fill
+        scores = fill(q @ k.transpose(-1, -2), ~tri, 0.0)
+        dv = scores.transpose(-1, -2) @ gn
+        del scores
+        d_scores = gn @ vv.transpose(-1, -2)
+        d_scores = fill(d_scores.add_(gd) if inplace else d_scores + gd, ~tri, 0.0)
+        dq = d_scores @ k
+        dk = d_scores.transpose(-1, -2) @ q
+        del d_scores
+        state = _exclusive_cumsum(k.transpose(-1, -2) @ vv, dim=-3)
+        zstate = _exclusive_cumsum(k.sum(-2), dim=-2)
+        d_state = _exclusive_cumsum((q.transpose(-1, -2) @ gn).flip(-3), dim=-3).flip(-3)  # (..., nc, m, d)
+        d_zstate = _exclusive_cumsum((q * gd).sum(-2).flip(-2), dim=-2).flip(-2)  # (..., nc, m)
+        dq = dq + gn @ state.transpose(-1, -2) + gd * zstate.unsqueeze(-2)
+        dk = dk + vv @ d_state.transpose(-1, -2) + d_zstate.unsqueeze(-2)
+        dv = dv + k @ d_state
+        return tuple(t.flatten(-3, -2)[..., :n, :] for t in (dq, dk, dv))
+
+
+class _CausalScan(torch.autograd.Function):
+    """CausalMask's chunked scan saving only its inputs; see CausalMask._scan_backward."""
+
+    @staticmethod
+    def forward(ctx, phi_q, phi_k, v, mask):
+        ctx.mask = mask
+        ctx.save_for_backward(phi_q, phi_k, v)
+        return mask._scan(phi_q, phi_k, v)
+
+    @staticmethod
+    def backward(ctx, g_num, g_den):
+        phi_q, phi_k, v = ctx.saved_tensors
+        dq, dk, dv = ctx.mask._scan_backward(phi_q, phi_k, v, g_num, g_den)
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None)
+
 
 def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Prefix sum that excludes the current entry (shift, not subtract: no cancellation)."""
@@ -69,7 +144,7 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([zero, inc.narrow(dim, 0, inc.shape[dim] - 1)], dim=dim)
 
 
-class PackingMask:
+class PackingMask(MaskOperator):
     """M_ij = 1 if segment_ids[i] == segment_ids[j]: packed sequences never attend to each other.
 
     segment_ids: (..., N) integer labels (any values; need not be contiguous), broadcastable to
@@ -98,6 +173,10 @@ class PackingMask:
         sums = sums.scatter_add(-2, idx, x)
         return torch.gather(sums, -2, idx)
 
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x = M @ x: M is symmetric."""
+        return self.matmul(x)
+
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
         """Per-segment max of z (..., N, m) -> (..., N, 1): exact, as segments never mix."""
         row = z.amax(-1)
@@ -109,7 +188,7 @@ class PackingMask:
         return torch.gather(seg, -1, idx).unsqueeze(-1)
 
 
-class PaddingMask:
+class PaddingMask(MaskOperator):
     """M_ij = 1 if key j is real (``key_mask[..., j]`` True): padded keys are excluded after phi.
 
     key_mask: (..., N) bool, broadcastable to the leading dims of the inputs. Outputs at real
@@ -146,6 +225,11 @@ class PaddingMask:
         total = (x * self._weights(x)).sum(-2, keepdim=True)
         return total.expand(broadcast_shape(tuple(total.shape[:-2]), tuple(x.shape[:-2])) + tuple(x.shape[-2:]))
 
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x: row j is key_mask[j] times the sum of x over all rows, x: (..., N, c)."""
+        check_tokens("x", x, self.n)
+        return x.sum(-2, keepdim=True) * self._weights(x)
+
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
         """Per-key constants (..., N, 1) for z (..., N, m): the max over REAL keys for real keys,
         so padded keys never set their scale; a padded key's own row max for itself (its
@@ -161,11 +245,40 @@ class PaddingMask:
 
         A PADDED query whose denominator is 0 (zero-filled padding with ReLU/identity features)
         gets output 0 rather than failing the whole call; real queries are never guarded.
+        Under autograd only phi_q, phi_k, v and the (..., N, 1) key weights are saved.
         """
-        phi_k = phi_k * self._weights(phi_k)
-        kv = phi_k.transpose(-1, -2) @ v
-        num = phi_q @ kv
-        den = (phi_q @ phi_k.sum(-2).unsqueeze(-1)).squeeze(-1)
+        num, den = _PaddedProducts.apply(phi_q, phi_k, v, self._weights(phi_k))
         padded_query = ~self.key_mask.to(den.device)
         den = torch.where(padded_query & (den == 0), torch.ones_like(den), den)
         return num, den
+
+
+class _PaddedProducts(torch.autograd.Function):
+    """(num, den) = (phi_q (phi_k w)^T v, phi_q (phi_k w)^T 1) for key weights w (..., N, 1).
+
+    Saves phi_q, phi_k, v, w; backward forms phi_k w again (O(N m) transient) rather than keeping it.
+    """
+
+    @staticmethod
+    def forward(ctx, phi_q, phi_k, v, w):
+        ctx.save_for_backward(phi_q, phi_k, v, w)
+        phi_k = phi_k * w
+        kv = phi_k.transpose(-1, -2) @ v
+        num = phi_q @ kv
+        den = (phi_q @ phi_k.sum(-2).unsqueeze(-1)).squeeze(-1)
+        return num, den
+
+    @staticmethod
+    def backward(ctx, g_num, g_den):
+        phi_q, phi_k, v, w = ctx.saved_tensors
+        kw = phi_k * w  # (..., N, m), leading dims broadcast with w's
+        kv = kw.transpose(-1, -2) @ v  # (..., m, d)
+        ks = kw.sum(-2)  # (..., m)
+        dq = g_num @ kv.transpose(-1, -2) + g_den.unsqueeze(-1) * ks.unsqueeze(-2)
+        d_kv = phi_q.transpose(-1, -2) @ g_num
+        d_ks = (phi_q * g_den.unsqueeze(-1)).sum(-2)
+        dk = (v @ d_kv.transpose(-1, -2) + d_ks.unsqueeze(-2)) * w
+        dv = kw @ d_kv
+        need = ctx.needs_input_grad
+        return (dq.sum_to_size(phi_q.shape) if need[0] else None, dk.sum_to_size(phi_k.shape) if need[1] else None,
+                dv.sum_to_size(v.shape) if need[2] else None, None)

@@ -29,9 +29,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from fast.attention import blocked_numerator
+from fast.algebra import masked_products
 from fast.errors import DenominatorError
 from fast.fft import fast_fft_size
+from fast.masks.base import MaskOperator
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: Bound on the complex spectral buffer of one batched transform (bytes); more columns are chunked.
@@ -86,7 +87,7 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
-class BlockToeplitzMask:
+class BlockToeplitzMask(MaskOperator):
     """M_xy = table[x - y + (n - 1)] for nodes x, y of an n_1 x ... x n_d grid (row-major order).
 
     shape: (n_1, ..., n_d), any d >= 1 and any sides; table: (2 n_1 - 1, ..., 2 n_d - 1) floating
@@ -115,6 +116,7 @@ class BlockToeplitzMask:
         self.max_chunk_bytes = max_chunk_bytes
         self.nonnegative = bool((self.table >= 0).all())
         self._spectra: dict = {}
+        self._transposed: tuple | None = None  # (table version, the operator of M^T)
 
     # ------------------------------------------------------------------ constructors
 
@@ -175,6 +177,12 @@ class BlockToeplitzMask:
         crop = (slice(None),) + tuple(slice(0, n) for n in self.grid_shape)
         if step >= cols.shape[0]:
             out = torch.fft.irfftn(torch.fft.rfftn(cols, s=self.n_fft, dim=dims) * spec, s=self.n_fft, dim=dims)[crop]
+        elif torch.is_grad_enabled() and (cols.requires_grad or spec.requires_grad):
+            # under autograd, writes into one buffer would make each chunk's backward copy the whole
+            # gradient (CopySlices); cropped copies joined by cat split it as views instead
+            out = torch.cat([torch.fft.irfftn(torch.fft.rfftn(cols[a:a + step], s=self.n_fft, dim=dims) * spec,
+                                              s=self.n_fft, dim=dims)[crop].contiguous()
+                             for a in range(0, cols.shape[0], step)])
         else:
             # chunks write into one buffer: a cropped view would keep the padded irfft output alive
             out = torch.empty_like(cols)
@@ -195,6 +203,23 @@ class BlockToeplitzMask:
         out_grid = self._grid_matmul(grid) + cls  # every grid token also sees CLS with weight 1
         return torch.cat([total, out_grid], dim=-2).to(out_dtype)
 
+    def transposed(self) -> "BlockToeplitzMask":
+        """The operator of M^T: M^T_xy = M_yx = f(y - x), the table reversed along every axis
+        (the CLS row and column are both ones). Cached per table version unless it is learnable."""
+        learnable = self.table.requires_grad and torch.is_grad_enabled()
+        key = _version(self.table)
+        if learnable or self._transposed is None or self._transposed[0] != key:
+            op = BlockToeplitzMask(self.grid_shape, self.table.flip(tuple(range(self.table.dim()))),
+                                   cls_token=self.cls_token, max_chunk_bytes=self.max_chunk_bytes)
+            if learnable:
+                return op
+            self._transposed = (key, op)
+        return self._transposed[1]
+
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x for x (..., N, c) -> (..., N, c): the same FFT product with the reversed table."""
+        return self.transposed().matmul(x)
+
     def roundoff_bound(self, x: torch.Tensor) -> torch.Tensor:
         """Per-column bound on |fl(M x) - M x| (entrywise): C u log2(prod n_fft) |table|_2 |x_col|_2.
 
@@ -211,16 +236,18 @@ class BlockToeplitzMask:
 
         The m d + m columns go through batched transforms in feature blocks of about
         ``max_chunk_bytes`` of token-domain data each (the whole of D1 at once would be
-        O(N m d) memory: 1.1 GiB at N = 2^20, m = d = 16 in float32, times the copies).
+        O(N m d) memory: 1.1 GiB at N = 2^20, m = d = 16 in float32, times the copies), through
+        fast.algebra.masked_products: under autograd only phi_q, phi_k, v are saved and the blocks
+        are transformed again in backward, one at a time; a learnable table gets its gradient.
         Raises DenominatorError where |den_i| is within the FFT round-off bound of zero (a
         vanishing or sign-flipped denominator: M or phi not positive, or round-off at the scale
         of the largest terms), rather than dividing by noise.
         """
-        den = (phi_q * self.matmul(phi_k)).sum(-1)
         per_feature = math.prod(v.shape) * v.element_size()  # one feature's d columns over all tokens
-        num = blocked_numerator(phi_q, phi_k, v, self.matmul, max(1, self.max_chunk_bytes // max(1, per_feature)))
-        floor = (phi_q.abs() * self.roundoff_bound(phi_k).unsqueeze(-2)).sum(-1)
-        bad = den.abs() <= floor
+        num, den = masked_products(phi_q, phi_k, v, self, max(1, self.max_chunk_bytes // max(1, per_feature)))
+        with torch.no_grad():  # a test, not part of the output: nothing saved for backward
+            floor = (phi_q.abs() * self.roundoff_bound(phi_k).unsqueeze(-2)).sum(-1)
+            bad = den.abs() <= floor
         if bool(bad.any()):
             raise DenominatorError(
                 f"attention denominator within FFT round-off of zero at {int(bad.sum())} of {den.numel()} queries "

@@ -1,0 +1,336 @@
+"""Algorithm 1's building blocks below the masks (choromanski22 Alg. 1, Lemma 3.1).
+
+    out_i = phi_q_i^T D1_i / phi_q_i^T D2_i,   D1 = M [vec(phi_k_j v_j^T)]_j  (N x m d),   D2 = M phi_k
+
+for any mask operator M (fast.masks.base): the checked product ``apply_mask``, the feature-blocked
+numerator ``blocked_numerator``, block sizing, the guarded division ``divide``, and
+``masked_products``, a custom autograd Function that keeps training memory linear.
+
+Memory under autograd. Plain autograd through the blocked numerator keeps every block's
+(N, block) intermediates (the columns phi_k_j v_j^T, their FFTs, the mixed columns) for backward:
+O(N m d) saved numbers. ``masked_products`` saves only phi_q, phi_k, v (O(N (m + d))) and
+RECOMPUTES the blocks in backward, one block at a time, so backward's extra memory is one block,
+O(N (m + d) + N block) as in forward. Two backward modes: with the mask's ``rmatmul`` (M^T @ x)
+and no parameter requiring grad, plain passes of M and M^T per block and no autograd graph
+(``_adjoint_backward``); otherwise autograd differentiates each recomputed block, and the mask's
+parameters() get their gradients from it. Forward numbers are those of the plain loop (same
+operations, same order).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Sequence
+
+import torch
+
+from fast.errors import DenominatorError
+from fast.masks.base import parameters_of, rmatmul_of
+
+#: Most columns of [vec(phi_k v^T)] pushed through the mask at once: peak extra memory of the
+#: generic path is O(N * block_cols).
+DEFAULT_BLOCK_COLS = 256
+#: block_cols=None: as many columns as keep one block of (..., N, cols) within this many bytes
+#: (a mask's matmul makes a few copies of it), between d and DEFAULT_BLOCK_COLS.
+DEFAULT_BLOCK_BYTES = 256 * 2**20
+
+
+def default_block_cols(v: torch.Tensor) -> int:
+    """Columns per block for values v (..., N, d): at most DEFAULT_BLOCK_COLS, one block within
+    DEFAULT_BLOCK_BYTES (64 columns at N = 2^20 in float32), at least d."""
+    rows = v.numel() // v.shape[-1]  # batch x N
+    return min(DEFAULT_BLOCK_COLS, max(v.shape[-1], DEFAULT_BLOCK_BYTES // (rows * v.element_size())))
+
+
+def features_per_block(block_cols: int, d: int) -> int:
+    """Features a of phi_k whose a * d columns phi_k[:, a] v^T form one block (at least 1)."""
+    return max(1, block_cols // d)
+
+
+def divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num (..., N, d) / den (..., N), refusing (DenominatorError) any den that is 0 or not finite."""
+    bad = (den == 0) | ~torch.isfinite(den)
+    if bool(bad.any()):
+        raise DenominatorError(
+            f"attention denominator vanished or is not finite at {int(bad.sum())} of {den.numel()} "
+            "query positions (every key masked out, features underflowing, or a non-positive mask)"
+        )
+    return num / den.unsqueeze(-1)
+
+
+def _broadcasts_to(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    if len(src) > len(dst):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(src), reversed(dst)))
+
+
+def apply_mask(op, x: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """op.matmul(x) (transpose: op.rmatmul(x)) for x (..., N, c), checked: a tensor of shape
+    (..., N, c) whose leading dims are x's broadcast against the mask's, on x's device (cast to
+    x's dtype if it differs)."""
+    what = "mask.rmatmul(x)" if transpose else "mask.matmul(x)"
+    y = op.rmatmul(x) if transpose else op.matmul(x)
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"{what} must return a torch.Tensor, got {type(y).__name__} "
+                        f"(mask is {type(op).__name__})")
+    lead_ok = y.dim() >= 2 and _broadcasts_to(tuple(x.shape[:-2]), tuple(y.shape[:-2]))
+    if not lead_ok or tuple(y.shape[-2:]) != tuple(x.shape[-2:]):
+        raise ValueError(
+            f"{what} must return shape (..., N, c) = (..., {x.shape[-2]}, {x.shape[-1]}) with x's "
+            f"leading dims {tuple(x.shape[:-2])} (broadcast against the mask's); got {tuple(y.shape)} "
+            f"for x of shape {tuple(x.shape)} (mask is {type(op).__name__})")
+    if y.device != x.device:
+        raise ValueError(f"{what} returned a tensor on {y.device} for x on {x.device} "
+                         f"(mask is {type(op).__name__})")
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def blocked_numerator(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                      matmul: Callable[[torch.Tensor], torch.Tensor], features_per_block: int) -> torch.Tensor:
+    """Algorithm 1's numerator phi_q_i^T devec(D1_i), D1 = M [vec(phi_k_j v_j^T)], in feature blocks.
+
+    phi_q, phi_k: (..., N, m); v: (..., N, d); matmul(x) = M @ x for x (..., N, c). Each block
+    pushes ``features_per_block * d`` columns through the mask at once and contracts them with
+    phi_q immediately, so the O(N m d) matrix D1 never exists whole. Plain autograd through this
+    loop keeps every block: use ``masked_products`` when gradients are needed.
+    """
+    m = phi_k.shape[-1]
+    num = torch.zeros_like(v)
+    for a in range(0, m, features_per_block):
+        num = num + _block(phi_q, phi_k, v, matmul, a, min(m, a + features_per_block))[2]
+    return num
+
+
+# ----------------------------------------------------------------- which tensors get gradients
+
+
+def _targets(tensors: Sequence[torch.Tensor]) -> tuple[set[int], set[int]]:
+    """(ids of the grad_fn nodes of the non-leaf tensors, ids of the leaf tensors)."""
+    fns = {id(t.grad_fn) for t in tensors if t.grad_fn is not None}
+    leaves = {id(t) for t in tensors if t.grad_fn is None}
+    return fns, leaves
+
+
+def _hits(node, fns: set[int], leaves: set[int]) -> bool:
+    return id(node) in fns or (hasattr(node, "variable") and id(node.variable) in leaves)
+
+
+def _walk(start_nodes, fns: set[int], leaves: set[int]) -> tuple[bool, list[torch.Tensor], set[int]]:
+    """Walk the autograd graph from start_nodes, not past target nodes: (hit a target, leaves
+    requiring grad that were reached without passing a target, ids of the non-target nodes passed)."""
+    stack, seen, hit, free, passed = list(start_nodes), set(), False, [], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if _hits(node, fns, leaves):
+            hit = True
+            continue
+        passed.add(id(node))
+        if hasattr(node, "variable"):  # AccumulateGrad of a leaf that is not a target
+            free.append(node.variable)
+            continue
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return hit, free, passed
+
+
+def _discard(t: torch.Tensor) -> None:
+    return None
+
+
+def _unreachable(_: object) -> torch.Tensor:  # pragma: no cover - the probe is never backpropagated
+    raise RuntimeError("the parameter probe's graph is not differentiated")
+
+
+def gradient_inputs(op, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
+    """(the tensors whose gradients the recomputing backward returns for mask ``op``, retain).
+
+    Starts from ``parameters_of(op)``; drops a declared tensor computed from another declared one
+    (its gradient reaches that one through autograd's own graph; returning both would count it
+    twice, e.g. LowRankMask(a, a.T)). Then two one-column probes M @ like[..., :1] (whose saved
+    tensors are discarded at once) check that every tensor requiring grad that the product
+    depends on lies behind one of them: otherwise its gradient would silently be lost, and
+    ValueError says so. ``retain`` is True when the products reach those tensors through graph
+    nodes that exist before the product (both probes meet them: e.g. parameters() lists b but
+    matmul reads exp(b)); backward must then keep that graph between blocks.
+    ([], False) when grad mode is off.
+    """
+    if not torch.is_grad_enabled():
+        return [], False
+    declared = parameters_of(op)
+    kept = []
+    for i, p in enumerate(declared):
+        others = declared[:i] + declared[i + 1:]
+        if p.grad_fn is not None and others and _walk([n for n, _ in p.grad_fn.next_functions], *_targets(others))[0]:
+            continue
+        kept.append(p)
+    probes, walks = [], []
+    for _ in range(2):
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_discard, _unreachable):
+            probe = apply_mask(op, like[..., :1].detach())
+        if not probe.requires_grad:
+            return kept, False
+        probes.append(probe)  # alive until both walks are done: node ids are not reused
+        walks.append(_walk([probe.grad_fn], *_targets(kept)))
+    _, free, nodes = walks[0]
+    if free:
+        t = free[0]
+        raise ValueError(
+            f"mask.matmul depends on a tensor requiring grad (shape {tuple(t.shape)}, {t.dtype}) that "
+            f"mask.parameters() does not return (mask is {type(op).__name__}): list it, or the tensor "
+            "computed from it that matmul reads, in parameters(), so the memory-saving backward "
+            "can return its gradient")
+    return kept, bool(nodes & walks[1][2])
+
+
+# -------------------------------------------------------------------- the autograd Function
+
+
+def _leaf(t: torch.Tensor, need: bool) -> torch.Tensor:
+    return t.detach().requires_grad_(need)
+
+
+class _MaskedProducts(torch.autograd.Function):
+    """(num, den) of Algorithm 1 for mask ``op``; saves phi_q, phi_k, v and recomputes in backward.
+
+    The operator and its parameters are referenced, not saved (they live with the mask anyway);
+    an in-place change of a parameter between forward and backward is refused.
+    """
+
+    @staticmethod
+    def forward(ctx, phi_q, phi_k, v, op, fpb, retain, *params):
+        matmul = partial(apply_mask, op)
+        den = (phi_q * matmul(phi_k)).sum(-1)
+        num = blocked_numerator(phi_q, phi_k, v, matmul, fpb)
+        ctx.save_for_backward(phi_q, phi_k, v)
+        ctx.op, ctx.fpb, ctx.params, ctx.retain = op, fpb, params, retain
+        ctx.versions = [p._version for p in params]
+        return num, den
+
+    @staticmethod
+    def backward(ctx, g_num, g_den):
+        phi_q, phi_k, v = ctx.saved_tensors
+        op, fpb, params = ctx.op, ctx.fpb, ctx.params
+        if [p._version for p in params] != ctx.versions:
+            raise RuntimeError(f"a parameter of the mask ({type(op).__name__}) was modified in place between "
+                               "forward and backward; the recomputing backward would use the new values")
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        need_p = list(ctx.needs_input_grad[6:])
+        create = torch.is_grad_enabled()  # double backward: keep the saved tensors attached
+        if not any(need_p) and not create and rmatmul_of(op) is not None:
+            with torch.no_grad():
+                return (*_adjoint_backward(phi_q, phi_k, v, g_num, g_den, op, fpb, need_q, need_k, need_v),
+                        None, None, None, *[None] * len(params))
+        if not create:
+            phi_q, phi_k, v = _leaf(phi_q, need_q), _leaf(phi_k, need_k), _leaf(v, need_v)
+        matmul = partial(apply_mask, op)
+        m, d = phi_k.shape[-1], v.shape[-1]
+        grad_p: list = [None] * len(params)
+        wanted_p = [p for p, need in zip(params, need_p) if need]
+
+        def grads(out, g, tensors):
+            live = [t for t in tensors if t is not None]
+            # each block's graph is fresh and differentiated once: kept only if it reaches older nodes
+            got = iter(torch.autograd.grad(out, live, g, retain_graph=ctx.retain or create, create_graph=create,
+                                           allow_unused=True))
+            return [next(got) if t is not None else None for t in tensors]
+
+        def add(acc, g):
+            return g if acc is None else (acc if g is None else acc + g)
+
+        def accumulate_params(got):
+            it = iter(got)
+            for i, need in enumerate(need_p):
+                if need:
+                    grad_p[i] = add(grad_p[i], next(it))
+
+        with torch.enable_grad():
+            # denominator: den = sum_feature phi_q * (M phi_k)
+            den = (phi_q * matmul(phi_k)).sum(-1)
+            gq, gk, *gp = grads(den, g_den, [phi_q if need_q else None, phi_k if need_k else None, *wanted_p])
+            accumulate_params(gp)
+            del den
+            gq_blocks, gk_blocks, gv = [], [], None
+            for a in range(0, m, fpb):  # numerator: one feature block at a time, as in forward
+                b = min(m, a + fpb)
+                pq_b, pk_b, contrib = _block(phi_q, phi_k, v, matmul, a, b)
+                bq, bk, bv, *bp = grads(contrib, g_num, [pq_b if need_q else None, pk_b if need_k else None,
+                                                          v if need_v else None, *wanted_p])
+                del contrib  # this block's graph goes before the next one is built
+                if need_q:
+                    gq_blocks.append(bq if bq is not None else torch.zeros_like(pq_b))
+                if need_k:
+                    gk_blocks.append(bk if bk is not None else torch.zeros_like(pk_b))
+                gv = add(gv, bv)
+                accumulate_params(bp)
+        gq = add(gq, torch.cat(gq_blocks, dim=-1)) if need_q else None
+        gk = add(gk, torch.cat(gk_blocks, dim=-1)) if need_k else None
+        return (gq, gk, gv if need_v else None, None, None, None, *grad_p)
+
+
+def _adjoint_backward(phi_q, phi_k, v, g_num, g_den, op, fpb: int, need_q: bool, need_k: bool, need_v: bool):
+    """Gradients of (num, den) w.r.t. phi_q, phi_k, v with M @ x and M^T @ x, no autograd graph.
+
+    den_i = phi_q_i . (M phi_k)_i:  d phi_q += g_den * (M phi_k),  d phi_k += M^T (g_den * phi_q).
+    num = sum over features a of phi_q[:, a] * (M C_a), C_a = phi_k[:, a] v (N x d): per block,
+    d phi_q[:, a] = <g_num, M C_a> (rows), and with H_a = M^T (phi_q[:, a] g_num),
+    d phi_k[:, a] = <H_a, v> (rows), d v = sum_a phi_k[:, a] H_a. One pass of M for d phi_q and
+    one of M^T for d phi_k, d v per block; memory one block, as in forward.
+    """
+    m, d = phi_k.shape[-1], v.shape[-1]
+    gq = gk = gv = None
+    if need_q:
+        gq = g_den.unsqueeze(-1) * apply_mask(op, phi_k)
+    if need_k:
+        gk = apply_mask(op, g_den.unsqueeze(-1) * phi_q, transpose=True)
+    gq_blocks, gk_blocks = [], []
+    for a in range(0, m, fpb):
+        b = min(m, a + fpb)
+        pq_b, pk_b = phi_q[..., a:b], phi_k[..., a:b]
+        if need_q:
+            cols = (pk_b[..., None] * v[..., None, :]).flatten(-2)
+            mixed = apply_mask(op, cols).unflatten(-1, (b - a, d))
+            del cols
+            gq_blocks.append(torch.einsum("...nd,...nkd->...nk", g_num, mixed))
+            del mixed
+        if need_k or need_v:
+            h = apply_mask(op, (pq_b[..., None] * g_num[..., None, :]).flatten(-2), transpose=True)
+            h = h.unflatten(-1, (b - a, d))
+            if need_k:
+                gk_blocks.append(torch.einsum("...nkd,...nd->...nk", h, v))
+            if need_v:
+                part = torch.einsum("...nkd,...nk->...nd", h, pk_b)
+                gv = part if gv is None else gv + part
+            del h
+    # leading dims of the mask may broadcast beyond the inputs': sum the gradients back
+    if need_q:
+        gq = (gq + torch.cat(gq_blocks, dim=-1)).sum_to_size(phi_q.shape)
+    if need_k:
+        gk = (gk + torch.cat(gk_blocks, dim=-1)).sum_to_size(phi_k.shape)
+    if need_v:
+        gv = gv.sum_to_size(v.shape)
+    return gq, gk, gv
+
+
+def _block(phi_q, phi_k, v, matmul, a: int, b: int):
+    """(phi_q[..., a:b], phi_k[..., a:b], the block's share of the numerator) under the current grad
+    mode. The block's columns are local: only what autograd saves of them outlives the call."""
+    pq_b, pk_b = phi_q[..., a:b], phi_k[..., a:b]
+    cols = (pk_b[..., None] * v[..., None, :]).flatten(-2)  # (..., N, (b-a) d)
+    mixed = matmul(cols).unflatten(-1, (b - a, v.shape[-1]))
+    return pq_b, pk_b, torch.einsum("...nk,...nkd->...nd", pq_b, mixed)
+
+
+def masked_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op,
+                    fpb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num (..., N, d), den (..., N)) of Algorithm 1 through op.matmul, with linear training memory.
+
+    phi_q, phi_k: (..., N, m); v: (..., N, d), one compute dtype; ``fpb`` features per block.
+    num = phi_q_i^T devec(D1_i) by ``blocked_numerator``, den = phi_q_i^T (M phi_k)_i. Under
+    autograd only phi_q, phi_k, v are saved; backward recomputes M phi_k and then each block
+    (see the module doc: one pass of M and one of M^T per block with ``rmatmul``, else
+    autograd through each recomputed block; memory: one block either way). Gradients reach
+    phi_q, phi_k, v and the tensors of ``gradient_inputs(op, phi_k)``.
+    """
+    params, retain = gradient_inputs(op, phi_k)
+    return _MaskedProducts.apply(phi_q, phi_k, v, op, fpb, retain, *params)

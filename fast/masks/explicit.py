@@ -1,0 +1,230 @@
+"""Masks given as explicit matrices, and ``as_mask_operator``, the one entry point of the drivers.
+
+DenseMask: an (N, N) or batched (..., N, N) matrix, M @ x by one (batched) GEMM: O(N^2 c). For
+users with a small mask and for tests (a dense twin of any operator); it builds nothing new but
+is quadratic by nature.
+SparseMask: a sparse (N, N) matrix, M @ x as CSR x dense with int32 indices (6-9x faster than
+COO and ~30x faster than index_add_ gathers, docs/methods.md), O(nnz c); the CSR is built once
+per device and dtype, its transpose once when a backward first needs it.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from fast.masks.base import MaskOperator
+from fast.validation import check_positive_int, check_tokens, compute_dtype
+
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def _check_square(name: str, shape: tuple[int, ...], what: str) -> int:
+    if len(shape) < 2 or shape[-1] != shape[-2] or shape[-1] == 0:
+        raise ValueError(f"{name} must be a square {what} with N >= 1, got shape {tuple(shape)}")
+    return int(shape[-1])
+
+
+def _check_values_dtype(name: str, dtype: torch.dtype) -> None:
+    if dtype.is_complex:
+        raise TypeError(f"{name} must hold real (floating, integer or bool) values, got {dtype}")
+
+
+class DenseMask(MaskOperator):
+    """M given whole: matrix (N, N) or (..., N, N) (floating, integer or bool; leading dims
+    broadcast with x's). ``matmul`` computes in x's compute dtype (half in float32).
+
+    A floating matrix may require grad (a learnable dense mask): parameters() returns it. Through
+    masked_linear_attention's generic path this costs O(N^2 m d): a reference and a convenience,
+    not a fast mechanism.
+    """
+
+    def __init__(self, matrix: torch.Tensor, *, name: str = "matrix"):
+        if not isinstance(matrix, torch.Tensor) or matrix.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense torch.Tensor (..., N, N), got {type(matrix).__name__}")
+        _check_values_dtype(name, matrix.dtype)
+        self.n = _check_square(name, tuple(matrix.shape), "matrix (..., N, N)")
+        if matrix.is_floating_point() and not bool(torch.isfinite(matrix.detach()).all()):
+            raise ValueError(f"{name} contains non-finite values (NaN or inf)")
+        self.matrix = matrix
+        self._cast: dict = {}
+
+    def _as(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        if self.matrix.requires_grad:  # keep the graph: no cache
+            return self.matrix.to(device=device, dtype=dtype)
+        key = (str(device), dtype, self.matrix._version)
+        if key not in self._cast:  # a bool matrix is cast once per device and dtype, not per call
+            self._cast = {k: v for k, v in self._cast.items() if k[2] == key[2]}
+            self._cast[key] = self.matrix.to(device=device, dtype=dtype)
+        return self._cast[key]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x for x (..., N, c) -> (..., N, c), O(N^2 c)."""
+        check_tokens("x", x, self.n)
+        work = compute_dtype(x.dtype)
+        return (self._as(x.device, work) @ x.to(work)).to(x.dtype)
+
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x for x (..., N, c) -> (..., N, c), O(N^2 c)."""
+        check_tokens("x", x, self.n)
+        work = compute_dtype(x.dtype)
+        return (self._as(x.device, work).mT @ x.to(work)).to(x.dtype)
+
+
+class _CSRProduct(torch.autograd.Function):
+    """y = A x for CSR A (N, N) and dense x (N, P); backward A^T g with the prebuilt transpose."""
+
+    @staticmethod
+    def forward(ctx, x, a, a_t):
+        ctx.a, ctx.a_t = a, a_t  # constants of the mask, referenced rather than saved
+        return a @ x
+
+    @staticmethod
+    def backward(ctx, g):
+        return _CSRProduct.apply(g, ctx.a_t, ctx.a), None, None
+
+
+class SparseMask(MaskOperator):
+    """M sparse (N, N): a torch sparse tensor (COO, CSR, CSC, ...) or a scipy.sparse matrix.
+
+    Values are constants (no gradient w.r.t. them). ``matmul`` takes x (..., N, c) in any
+    floating dtype (half computes in float32) and multiplies all leading dims and columns in one
+    CSR x dense product, O(nnz c) per column of x.
+    """
+
+    def __init__(self, matrix, *, name: str = "matrix"):
+        crow, col, values, n = _to_csr_parts(matrix, name)
+        self.n = n
+        self.nnz = int(values.numel())
+        index = torch.int32 if max(self.nnz, n) < 2**31 else torch.int64
+        self._crow, self._col, self._values = crow.to(index), col.to(index), values
+        self._csr: dict = {}
+
+    def _build(self, crow, col, values, device, dtype) -> torch.Tensor:
+        with warnings.catch_warnings():  # "sparse CSR support is in beta": a stable CPU kernel here
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.sparse_csr_tensor(crow.to(device), col.to(device), values.to(device=device, dtype=dtype),
+                                           (self.n, self.n), check_invariants=False)
+
+    def csr(self, device: torch.device, dtype: torch.dtype, transpose: bool = False) -> torch.Tensor:
+        """M (or M^T) as a torch CSR tensor on ``device`` in ``dtype``, built once and cached."""
+        key = (str(device), dtype, transpose)
+        if key not in self._csr:
+            if not transpose:
+                self._csr[key] = self._build(self._crow, self._col, self._values, device, dtype)
+            else:  # CSR of M^T = CSC of M: sort the entries by column once
+                rows = torch.repeat_interleave(torch.arange(self.n), self._crow[1:].long() - self._crow[:-1].long())
+                order = torch.argsort(self._col.long() * self.n + rows)
+                counts = torch.bincount(self._col.long(), minlength=self.n)
+                crow_t = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(self._crow.dtype)
+                col_t = rows[order].to(self._col.dtype)
+                self._csr[key] = self._build(crow_t, col_t, self._values[order], device, dtype)
+        return self._csr[key]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x for x (..., N, c) -> (..., N, c), O(nnz c) per leading index."""
+        return self._product(x, transpose=False)
+
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x for x (..., N, c) -> (..., N, c), with the CSR of M^T (built once)."""
+        return self._product(x, transpose=True)
+
+    def _product(self, x: torch.Tensor, transpose: bool) -> torch.Tensor:
+        check_tokens("x", x, self.n)
+        work = compute_dtype(x.dtype)
+        lead, c = x.shape[:-2], x.shape[-1]
+        flat = x.to(work).movedim(-2, 0).reshape(self.n, -1)  # (N, batch * c): one product for all
+        a = self.csr(x.device, work, transpose=transpose)
+        if torch.is_grad_enabled() and flat.requires_grad:
+            y = _CSRProduct.apply(flat, a, self.csr(x.device, work, transpose=not transpose))
+        else:
+            y = a @ flat
+        return y.reshape(self.n, *lead, c).movedim(0, -2).to(x.dtype)
+
+
+def _is_scipy_sparse(x: object) -> bool:
+    if not type(x).__module__.startswith("scipy.sparse"):
+        return False
+    import scipy.sparse as sp
+
+    return sp.issparse(x)
+
+
+def _to_csr_parts(matrix, name: str):
+    """(crow int64, col int64, values float64, N) of a square sparse matrix (duplicates summed)."""
+    if isinstance(matrix, torch.Tensor) and matrix.layout in _SPARSE_LAYOUTS:
+        _check_values_dtype(name, matrix.dtype)
+        if matrix.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D sparse matrix (N, N), got shape {tuple(matrix.shape)}")
+        n = _check_square(name, tuple(matrix.shape), "sparse matrix (N, N)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            m = matrix.detach().cpu()
+            m = (m.coalesce() if m.layout == torch.sparse_coo else m.to_sparse_coo().coalesce()).to_sparse_csr()
+        crow, col, values = m.crow_indices().long(), m.col_indices().long(), m.values().to(torch.float64)
+    elif _is_scipy_sparse(matrix):
+        import scipy.sparse as sp
+
+        if np.iscomplexobj(matrix.data if hasattr(matrix, "data") else np.zeros(0)):
+            raise TypeError(f"{name} must hold real values, got {matrix.dtype}")
+        n = _check_square(name, tuple(matrix.shape), "sparse matrix (N, N)")
+        m = sp.csr_matrix(matrix)
+        m.sum_duplicates()
+        m.sort_indices()
+        crow, col = torch.from_numpy(m.indptr.astype(np.int64)), torch.from_numpy(m.indices.astype(np.int64))
+        values = torch.from_numpy(np.asarray(m.data, dtype=np.float64))
+    else:
+        raise TypeError(f"{name} must be a torch sparse tensor or a scipy.sparse matrix, got {type(matrix).__name__}")
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError(f"{name} contains non-finite values (NaN or inf)")
+    return crow, col, values, n
+
+
+def _type_name(x: object) -> str:
+    t = type(x)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__qualname__}"
+
+
+def as_mask_operator(mask: object, *, n: int | None = None, name: str = "mask") -> MaskOperator:
+    """The operator for ``mask`` (what masked_linear_attention and favor_attention accept):
+
+    - a MaskOperator (a subclass, or any object with ``n`` and a callable ``matmul``): as is,
+      after checking that n is a positive integer;
+    - a dense torch.Tensor (N, N) or batched (..., N, N), floating, integer or bool, or a NumPy
+      array of the same (accepted as dense; converted with torch.from_numpy): ``DenseMask``;
+    - a torch sparse tensor (COO, CSR, CSC, ...; 2-D) or a scipy.sparse matrix: ``SparseMask``.
+
+    n: if given, the operator must be for n tokens. Errors name ``name`` (default "mask"):
+    TypeError for anything else, naming what was expected and what came, or what an operator
+    lacks (n or matmul); ValueError for a non-square matrix, a bad n or a wrong N.
+    """
+    if isinstance(mask, torch.Tensor):
+        op: MaskOperator = SparseMask(mask, name=name) if mask.layout in _SPARSE_LAYOUTS else DenseMask(mask, name=name)
+    elif isinstance(mask, np.ndarray):
+        real = mask.dtype == bool or (np.issubdtype(mask.dtype, np.number) and not np.iscomplexobj(mask))
+        if not real:
+            raise TypeError(f"{name} as a NumPy array must hold real numbers or bools (N, N), got dtype {mask.dtype}")
+        op = DenseMask(torch.from_numpy(np.ascontiguousarray(mask)), name=name)
+    elif _is_scipy_sparse(mask):
+        op = SparseMask(mask, name=name)
+    elif isinstance(mask, MaskOperator):
+        op = mask
+        try:
+            check_positive_int(f"{name}.n", op.n)
+        except ValueError:
+            raise ValueError(f"{name}.n must be a positive integer (the number of tokens N), got {op.n!r}") from None
+    else:
+        has_n, matmul = hasattr(mask, "n"), getattr(mask, "matmul", None)
+        if has_n and matmul is not None and not callable(matmul):
+            raise TypeError(f"{name}.matmul must be a method matmul(x) -> M @ x, got {type(matmul).__name__}")
+        if has_n or matmul is not None:
+            missing = ("n (the number of tokens N)" if not has_n
+                       else "callable matmul(x) returning M @ x for x (..., N, c)")
+            raise TypeError(f"{name} ({_type_name(mask)}) has no {missing}: a MaskOperator needs n and matmul")
+        raise TypeError(
+            f"{name} must be a MaskOperator (with n and matmul), a (..., N, N) tensor or NumPy array, a torch "
+            f"sparse tensor or a scipy.sparse matrix; got {_type_name(mask)}")
+    if n is not None and op.n != n:
+        raise ValueError(f"{name} is for N={op.n} tokens, expected N={n}")
+    return op

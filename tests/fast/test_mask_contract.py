@@ -1,0 +1,393 @@
+"""The mask contract (fast/masks/base.py) and fast.as_mask_operator (fast/masks/explicit.py).
+
+Equivalence with the dense NumPy reference uses the registry's metric (relative Frobenius) with
+tests.helpers.EQUIV_TOL; sparse products are exact sums in another order (float64 round-off).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+import fast
+import reference.attention as ref_attention
+from fast import (CausalMask, DenseMask, MaskOperator, PackingMask, PaddingMask, SparseMask, ToeplitzMask,
+                  as_mask_operator, favor_attention, masked_linear_attention)
+from fast.masks.base import default_key_stabilizer, key_stabilizer_of, parameters_of
+from tests.helpers import EQUIV_TOL, gen, np_, positive, randn, rel_frobenius, unit_rows
+
+N = 9
+
+
+def _inputs(batch=(), n=N, m=3, d=2, seed=0):
+    g = gen(seed)
+    return positive((*batch, n, m), g), positive((*batch, n, m), g), randn((*batch, n, d), g)
+
+
+def _dense(n=N, seed=1, batch=()):
+    return positive((*batch, n, n), gen(seed))
+
+
+def _reference(pq, pk, v, dense):
+    return ref_attention.masked_kernel_attention(np_(pq), np_(pk), np_(v), np.asarray(dense, dtype=np.float64))
+
+
+class UserMask:
+    """A user's operator: n and matmul only, no base class."""
+
+    def __init__(self, dense):
+        self.dense, self.n = dense, dense.shape[-1]
+
+    def matmul(self, x):
+        return self.dense @ x
+
+
+# ------------------------------------------------------------------------ the base class
+
+
+def test_isinstance_is_structural_and_issubclass_nominal():
+    assert isinstance(UserMask(_dense()), MaskOperator)
+    assert isinstance(CausalMask(4), MaskOperator) and issubclass(CausalMask, MaskOperator)
+    assert not issubclass(UserMask, MaskOperator)
+    assert not isinstance(torch.ones(3, 3), MaskOperator)  # a tensor has matmul but no n
+
+    class NoMatmul:
+        n = 3
+
+    assert not isinstance(NoMatmul(), MaskOperator)
+
+
+def test_existing_masks_subclass_the_base_and_keep_their_specialised_forms():
+    for cls in (CausalMask, PackingMask, PaddingMask, ToeplitzMask, fast.BlockToeplitzMask, fast.LowRankMask,
+                fast.HypercubeDiffusionMask, DenseMask, SparseMask):
+        assert issubclass(cls, MaskOperator), cls
+    assert MaskOperator.attend is None and PackingMask.attend is None and fast.LowRankMask.attend is None
+    assert CausalMask.attend is not None and PaddingMask.attend is not None and ToeplitzMask.attend is not None
+
+
+def test_matmul_is_abstract():
+    class Incomplete(MaskOperator):
+        n = 3
+
+    with pytest.raises(TypeError, match="matmul"):
+        Incomplete()
+
+
+def test_key_stabilizer_default_is_the_per_slice_max_for_every_operator():
+    z = randn((2, 3, 5, 4), gen(2))
+    expected = z.amax(dim=(-2, -1), keepdim=True)
+    assert torch.equal(default_key_stabilizer(z), expected)
+    assert torch.equal(key_stabilizer_of(UserMask(_dense()))(z), expected)  # no key_stabilizer: the default
+    assert torch.equal(CausalMask(5).key_stabilizer(z), expected)  # base-class default
+    seg = PackingMask(torch.tensor([0, 0, 1, 1, 1]))
+    assert key_stabilizer_of(seg) == seg.key_stabilizer  # an override is used
+
+
+def test_favor_attention_calls_a_user_key_stabilizer():
+    """favor_attention uses the operator's key_stabilizer for every operator, including user ones."""
+    calls = []
+
+    class Stabilised(UserMask):
+        def key_stabilizer(self, z):
+            calls.append(tuple(z.shape))
+            return z.amax(dim=(-2, -1), keepdim=True) + 1.0  # any constant cancels
+
+    g = gen(3)
+    q, k, v = unit_rows((2, N, 4), g), unit_rows((2, N, 4), g), randn((2, N, 2), g)
+    w = fast.gaussian_projection(8, 4, generator=g, dtype=torch.float64)
+    dense = _dense()
+    got = favor_attention(q, k, v, w, Stabilised(dense))
+    assert calls == [(2, N, 8)]
+    assert rel_frobenius(got, favor_attention(q, k, v, w, dense)) <= 1e-12
+
+
+def test_parameters_default_scan():
+    a = torch.ones(3, requires_grad=True)
+    b = torch.ones(3, requires_grad=True)
+    c = torch.ones(3)  # no grad: not a parameter
+
+    class Op(MaskOperator):
+        def __init__(self):
+            self.n, self.a, self.c, self.items, self.inner = 3, a, c, [b, c], CausalMask(3)
+
+        def matmul(self, x):
+            return x
+
+    assert {id(t) for t in Op().parameters()} == {id(a), id(b)}
+    user = UserMask(torch.ones(3, 3, requires_grad=True))  # duck-typed: the same default scan
+    assert [id(t) for t in parameters_of(user)] == [id(user.dense)]
+
+    class ModuleMask(nn.Module):  # an nn.Module's parameters() satisfies the contract
+        def __init__(self):
+            super().__init__()
+            self.n, self.w = 3, nn.Parameter(torch.ones(3, 3))
+
+        def matmul(self, x):
+            return self.w @ x
+
+    mm = ModuleMask()
+    assert [id(t) for t in parameters_of(mm)] == [id(mm.w)]
+    table = torch.ones(5, requires_grad=True)
+    assert [id(t) for t in ToeplitzMask(table).parameters()] == [id(table)]
+
+
+def test_module_mask_trains_through_the_generic_path():
+    pq, pk, v = _inputs()
+
+    class ModuleMask(nn.Module):
+        def __init__(self, dense):
+            super().__init__()
+            self.n, self.w = N, nn.Parameter(dense.clone())
+
+        def matmul(self, x):
+            return self.w @ x
+
+    mm = ModuleMask(_dense())
+    masked_linear_attention(pq, pk, v, mm).sum().backward()
+    w = _dense().requires_grad_()
+    a = (pq @ pk.T) * w
+    ((a @ v) / a.sum(-1, keepdim=True)).sum().backward()
+    assert rel_frobenius(mm.w.grad, w.grad) <= 1e-12
+
+
+RMATMUL_MASKS = {
+    "dense-batched": lambda: DenseMask(randn((2, N, N), gen(20))),
+    "sparse": lambda: SparseMask(_sparse_dense()[0]),
+    "causal": lambda: CausalMask(N),
+    "packing": lambda: PackingMask(torch.tensor([[0, 0, 1, 1, 1, 2, 0, 2, 2], [1] * 9])),
+    "padding": lambda: PaddingMask(torch.arange(N) < 6),
+    "toeplitz": lambda: ToeplitzMask(randn((2 * N - 1,), gen(21))),
+    "block-toeplitz-cls": lambda: fast.BlockToeplitzMask((2, 4), randn((3, 7), gen(22)), cls_token=True),
+    "lowrank": lambda: fast.LowRankMask(randn((N, 2), gen(23)), randn((2, N), gen(24))),
+    "hypercube": lambda: fast.HypercubeDiffusionMask(8, 0.4),
+}
+
+
+@pytest.mark.parametrize("kind", list(RMATMUL_MASKS))
+def test_rmatmul_is_the_transpose(kind):
+    """rmatmul(x) == M^T x with M read off matmul (M = matmul(I)), for every mask that offers it."""
+    op = RMATMUL_MASKS[kind]()
+    n = op.n
+    dense = op.matmul(torch.eye(n, dtype=torch.float64))  # (..., N, N)
+    x = randn((2, n, 3), gen(25))
+    assert rel_frobenius(op.rmatmul(x), dense.mT @ x) <= 1e-12
+    assert rel_frobenius(op.matmul(x), dense @ x) <= 1e-12
+
+
+# ------------------------------------------------------------------------ as_mask_operator: accepted
+
+
+def test_operator_is_returned_as_is():
+    for op in (CausalMask(N), UserMask(_dense())):
+        assert as_mask_operator(op) is op
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_dense_tensor(dtype):
+    pq, pk, v = (t.to(dtype) for t in _inputs())
+    dense = _dense()
+    op = as_mask_operator(dense.to(dtype))
+    assert isinstance(op, DenseMask) and op.n == N
+    got = masked_linear_attention(pq, pk, v, dense.to(dtype))
+    assert got.dtype == dtype
+    assert rel_frobenius(got, _reference(pq, pk, v, np_(dense))) <= EQUIV_TOL[dtype]
+
+
+def test_batched_dense_tensor_broadcasts_over_heads():
+    pq, pk, v = _inputs(batch=(2, 3))
+    dense = _dense(batch=(2, 1))
+    got = masked_linear_attention(pq, pk, v, dense)
+    assert got.shape == (2, 3, N, 2)
+    assert rel_frobenius(got, _reference(pq, pk, v, np_(dense))) <= EQUIV_TOL[torch.float64]
+
+
+def test_bool_tensor_and_numpy_array_are_dense_masks():
+    pq, pk, v = _inputs()
+    tril = torch.ones(N, N, dtype=torch.bool).tril()
+    causal = masked_linear_attention(pq, pk, v, CausalMask(N))
+    assert rel_frobenius(masked_linear_attention(pq, pk, v, tril), causal) <= 1e-12
+    assert isinstance(as_mask_operator(tril.numpy()), DenseMask)
+    assert rel_frobenius(masked_linear_attention(pq, pk, v, tril.numpy().astype(np.float64)), causal) <= 1e-12
+
+
+def _sparse_dense(n=N, seed=4):
+    a = sp.random(n, n, density=0.3, format="coo", random_state=seed)
+    a = a + sp.eye(n)  # every row sees itself: denominators stay positive
+    return a.tocsr(), torch.as_tensor(a.toarray())
+
+
+@pytest.mark.parametrize("form", ["torch-coo", "torch-csr", "torch-csr-int64", "torch-csc", "scipy-csr",
+                                  "scipy-coo-dup"])
+def test_sparse_inputs(form):
+    a, dense = _sparse_dense()
+    if form == "torch-coo":
+        mask = dense.to_sparse()
+    elif form == "torch-csr":
+        mask = dense.to_sparse_csr()
+    elif form == "torch-csr-int64":
+        c = dense.to_sparse_csr()
+        mask = torch.sparse_csr_tensor(c.crow_indices().long(), c.col_indices().long(), c.values(), c.shape,
+                                       check_invariants=True)
+    elif form == "torch-csc":
+        mask = dense.to_sparse_csc()
+    elif form == "scipy-csr":
+        mask = a
+    else:  # COO with duplicate entries: they are summed
+        coo = a.tocoo()
+        mask = sp.coo_matrix((np.concatenate([coo.data / 2, coo.data / 2]),
+                              (np.concatenate([coo.row, coo.row]), np.concatenate([coo.col, coo.col]))), shape=a.shape)
+    op = as_mask_operator(mask)
+    assert isinstance(op, SparseMask) and op.n == N
+    x = randn((2, N, 3), gen(5))
+    assert rel_frobenius(op.matmul(x), dense @ x) <= 1e-14
+    pq, pk, v = _inputs(batch=(2,))
+    assert rel_frobenius(masked_linear_attention(pq, pk, v, mask), _reference(pq, pk, v, np_(dense))) <= 1e-10
+
+
+def test_sparse_mask_builds_int32_csr_once_and_its_transpose_for_backward():
+    a, dense = _sparse_dense()
+    op = SparseMask(a)
+    x = randn((N, 2), gen(6)).requires_grad_()
+    with torch.no_grad():
+        op.matmul(x)
+    assert list(op._csr) == [("cpu", torch.float64, False)]  # no transpose without backward
+    csr = op.csr(torch.device("cpu"), torch.float64)
+    assert csr.layout == torch.sparse_csr and csr.crow_indices().dtype == torch.int32
+    assert torch.equal(op.csr(torch.device("cpu"), torch.float64, transpose=True).to_dense(), dense.T)
+    assert torch.autograd.gradcheck(op.matmul, (x,))
+    assert op.csr(torch.device("cpu"), torch.float64) is csr  # cached, not rebuilt
+
+
+def test_half_precision_through_dense_and_sparse():
+    pq, pk, v = (t.to(torch.bfloat16) for t in _inputs())
+    a, dense = _sparse_dense()
+    for mask in (dense, a):
+        out = masked_linear_attention(pq, pk, v, mask)
+        assert out.dtype == torch.bfloat16
+        ref = masked_linear_attention(pq.double(), pk.double(), v.double(), mask)
+        assert rel_frobenius(out, ref) <= 2 * torch.finfo(torch.bfloat16).eps
+
+
+def test_user_operator_without_base_class():
+    pq, pk, v = _inputs()
+    dense = _dense()
+    got = masked_linear_attention(pq, pk, v, UserMask(dense))
+    assert rel_frobenius(got, _reference(pq, pk, v, np_(dense))) <= EQUIV_TOL[torch.float64]
+
+
+def test_user_operator_with_its_own_attend():
+    pq, pk, v = _inputs()
+    dense = _dense()
+
+    class WithAttend(UserMask):
+        calls = 0
+
+        def attend(self, phi_q, phi_k, v):
+            WithAttend.calls += 1
+            a = (phi_q @ phi_k.transpose(-1, -2)) * self.dense
+            return a @ v, a.sum(-1)
+
+    got = masked_linear_attention(pq, pk, v, WithAttend(dense))
+    assert WithAttend.calls == 1
+    assert rel_frobenius(got, _reference(pq, pk, v, np_(dense))) <= EQUIV_TOL[torch.float64]
+
+
+# ------------------------------------------------------------------------ as_mask_operator: refused
+
+
+class OnlyMatmul:
+    def matmul(self, x):
+        return x
+
+
+class OnlyN:
+    n = N
+
+
+class NotCallable:
+    n = N
+    matmul = 3
+
+
+class WrongShape(UserMask):
+    def matmul(self, x):
+        return (self.dense @ x)[..., :-1, :]
+
+
+class WrongWidth(UserMask):
+    def matmul(self, x):
+        return (self.dense @ x)[..., :1]
+
+
+class NotATensor(UserMask):
+    def matmul(self, x):
+        return (self.dense @ x).tolist()
+
+
+class BadAttend(UserMask):
+    def attend(self, phi_q, phi_k, v):
+        return phi_q @ phi_k.transpose(-1, -2) @ v  # one tensor, not (num, den)
+
+
+class BadN(UserMask):
+    def __init__(self, dense, n):
+        super().__init__(dense)
+        self.n = n
+
+
+BAD = {
+    "string": ("causal", TypeError, r"mask must be a MaskOperator \(with n and matmul\), .* got str"),
+    "list": ([[1.0]], TypeError, "mask must be a MaskOperator .* got list"),
+    "object-array": (np.array([["a"]], dtype=object), TypeError, "mask as a NumPy array must hold real numbers"),
+    "no-n": (OnlyMatmul(), TypeError, r"mask \(.*OnlyMatmul\) has no n \(the number of tokens N\)"),
+    "no-matmul": (OnlyN(), TypeError, r"mask \(.*OnlyN\) has no callable matmul"),
+    "matmul-not-callable": (NotCallable(), TypeError, "mask.matmul must be a method"),
+    "n-zero": (BadN(_dense(), 0), ValueError, "mask.n must be a positive integer"),
+    "n-str": (BadN(_dense(), "9"), ValueError, "mask.n must be a positive integer"),
+    "not-square": (torch.ones(N, N + 1), ValueError, r"mask must be a square matrix .* got shape \(9, 10\)"),
+    "vector": (torch.ones(N), ValueError, "mask must be a square matrix"),
+    "complex": (torch.ones(N, N, dtype=torch.complex64), TypeError, "mask must hold real"),
+    "nan": (torch.full((N, N), float("nan")), ValueError, "mask contains non-finite"),
+    "sparse-3d": (torch.ones(2, N, N).to_sparse(), ValueError, "mask must be a 2-D sparse matrix"),
+    "sparse-nan": (sp.csr_matrix(np.full((N, N), np.nan)), ValueError, "mask contains non-finite"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_masks_raise_errors_naming_mask(case):
+    mask, exc, match = BAD[case]
+    with pytest.raises(exc, match=match):
+        as_mask_operator(mask)
+    pq, pk, v = _inputs()
+    with pytest.raises(exc, match=match):  # the drivers report the same
+        masked_linear_attention(pq, pk, v, mask)
+
+
+def test_as_mask_operator_checks_n_when_given():
+    assert as_mask_operator(_dense(), n=N).n == N
+    with pytest.raises(ValueError, match="mask is for N=9 tokens, expected N=8"):
+        as_mask_operator(_dense(), n=8)
+
+
+def test_wrong_n_for_the_inputs():
+    pq, pk, v = _inputs()
+    with pytest.raises(ValueError, match="mask is for N=8 tokens but phi_q, phi_k have N=9"):
+        masked_linear_attention(pq, pk, v, UserMask(_dense(n=8)))
+
+
+@pytest.mark.parametrize("cls, exc, match", [
+    (WrongShape, ValueError,
+     r"mask.matmul\(x\) must return shape \(\.\.\., N, c\) = \(\.\.\., 9, (\d)\) .* got \(8, \1\)"),
+    (WrongWidth, ValueError, r"mask.matmul\(x\) must return shape .*WrongWidth"),
+    (NotATensor, TypeError, r"mask.matmul\(x\) must return a torch.Tensor, got list"),
+    (BadAttend, ValueError, r"mask.attend must return \(num"),
+])
+def test_user_operator_returning_the_wrong_thing(cls, exc, match):
+    pq, pk, v = _inputs()
+    with pytest.raises(exc, match=match):
+        masked_linear_attention(pq, pk, v, cls(_dense()))
+    with pytest.raises(exc, match=match):  # also without autograd (no parameter probe)
+        with torch.no_grad():
+            masked_linear_attention(pq, pk, v, cls(_dense()))
