@@ -162,7 +162,16 @@ RMATMUL_MASKS = {
     "block-toeplitz-cls": lambda: fast.BlockToeplitzMask((2, 4), randn((3, 7), gen(22)), cls_token=True),
     "lowrank": lambda: fast.LowRankMask(randn((N, 2), gen(23)), randn((2, N), gen(24))),
     "hypercube": lambda: fast.HypercubeDiffusionMask(8, 0.4),
+    # a weighted forest of two trees (parents 0 0 1 -1 3 3 4 4 5): symmetric masks, rmatmul = matmul
+    "tree-exp": lambda: fast.TreeExpMask(_forest(weighted=True), -0.4, 0.1),
+    "tree-diam": lambda: fast.TreeDiamMask(_forest(), randn((N,), gen(26))),
+    "tree-dc": lambda: fast.TreeDCMask(_forest(), randn((N,), gen(27)), dense_threshold=2),
 }
+
+
+def _forest(weighted: bool = False) -> fast.Forest:
+    parent = [-1, 0, 0, 1, -1, 4, 4, 5, 5]
+    return fast.Forest.from_parent(parent, [0.5, 1.0, 1.5, 0.7, 0.0, 1.2, 0.9, 1.1, 0.6] if weighted else None)
 
 
 @pytest.mark.parametrize("kind", list(RMATMUL_MASKS))

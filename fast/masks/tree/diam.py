@@ -62,6 +62,11 @@ class TreeDiamMask(MaskOperator):
                 for k, lo, hi in f.levels()[1:]]
         return self._local_parents[key]
 
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x = M @ x: the mask is symmetric (dist(i, j) = dist(j, i)). Lets training take the
+        adjoint backward (one product per recomputed block) instead of differentiating it."""
+        return self.matmul(x)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the depths, O(n diam c) work."""
         check_tokens("x", x, self.n)

@@ -54,6 +54,11 @@ class TreeExpMask(MaskOperator):
             self._factors[key] = (down.unsqueeze(-1), (-torch.expm1(2 * self.a * w)).unsqueeze(-1))
         return self._factors[key]
 
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x = M @ x: the mask is symmetric (dist(i, j) = dist(j, i)). Lets training take the
+        adjoint backward (one product per recomputed block) instead of differentiating it."""
+        return self.matmul(x)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the levels, O(n c) work."""
         check_tokens("x", x, self.n)

@@ -87,6 +87,11 @@ class TreeDCMask(MaskOperator):
 
     # ----------------------------------------------------------------------- product
 
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x = M @ x: the mask is symmetric (dist(i, j) = dist(j, i)). Lets training take the
+        adjoint backward (one product per recomputed block) instead of differentiating it."""
+        return self.matmul(x)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): dense blocks, Hankel FFTs, the f(0) fix at the v's."""
         check_tokens("x", x, self.n)
