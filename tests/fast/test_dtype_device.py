@@ -166,7 +166,8 @@ def test_cuda_training_matches_cpu(kind):
     b = randn((2 * n - 1,), g, scale=0.3)
     results = []
     for device in ("cpu", "cuda"):
-        leaves = [t.to(device).requires_grad_() for t in (pq, pk, v, b)]
+        # detach: on CPU .to() returns the very input, whose requires_grad would leak into the CUDA pass
+        leaves = [t.to(device).detach().requires_grad_() for t in (pq, pk, v, b)]
         mask = {"toeplitz-learnable": lambda: fast.ToeplitzMask.from_log_coefficients(leaves[3]),
                 "dense": lambda: torch.ones(n, n, dtype=torch.float64).tril(),
                 "sparse": lambda: sp.eye(n, format="csr") + sp.eye(n, k=-1, format="csr"),
