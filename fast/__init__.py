@@ -20,7 +20,7 @@ from fast.features import (
     TrigRFF,
     gaussian_projection,
 )
-from fast.masks.base import MaskOperator
+from fast.masks.base import MaskOperator, SymmetricMaskOperator
 from fast.masks.explicit import DenseMask, SparseMask, as_mask_operator
 from fast.masks.hypercube import HypercubeDiffusionMask
 from fast.masks.lowrank import LowRankMask
@@ -38,7 +38,7 @@ from fast.masks.tree import (
 __all__ = [
     "DenominatorError", "favor_attention", "linear_attention", "masked_linear_attention",
     "softmax_attention", "EluPlusOne", "FavorPlus", "FeatureMap", "Hyperbolic", "Identity",
-    "ReLU", "TrigRFF", "gaussian_projection", "MaskOperator", "DenseMask", "SparseMask",
+    "ReLU", "TrigRFF", "gaussian_projection", "MaskOperator", "SymmetricMaskOperator", "DenseMask", "SparseMask",
     "as_mask_operator", "CausalMask", "PackingMask",
     "PaddingMask", "ToeplitzMask", "BlockToeplitzMask", "LowRankMask", "HypercubeDiffusionMask",
     "Forest", "TreeExpMask", "TreeDiamMask", "TreeDCMask", "forest_diameter", "tree_mask_operator",

@@ -138,6 +138,15 @@ class MaskOperator(metaclass=_MaskOperatorMeta):
         return default_parameters(self)
 
 
+class SymmetricMaskOperator(MaskOperator):
+    """A mask with M = M^T (tree distances, Hamming distances, segment equality): ``rmatmul`` is
+    ``matmul``, so training takes the adjoint backward (one product per recomputed block)."""
+
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x = M @ x for x (..., N, c)."""
+        return self.matmul(x)
+
+
 def attend_of(op: object):
     """The operator's ``attend`` method, or None when it has none (then the generic path runs)."""
     return getattr(op, "attend", None)

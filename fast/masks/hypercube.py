@@ -19,7 +19,7 @@ import numbers
 
 import torch
 
-from fast.masks.base import MaskOperator
+from fast.masks.base import SymmetricMaskOperator
 from fast.validation import check_tokens, compute_dtype
 
 #: Bits per Kronecker pass: the 2^g x 2^g factor applied as one batched GEMM.
@@ -33,7 +33,7 @@ def hypercube_dimension(n: int) -> int:
     return int(n).bit_length() - 1
 
 
-class HypercubeDiffusionMask(MaskOperator):
+class HypercubeDiffusionMask(SymmetricMaskOperator):
     """M_ij = tanh(lam)^dist(i, j) on the hypercube with n = 2^k nodes (dist = Hamming distance).
 
     n: a power of two; lam > 0: the diffusion time (a float, or a 0-d tensor that may require
@@ -83,6 +83,3 @@ class HypercubeDiffusionMask(MaskOperator):
             b += g
         return y.to(out_dtype)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M^T @ x = M @ x: M is symmetric."""
-        return self.matmul(x)

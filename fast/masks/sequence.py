@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from fast.masks.base import MaskOperator
+from fast.masks.base import MaskOperator, SymmetricMaskOperator
 from fast.validation import broadcast_shape, check_positive_int, check_tokens
 
 
@@ -144,7 +144,7 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([zero, inc.narrow(dim, 0, inc.shape[dim] - 1)], dim=dim)
 
 
-class PackingMask(MaskOperator):
+class PackingMask(SymmetricMaskOperator):
     """M_ij = 1 if segment_ids[i] == segment_ids[j]: packed sequences never attend to each other.
 
     segment_ids: (..., N) integer labels (any values; need not be contiguous), broadcastable to
@@ -173,9 +173,6 @@ class PackingMask(MaskOperator):
         sums = sums.scatter_add(-2, idx, x)
         return torch.gather(sums, -2, idx)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M^T @ x = M @ x: M is symmetric."""
-        return self.matmul(x)
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
         """Per-segment max of z (..., N, m) -> (..., N, 1): exact, as segments never mix."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fast.masks.base import MaskOperator
+from fast.masks.base import SymmetricMaskOperator
 from fast.masks.tree.forest import DEFAULT_MAX_CHUNK_BYTES, Forest, FTable, check_f, check_unweighted, forest_diameter
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 
-class TreeDiamMask(MaskOperator):
+class TreeDiamMask(SymmetricMaskOperator):
     """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n diam c) (Lemma 6.2).
 
     forest: an unweighted ``Forest`` (all edge lengths 1, else ValueError); f: (n,) tensor (or
@@ -61,11 +61,6 @@ class TreeDiamMask(MaskOperator):
                 torch.as_tensor(f.parent_pos[lo:hi] - f.level_starts[k - 1], device=device)
                 for k, lo, hi in f.levels()[1:]]
         return self._local_parents[key]
-
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M^T @ x = M @ x: the mask is symmetric (dist(i, j) = dist(j, i)). Lets training take the
-        adjoint backward (one product per recomputed block) instead of differentiating it."""
-        return self.matmul(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the depths, O(n diam c) work."""

@@ -14,12 +14,12 @@ import numbers
 import numpy as np
 import torch
 
-from fast.masks.base import MaskOperator
+from fast.masks.base import SymmetricMaskOperator
 from fast.masks.tree.forest import Forest, check_forest
 from fast.validation import check_tokens, compute_dtype
 
 
-class TreeExpMask(MaskOperator):
+class TreeExpMask(SymmetricMaskOperator):
     """M_ij = exp(a dist(i, j) + b) within each tree of ``forest``, 0 across trees (Lemma 3.5).
 
     a, b: real numbers. a < 0 (decay with distance) is the stable case. For a > 0 the recursion
@@ -53,11 +53,6 @@ class TreeExpMask(MaskOperator):
             down = torch.exp(self.a * w)  # e^{a w(i, p)}
             self._factors[key] = (down.unsqueeze(-1), (-torch.expm1(2 * self.a * w)).unsqueeze(-1))
         return self._factors[key]
-
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M^T @ x = M @ x: the mask is symmetric (dist(i, j) = dist(j, i)). Lets training take the
-        adjoint backward (one product per recomputed block) instead of differentiating it."""
-        return self.matmul(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the levels, O(n c) work."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fast.masks.base import MaskOperator
+from fast.masks.base import SymmetricMaskOperator
 from fast.masks.tree.forest import DEFAULT_MAX_CHUNK_BYTES, Forest, FTable, check_f, check_unweighted
 from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, SeparatorPlan
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 
-class TreeDCMask(MaskOperator):
+class TreeDCMask(SymmetricMaskOperator):
     """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n log^2 n c) (Lemma 6.1).
 
     forest: an unweighted ``Forest``; f: (n,) tensor (or array) f(0), ..., f(n - 1), finite, any
@@ -86,11 +86,6 @@ class TreeDCMask(MaskOperator):
         return self._tensors[key]
 
     # ----------------------------------------------------------------------- product
-
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M^T @ x = M @ x: the mask is symmetric (dist(i, j) = dist(j, i)). Lets training take the
-        adjoint backward (one product per recomputed block) instead of differentiating it."""
-        return self.matmul(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): dense blocks, Hankel FFTs, the f(0) fix at the v's."""
