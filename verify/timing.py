@@ -194,6 +194,22 @@ def sweep_key(mech_id: str, variant: str, impl: str, sizes, rounds: int, device,
     return key if point_budget is None else key + (("point_budget", float(point_budget)),)
 
 
+def covering_sweep(cache: dict | None, mech_id: str, variant: str, impl: str, sizes, rounds: int, device,
+                   seed: int, dtype: str = "float32", threads: int | None = 1) -> "Sweep | None":
+    """A cached sweep that answers for a request on ``sizes`` and ``rounds``: same mechanism, variant,
+    impl, device, seed, dtype and threads, no point budget, no error, every requested N among its
+    sizes and at least as many rounds (None if there is none). verify.measure's full sweeps cover the
+    quick grid, so the checks of a report fit the very sweep the report shows (one exponent)."""
+    want = {int(n) for n in sizes}
+    for key, hit in (cache or {}).items():
+        if len(key) != 7 or key[:3] != (mech_id, variant, impl) or key[5:] != (str(device), int(seed)):
+            continue
+        if (hit.error is None and hit.dtype == dtype and hit.threads == threads and key[4] >= rounds
+                and want <= set(hit.sizes)):
+            return hit
+    return None
+
+
 def sweep(
     mech,
     impl: str = "fast",

@@ -437,3 +437,23 @@ def test_crossover_interval_with_skipped_rounds():
     rd[1][-1] = rd[2][-1] = float("nan")
     low, high = crossover_interval(_sweep(sizes, tf, all_rounds=rf), _sweep(sizes, td, "dense", rd))
     assert low is not None and high is not None and low <= 1000.0 <= high
+
+
+def test_covering_sweep_answers_only_for_a_superset_with_enough_rounds():
+    from verify.timing import Sweep, covering_sweep, sweep_key
+
+    full = Sweep("m", "fast", "cpu", "float32", 1, [64, 128, 256, 512], [1.0, 2.0, 4.0, 8.0], 5, variant="v")
+    budgeted = Sweep("m", "fast", "cpu", "float32", 1, [64, 128, 256, 512], [1.0, 2.0, 4.0, 8.0], 5, variant="v")
+    cache = {sweep_key("m", "v", "fast", full.sizes, 5, "cpu", 0): full,
+             sweep_key("m", "v", "fast", budgeted.sizes, 9, "cpu", 0, point_budget=1.0): budgeted}
+    assert covering_sweep(cache, "m", "v", "fast", (128, 256), 3, "cpu", 0) is full
+    assert covering_sweep(cache, "m", "v", "fast", (128, 256), 5, "cpu", 0) is full
+    assert covering_sweep(cache, "m", "v", "fast", (128, 256), 6, "cpu", 0) is None  # too few rounds
+    assert covering_sweep(cache, "m", "v", "fast", (128, 1024), 3, "cpu", 0) is None  # N not timed
+    assert covering_sweep(cache, "m", "v", "dense", (128,), 3, "cpu", 0) is None
+    assert covering_sweep(cache, "m", "w", "fast", (128,), 3, "cpu", 0) is None
+    assert covering_sweep(cache, "m", "v", "fast", (128,), 3, "cpu", 1) is None  # another seed
+    assert covering_sweep(cache, "m", "v", "fast", (128,), 3, "cpu", 0, threads=2) is None
+    full.error = "N = 512: RuntimeError: boom"
+    assert covering_sweep(cache, "m", "v", "fast", (128,), 3, "cpu", 0) is None  # never a failed sweep
+    assert covering_sweep(None, "m", "v", "fast", (128,), 3, "cpu", 0) is None

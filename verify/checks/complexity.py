@@ -16,6 +16,7 @@ from verify.mechanisms import mechanisms
 from verify.registry import COST_FACTOR_CLASSES, Mechanism
 from verify.result import Check, Context, Outcome, judged
 from verify.timing import compare as timing_compare
+from verify.timing import covering_sweep
 from verify.timing import fit_times, sweep
 
 #: One-sided upper bounds on the fitted slope for each sub-quadratic class (docs/methods.md).
@@ -43,9 +44,14 @@ def claim_rule(complexity: str) -> tuple[str, float] | None:
 
 def _sweep(mech: Mechanism, impl: str, ctx: Context, rounds: int):
     """verify.timing.sweep of the default variant on the mode's grid, through the ctx.sweeps cache
-    (a sweep verify.measure already took for the report is reused: one exponent per sweep)."""
-    return sweep(mech, impl, mech.sizes(impl, ctx.quick), variant=None, rounds=rounds, device=ctx.device,
-                 seed=ctx.seed, cache=ctx.sweeps)
+    (a sweep verify.measure already took for the report is reused, on the same grid or on a larger
+    one with at least as many rounds, timing.covering_sweep: one exponent per sweep)."""
+    sizes = mech.sizes(impl, ctx.quick)
+    covering = covering_sweep(ctx.sweeps, mech.id, mech.default_variant.name, impl, sizes, rounds, ctx.device,
+                              ctx.seed)
+    if covering is not None:  # a larger grid with at least as many rounds: the same claim, more evidence
+        return covering
+    return sweep(mech, impl, sizes, variant=None, rounds=rounds, device=ctx.device, seed=ctx.seed, cache=ctx.sweeps)
 
 
 def _sweep_details(s) -> dict:
