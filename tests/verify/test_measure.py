@@ -14,7 +14,7 @@ from verify.experiments import favor_error
 from verify.measure import Options, collect, stages
 from verify.measure import pipeline
 from verify.measure.cli import main, parse_args
-from verify.measure.environment import LoadLog, SPARE_CORES
+from verify.measure.environment import BUSY_OTHER, LoadLog
 from verify.result import CheckResult
 from verify.schema import MemoryCurve, MemoryPoint, Results
 
@@ -195,14 +195,18 @@ def test_check_belongs_to():
 def test_load_warning_rule():
     log = LoadLog(cpus=2)
     log.stages = {"sweeps": {"threads": 1, "start": [0.4, 0, 0], "end": [1.2, 0, 0]},
-                  "memory": {"threads": 2, "start": [3.9, 0, 0], "end": [3.9, 0, 0]}}
-    assert log.warning() is None  # memory is not a timing stage; 1.2 <= 2 - SPARE_CORES
+                  "memory": {"threads": 2, "start": [3.9, 0, 0], "end": [3.9, 0, 0]},
+                  "checks": {"threads": 2, "start": [1.5, 0, 0], "end": [2.0, 0, 0]}}
+    # memory is not a timing stage; sweeps: other load 0.2 < BUSY_OTHER; checks: its own 2 threads
+    assert log.warning() is None
     s = log.summary()
     assert s["stages"]["sweeps"]["other_load"] == pytest.approx(0.2) and s["max_other_load"] == pytest.approx(1.9)
     assert s["other_busy"] and "rule" in s
-    log.stages["sweeps"]["end"] = [2 - SPARE_CORES + 0.1, 0, 0]
+    log.stages["sweeps"]["end"] = [1 + BUSY_OTHER + 0.1, 0, 0]  # another process used 0.6 core
     w = log.warning()
-    assert w and "the sweeps stage (1.60" in w and "2 CPUs" in w and "checks" not in w
+    assert w and "the sweeps stage (load 1.60" in w and "2 CPUs" in w and "checks" not in w
+    log.stages["checks"]["end"] = [2 + BUSY_OTHER, 0, 0]
+    assert "the checks stage (load 2.50, this run 2 thread(s))" in log.warning()
     log.start("checks", 2)
     log.end("checks")
     assert set(log.summary()["stages"]) == {"sweeps", "memory", "checks"}

@@ -10,20 +10,21 @@ it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time
 (verify.measure.environment states the load_warning rule). Stages, in order (their times below):
 
 1. sweeps: every mechanism's fast path and dense twin on its default variant, then every other
-   variant with sweep=True (fast path only; an N gets no further round once it has used
-   stages.VARIANT_POINT_BUDGET_S, 0.5 s quick / 1.5 s full, as the old tree stage did),
+   variant with sweep=True (fast path only, on its quick grid in both modes; an N gets no further
+   round once it has used stages.VARIANT_POINT_BUDGET_S = 0.5 s, as the old tree stage did),
    verify.timing.sweep with torch threads pinned to 1, interleaved rounds (3 quick, 5 full: the
    complexity checks' counts), seed 0. Fits (the one fit rule, verify.timing.fit_points),
    cost-factor fits, metrics; comparisons of the default variant with its dense twin (speed-up,
    its fit, crossover with a bootstrap 95% interval, verify.timing.crossover_interval).
 2. memory: peak memory vs N per (mechanism, impl), default variant, one child process per
-   mechanism (verify.memory), two at a time; quick caps N at 2^15 (fast) and 2^12 (dense).
+   (mechanism, impl) (verify.memory), two at a time; quick caps N at 2^15 (fast) and 2^12 (dense).
 3. favor_error: FAVOR+ RMSE vs m against verify.stats.prf_variance (1000 draws quick, 4000 full).
 4. gallery: the dense mask of every mechanism that has one at N = 64 (admissible), matrices
    included.
 5. checks: verify.runner.run_checks (quick unless --verify-full) sharing the sweep cache, so
-   complexity/<id> reuses the sweep of the same grid when the modes match (--quick with the
-   default quick checks, or full with --verify-full); --verify-json PATH loads a ``python -m
+   complexity/<id> fits the sweep stage's own sweep whenever it covers the check's grid with at
+   least as many rounds (verify.timing.covering_sweep: always, since full sweeps cover the quick
+   grid); --verify-json PATH loads a ``python -m
    verify --json`` file instead; --only restricts them to the checks about those mechanisms.
 
 Time, quick, all 12 mechanisms, on an idle Xeon pinned to 2 cores (taskset; the old ``python -m
