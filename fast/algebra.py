@@ -224,7 +224,7 @@ class _MaskedProducts(torch.autograd.Function):
         if not create:
             phi_q, phi_k, v = _leaf(phi_q, need_q), _leaf(phi_k, need_k), _leaf(v, need_v)
         matmul = partial(apply_mask, op)
-        m, d = phi_k.shape[-1], v.shape[-1]
+        m = phi_k.shape[-1]
         grad_p: list = [None] * len(params)
         wanted_p = [p for p, need in zip(params, need_p) if need]
 

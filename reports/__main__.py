@@ -10,7 +10,6 @@ page shows them; ``python -m verify`` is the gate); 2 on bad arguments or an unr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

@@ -20,11 +20,6 @@ from fast.masks.tree.forest import (
     DEFAULT_MAX_CHUNK_BYTES,
     Forest,
     FTable,
-    _depths,
-    _weights,
-    check_f,
-    check_forest,
-    check_unweighted,
     forest_diameter,
 )
 from fast.masks.tree.select import tree_mask_operator
@@ -33,8 +28,6 @@ from fast.masks.tree.separator_plan import (
     DEFAULT_DENSE_THRESHOLD,
     HANKEL_DENSE_RATIO,
     SeparatorPlan,
-    _preorder,
-    _subtree_ends,
 )
 
 __all__ = [
