@@ -12,6 +12,11 @@ A record declares, besides its problem generator and implementations:
   ``sweep`` is True; complexity/<id> fits the default variant (the first).
 - scale / scale_train: whether scale/<id> (forward at N = 2^20) and scale/<id>-train (forward +
   backward at N = 2^20) exist for it.
+- protocols: a variant's ``protocol`` says how equivalence runs it: "plain" (build, call once),
+  "update" (call, change the mask's parameters in place as an optimiser step does, call the same
+  operator again: a cached derived quantity must follow), "learnable" (the parameters are leaves
+  that require grad: forward through the learnable path, and the gradient against finite
+  differences of the float64 reference). The last two need ``mask_params``.
 - cost_factor: a per-problem cofactor of the class (the diameter for "N diam", later |E|/N for
   sparse graphs): time / cost_factor is fitted against the class without it.
 - metrics: structural numbers of a problem worth charting against N (e.g. a recursion depth and
@@ -30,6 +35,11 @@ COMPLEXITY_CLASSES = ("N", "N log N", "N log^2 N", "N diam", "N^2")
 COST_FACTOR_CLASSES = {"N diam": "N"}
 #: The implicit variant of a record that declares none.
 DEFAULT_VARIANT = "default"
+#: How equivalence runs a variant (module docstring): plain, update in place, learnable.
+PROTOCOLS = ("plain", "update", "learnable")
+#: Batch and head dims of equivalence problems: 4 slices whose magnitudes differ by orders of
+#: magnitude (verify.favor.favor_problem), each compared with the reference on its own.
+EQUIVALENCE_BATCH = (2, 2)
 
 #: runner() -> Tensor: the timed part of one (problem, implementation); set-up happens before.
 Runner = Callable[[], Any]
@@ -48,6 +58,8 @@ class Variant:
     *_sizes: N grids overriding the mechanism's for this variant (None: the mechanism's), e.g.
         an O(N diam) operator timed on paths only up to where N^2 stays affordable.
     sweep: False for variants that only equivalence runs (an option that does not change cost).
+    protocol: "plain", "update" or "learnable" (PROTOCOLS, module docstring); the last two are
+        equivalence-only (sweep must be False) and need the mechanism's ``mask_params``.
     """
 
     name: str
@@ -58,17 +70,24 @@ class Variant:
     quick_fast_sizes: tuple[int, ...] | None = None
     quick_dense_sizes: tuple[int, ...] | None = None
     sweep: bool = True
+    protocol: str = "plain"
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"variant name must be a non-empty string, got {self.name!r}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"variant {self.name!r}: protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.protocol != "plain" and self.sweep:
+            raise ValueError(f"variant {self.name!r}: a {self.protocol!r} variant is equivalence-only (sweep=False)")
 
 
 @dataclass(frozen=True)
 class Mechanism:
     """One mechanism: how to make inputs, the dense truth, the fast path and its dense twin.
 
-    make_problem(n, seed, **variant.params) -> Problem: deterministic NumPy inputs.
+    make_problem(n, seed, *, batch=(), **variant.params) -> Problem: deterministic NumPy inputs;
+        batch: leading (batch, head) dims of q, k, v (equivalence uses EQUIVALENCE_BATCH; sweeps
+        and scale use ()), per-sample mask data (segment ids, key masks) shaped to broadcast.
     reference(problem) -> ndarray: float64, dense.
     fast_setup(problem, device, dtype, requires_grad=False) -> runner: converts inputs and builds
         the mask operator (untimed); runner() computes the output (timed), a Tensor of
@@ -86,6 +105,18 @@ class Mechanism:
         COST_FACTOR_CLASSES ("N diam": the diameter, "diam").
     metrics(problem) -> {name: value}: structural numbers recorded by sweeps (may be None);
         a name "X bound" is drawn as the bound of metric "X".
+    linear: the fast path is fast.masked_linear_attention with stabilised FAVOR+ features of
+        problem.projection and the operator ``fast_mask(problem, device)`` (None: unmasked), so
+        checks may drive the operator with features of their own (guard/denominator).
+    fast_mask(problem, device) -> the fast/ mask operator of a linear mechanism, or None.
+    mask_params: names of problem.extras entries that are continuous mask parameters (a
+        Toeplitz table, a tree's f, a diffusion time). fast_mask must accept a torch.Tensor in
+        their place and hold it without copying, so in-place updates and requires_grad reach
+        the operator; reference and dense_mask read them with np.asarray. Needed by the
+        "update" and "learnable" protocols.
+    draw(problem, generator) -> the problem with its random parts (the FAVOR+ projection, an RPE
+        projection, ...) drawn by fast/'s own samplers from the torch.Generator ``generator``
+        (reproducibility/<id>); None for a deterministic mechanism.
     """
 
     id: str
@@ -111,6 +142,10 @@ class Mechanism:
     cost_factor: Callable[[Any], float] | None = None
     cost_factor_name: str = ""
     metrics: Callable[[Any], Mapping[str, float]] | None = None
+    linear: bool = False
+    fast_mask: Callable | None = None
+    mask_params: tuple[str, ...] = ()
+    draw: Callable | None = None
 
     def __post_init__(self):
         if self.complexity not in COMPLEXITY_CLASSES:
@@ -123,6 +158,11 @@ class Mechanism:
         names = [v.name for v in self.variants]
         if len(names) != len(set(names)):
             raise ValueError(f"variant names of {self.id!r} must be unique, got {names}")
+        needs = [v.name for v in self.variants if v.protocol != "plain"]
+        if needs and not self.mask_params:
+            raise ValueError(f"{self.id!r}: variants {needs} use the update/learnable protocol, which needs mask_params")
+        if self.fast_mask is not None and not self.linear:
+            raise ValueError(f"{self.id!r}: fast_mask is the operator of a linear mechanism (set linear=True)")
         if self.scale_train and not self.scale:
             raise ValueError("scale_train needs scale (scale/<id>-train sits beside scale/<id>)")
 
@@ -147,9 +187,12 @@ class Mechanism:
         known = ", ".join(v.name for v in self.all_variants)
         raise KeyError(f"mechanism {self.id!r} has no variant {name!r}; known: {known}")
 
-    def problem(self, n: int, seed: int, variant: str | Variant | None = None):
-        """make_problem(n, seed, **params of ``variant``) (default variant when None)."""
+    def problem(self, n: int, seed: int, variant: str | Variant | None = None, batch: tuple[int, ...] = ()):
+        """make_problem(n, seed, **params of ``variant``) (default variant when None); batch:
+        leading dims of q, k, v (passed on only when not empty, so older records still work)."""
         v = variant if isinstance(variant, Variant) else self.variant(variant)
+        if batch:
+            return self.make_problem(n, seed, batch=tuple(batch), **dict(v.params))
         return self.make_problem(n, seed, **dict(v.params))
 
     def sizes(self, impl: str, quick: bool, variant: str | Variant | None = None) -> tuple[int, ...]:

@@ -13,7 +13,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-KINDS = ("equivalence", "statistical", "bound", "complexity", "scale", "erratum")
+#: "guard": a library guard fires where it must and stays silent where it must not (guard/<id>);
+#: "reproducibility": same generator seed, same output; the global RNG untouched.
+KINDS = ("equivalence", "statistical", "bound", "complexity", "scale", "erratum", "guard", "reproducibility")
 STATUSES = ("pass", "fail", "skip")
 #: How a statistic is compared with its threshold for a pass ("<=": statistic <= threshold);
 #: "" where the check is not one comparison (or has no threshold).

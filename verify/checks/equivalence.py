@@ -1,12 +1,45 @@
 """equivalence/<mechanism>: fast equals reference on identical draws, float64 and float32, on
-every variant of the mechanism (the statistic is the worst variant's)."""
+every variant of the mechanism (the statistic is the worst variant's).
+
+Problems have batch and head dims (registry.EQUIVALENCE_BATCH = (2, 2)) whose slices differ by
+orders of magnitude (verify.favor._batch_magnitudes: values 1e-3 .. 1e3, one slice of quiet keys
+~128 below the others in FAVOR+ exponent), and every (batch, head) slice is compared with the
+reference ON ITS OWN: the error of a variant is the worst slice's relative Frobenius error
+|fast_s - ref_s|_F / |ref_s|_F, so a small slice spoiled by a big one (a stabiliser or a causal
+state shared across the batch) cannot hide behind the big one's norm. The details name the slice.
+
+A variant's protocol (registry.PROTOCOLS) says how it runs:
+
+- plain: build the operator, call once, compare.
+- update: the mechanism's mask_params are float64 tensors the operator holds (no copy). Call,
+  multiply every parameter entry by exp(0.3 xi) (xi ~ N(0, 1) from rng_for(seed, UPDATE_SALT),
+  a positive factor, so signs, zeros and -inf logits stay valid), write the new values IN PLACE
+  under no_grad (an optimiser step), call the SAME runner again and compare with the reference of
+  the updated problem. A cached derived quantity (an FFT spectrum) must follow the update. The
+  update must move the reference by >= UPDATE_MIN_MOVE in every slice at the largest N, else the
+  protocol tests nothing and the check fails saying so.
+- learnable: the mask_params are float64 leaves requiring grad (the float32 run keeps them float64
+  and lets the operator cast). Forward compared as for plain, both dtypes; in float64, per slice s,
+  the directional derivative of L_s = <G_s, out_s> along a random relative direction D of the
+  parameters (D = xi |p|: zeros and non-finite entries stay put), autograd's sum_p <dL_s/dp, D_p>
+  against the central difference of the float64 reference, (L_s(p + hD) - L_s(p - hD)) / 2h,
+  with G_s of unit Frobenius norm. The error is normalised by |ref_s|_F (Cauchy-Schwarz: |<G_s, e>|
+  <= |e|_F) and must be <= GRAD_TOL (see there for the bound).
+"""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from dataclasses import replace
+
+import numpy as np
 import torch
 
+from fast.errors import DenominatorError
 from verify.mechanisms import mechanisms
-from verify.registry import Mechanism, relative_error
+from verify.problems import Problem, rng_for
+from verify.registry import EQUIVALENCE_BATCH, Mechanism, Variant
 from verify.result import Check, Context, Outcome, judged
+from verify.timing import pinned_threads
 
 #: Relative Frobenius error bounds (issue 2): float64 near round-off, float32 a few ulps * growth.
 TOL = {"float64": 1e-10, "float32": 1e-4}
@@ -14,41 +47,271 @@ TOL = {"float64": 1e-10, "float32": 1e-4}
 QUICK_SIZES = (1, 37, 300)
 FULL_SIZES = (1, 2, 37, 64, 300, 1000)
 DTYPES = (("float64", torch.float64), ("float32", torch.float32))
+#: "update": every parameter entry is multiplied by exp(UPDATE_NOISE * xi), xi ~ N(0, 1).
+UPDATE_NOISE = 0.3
+#: "update": the reference must move by at least this (relative, every slice, largest N).
+UPDATE_MIN_MOVE = 1e-3
+#: "learnable": central-difference step along the relative direction D = xi |p|.
+FD_STEP = 1e-5
+#: "learnable": bound on |autograd - central difference| / |ref_s|_F. For a positive mask linear
+#: in its parameters (Toeplitz tables, a tree's f) each output row along p + tD is a ratio
+#: (a + t b) / (c + t e) with |e / c| <= r = max |xi| (~4 over a few hundred draws), whose k-th
+#: derivative is <= k! r^k times the row's scale: the central difference's truncation error is
+#: <= h^2 / 6 * 6 r^3 |out| ~ 6e-9 |out| at h = 1e-5, and the reference's float64 round-off
+#: (~1e-14 relative, equivalence's own float64 errors) over h adds ~1e-9. 1e-6 leaves a factor
+#: > 100 over both (nonlinear parameters, a diffusion time or RPE encodings, measured <= 3e-11);
+#: a gradient that misses the parameters (a detached spectrum) is off by |J D| / |out| ~ 1e-2.
+GRAD_TOL = 1e-6
+#: torch intra-op threads while equivalence runs (restored after); correctness does not depend on it.
+EQUIVALENCE_THREADS = 1
+#: Salts of rng_for(seed, salt, N) for the update factors, the gradient's G and direction D.
+UPDATE_SALT, GRAD_SALT = 90, 91
 
 
-def _variant_errors(mech: Mechanism, variant, sizes, ctx: Context) -> dict[str, float]:
-    """{"<dtype>/N=<n>": relative Frobenius error} of one variant."""
-    errors = {}
-    for n in sorted({mech.admissible(n) for n in sizes}):
-        problem = mech.problem(n, ctx.seed, variant)
+# ------------------------------------------------------------------------------ per-slice errors
+
+
+def slice_errors(expected: np.ndarray, got) -> np.ndarray:
+    """Relative Frobenius error |got_s - exp_s|_F / |exp_s|_F of every (batch, head) slice s.
+
+    expected, got: (*batch, N, d) (got may be a Tensor) -> (prod(batch),) float64; unbatched
+    inputs (N, d) are one slice. A NaN anywhere in a slice makes its error NaN (never a pass).
+    """
+    if isinstance(got, torch.Tensor):
+        got = got.detach().cpu().double().numpy()
+    g = np.asarray(got, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if g.shape != e.shape:
+        raise ValueError(f"shape mismatch: reference {e.shape} vs fast {g.shape}")
+    e = e.reshape(-1, *e.shape[-2:])
+    g = g.reshape(-1, *g.shape[-2:])
+    num = np.linalg.norm((g - e).reshape(len(e), -1), axis=1)
+    den = np.maximum(np.linalg.norm(e.reshape(len(e), -1), axis=1), np.finfo(float).tiny)
+    return num / den
+
+
+def slice_label(index: int, batch: tuple[int, ...] = EQUIVALENCE_BATCH) -> str:
+    """'(b=1, h=0)' for flat slice ``index`` of leading dims ``batch`` (names b, h, then dims 2, 3...)."""
+    if not batch:
+        return "(unbatched)"
+    names = ["b", "h"] + [f"dim{i}" for i in range(2, len(batch))]
+    pos = np.unravel_index(int(index), batch)
+    return "(" + ", ".join(f"{n}={int(p)}" for n, p in zip(names, pos)) + ")"
+
+
+class _Record:
+    """Per-variant bookkeeping: {key: worst-slice error} and the worst slice of every key."""
+
+    def __init__(self):
+        self.errors: dict[str, float] = {}
+        self.slices: dict[str, str] = {}
+
+    def add(self, key: str, expected: np.ndarray, got) -> np.ndarray:
+        errs = slice_errors(expected, got)
+        worst = int(np.argmax(np.where(np.isnan(errs), np.inf, errs)))
+        self.errors[key] = float(errs[worst])
+        self.slices[key] = slice_label(worst, tuple(np.shape(expected)[:-2]))
+        return errs
+
+    @contextmanager
+    def guarded(self, key: str):
+        """Run a fast call; a DenominatorError (the fast path refusing the problem: a vanished
+        denominator, e.g. features underflowing) is recorded as an infinite error of ``key``."""
+        try:
+            yield
+        except DenominatorError as exc:
+            self.errors[key] = float("inf")
+            self.slices[key] = f"(raised {type(exc).__name__}: {exc})"
+
+    def worst(self, dtype_name: str) -> tuple[float, str]:
+        """(worst error, 'key slice') over the keys of one dtype."""
+        keys = [k for k in self.errors if k.startswith(dtype_name + "/")]
+        key = max(keys, key=lambda k: _nan_high(self.errors[k]))
+        return self.errors[key], f"{key} {self.slices[key]}"
+
+
+def _nan_high(x: float) -> float:
+    return np.inf if np.isnan(x) else x
+
+
+def _call(mech: Mechanism, runner, dtype: torch.dtype) -> torch.Tensor:
+    """runner(), checking the output dtype."""
+    got = runner()
+    if got.dtype != dtype:
+        raise TypeError(f"{mech.id}: fast returned {got.dtype} for {dtype} inputs")
+    return got
+
+
+# ------------------------------------------------------------------------------ protocols
+
+
+def _with(problem: Problem, values: dict) -> Problem:
+    """The problem with some extras replaced (the rest shared)."""
+    return replace(problem, extras={**problem.extras, **values})
+
+
+def _params(mech: Mechanism, problem: Problem) -> dict[str, np.ndarray]:
+    return {name: np.asarray(problem.extras[name], dtype=np.float64) for name in mech.mask_params}
+
+
+def _param_tensors(params: dict[str, np.ndarray], device, requires_grad: bool) -> dict[str, torch.Tensor]:
+    """float64 tensors (copies: the in-place update must not write into the problem's arrays)."""
+    return {name: torch.tensor(value, dtype=torch.float64, device=device).requires_grad_(requires_grad)
+            for name, value in params.items()}
+
+
+def _plain(mech, problem, expected, n, ctx, rec: _Record, info: dict) -> None:
+    for name, dtype in DTYPES:
+        with rec.guarded(f"{name}/N={n}"):
+            rec.add(f"{name}/N={n}", expected, _call(mech, mech.fast_setup(problem, ctx.device, dtype), dtype))
+
+
+def _update(mech, problem, expected, n, ctx, rec: _Record, info: dict) -> None:
+    """Call, change the mask parameters in place, call the same runner again (module docstring)."""
+    params = _params(mech, problem)
+    rng = rng_for(ctx.seed, UPDATE_SALT, n)
+    new = {name: np.where(np.isfinite(p), p * np.exp(UPDATE_NOISE * rng.standard_normal(p.shape)), p)
+           for name, p in params.items()}
+    expected_new = mech.reference(_with(problem, new))
+    info.setdefault("update_move", {})[f"N={n}"] = float(np.min(slice_errors(expected, expected_new)))
+    for name, dtype in DTYPES:
+        tensors = _param_tensors(params, ctx.device, requires_grad=False)
+        runner = mech.fast_setup(_with(problem, tensors), ctx.device, dtype)
+        with rec.guarded(f"{name}/N={n}"):
+            rec.add(f"{name}/N={n}", expected, _call(mech, runner, dtype))
+        with torch.no_grad():
+            for key, t in tensors.items():
+                t.copy_(torch.as_tensor(new[key], dtype=torch.float64, device=t.device))
+        with rec.guarded(f"{name}/N={n}/updated"):
+            got_new = _call(mech, runner, dtype)
+            rec.add(f"{name}/N={n}/updated", expected_new, got_new)
+            # a stale result matches the OLD reference: say so, it names the bug (a cache, a copy)
+            stale = float(np.max(slice_errors(expected, got_new)))
+            info.setdefault("updated_vs_old_reference", {})[f"{name}/N={n}"] = stale
+
+
+def _learnable(mech, problem, expected, n, ctx, rec: _Record, info: dict) -> None:
+    """Forward with leaves requiring grad (both dtypes); float64 gradient vs central differences."""
+    params = _params(mech, problem)
+    for name, dtype in DTYPES:
+        leaves = _param_tensors(params, ctx.device, requires_grad=True)
+        got = None
+        with rec.guarded(f"{name}/N={n}"):
+            got = _call(mech, mech.fast_setup(_with(problem, leaves), ctx.device, dtype), dtype)
+            rec.add(f"{name}/N={n}", expected, got)
+        if dtype == torch.float64 and got is not None:
+            try:
+                errs = _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx)
+            except RuntimeError as exc:  # autograd refused (a graph cut from the parameters): a finding
+                info.setdefault("grad_failure", {})[f"N={n}"] = f"{type(exc).__name__}: {exc}"
+                errs = np.array([np.inf])
+            info.setdefault("grad_rel_error", {})[f"N={n}"] = float(np.max(errs))
+            info.setdefault("grad_worst_slice", {})[f"N={n}"] = slice_label(int(np.argmax(errs)), tuple(got.shape[:-2]))
+
+
+def _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx) -> np.ndarray:
+    """Per slice: |autograd - central difference| / |ref_s|_F of d<G_s, out_s> along D (see GRAD_TOL)."""
+    rng = rng_for(ctx.seed, GRAD_SALT, n)
+    lead = got.shape[:-2]
+    slices = int(np.prod(lead)) if lead else 1
+    g = rng.standard_normal((slices, *got.shape[-2:]))
+    g /= np.linalg.norm(g.reshape(slices, -1), axis=1).reshape(-1, 1, 1)
+    direction = {k: np.where(np.isfinite(p), rng.standard_normal(p.shape) * np.abs(p), 0.0) for k, p in params.items()}
+    # central difference of the float64 reference, per slice
+    plus = mech.reference(_with(problem, {k: p + FD_STEP * direction[k] for k, p in params.items()}))
+    minus = mech.reference(_with(problem, {k: p - FD_STEP * direction[k] for k, p in params.items()}))
+    diff = (plus - minus).reshape(slices, *got.shape[-2:]) / (2 * FD_STEP)
+    fd = (diff * g).sum(axis=(1, 2))
+    # autograd, one slice at a time (retain_graph: the same forward serves every slice)
+    out = got.reshape(slices, *got.shape[-2:])
+    gt = torch.as_tensor(g, dtype=got.dtype, device=got.device)
+    auto = np.zeros(slices)
+    names = list(leaves)
+    for s in range(slices):
+        if not out.requires_grad:  # nothing reaches the parameters: a zero gradient
+            break
+        grads = torch.autograd.grad((out[s] * gt[s]).sum(), [leaves[k] for k in names], retain_graph=True,
+                                    allow_unused=True)
+        auto[s] = sum(float((gr.detach().cpu().double().numpy() * direction[k]).sum())
+                      for k, gr in zip(names, grads) if gr is not None)
+    scale = np.maximum(np.linalg.norm(np.asarray(expected).reshape(slices, -1), axis=1), np.finfo(float).tiny)
+    return np.abs(auto - fd) / scale
+
+
+PROTOCOL_RUNS = {"plain": _plain, "update": _update, "learnable": _learnable}
+
+
+# ------------------------------------------------------------------------------ the check
+
+
+def _variant(mech: Mechanism, variant: Variant, sizes, ctx: Context) -> tuple[dict, list[str]]:
+    """(details, reasons) of one variant."""
+    if variant.protocol != "plain" and not mech.mask_params:
+        raise ValueError(f"{mech.id}: variant {variant.name!r} uses the {variant.protocol!r} protocol "
+                         "but the mechanism declares no mask_params")
+    rec, info = _Record(), {}
+    ns = sorted({mech.admissible(n) for n in sizes})
+    for n in ns:
+        problem = mech.problem(n, ctx.seed, variant, batch=EQUIVALENCE_BATCH)
         expected = mech.reference(problem)
-        for name, dtype in DTYPES:
-            got = mech.fast(problem, ctx.device, dtype)
-            if got.dtype != dtype:
-                raise TypeError(f"{mech.id}: fast returned {got.dtype} for {dtype} inputs")
-            errors[f"{name}/N={n}"] = relative_error(expected, got)
-    return errors
+        PROTOCOL_RUNS[variant.protocol](mech, problem, expected, n, ctx, rec, info)
+    details = {"protocol": variant.protocol}
+    reasons = []
+    for name in TOL:
+        err, where = rec.worst(name)
+        details[f"{name}_max_rel_error"] = err
+        details[f"{name}_worst"] = where
+        if not err <= TOL[name]:
+            reasons.append(f"variant {variant.name!r}: {name} relative error {err:.3g} > {TOL[name]:g} "
+                           f"at {where}")
+    details["errors"] = rec.errors
+    details["worst_slices"] = rec.slices
+    details.update(info)
+    if variant.protocol == "update":
+        move = info["update_move"][f"N={ns[-1]}"]
+        if not move >= UPDATE_MIN_MOVE:
+            reasons.append(f"variant {variant.name!r}: the in-place update moved the reference by only "
+                           f"{move:.3g} < {UPDATE_MIN_MOVE:g} at N={ns[-1]}: the protocol tests nothing")
+        stale = [k for k, v in info["updated_vs_old_reference"].items()
+                 if v <= TOL[k.split("/")[0]] and not rec.errors[k + "/updated"] <= TOL[k.split("/")[0]]]
+        if stale:
+            reasons.append(f"variant {variant.name!r}: after the in-place update the output still equals the "
+                           f"old parameters' reference ({', '.join(stale)}): a stale cache or a copied parameter")
+    if variant.protocol == "learnable":
+        grad = max(info["grad_rel_error"].values(), key=_nan_high)
+        details["grad_max_rel_error"] = grad
+        if not grad <= GRAD_TOL:
+            at = max(info["grad_rel_error"], key=lambda k: _nan_high(info["grad_rel_error"][k]))
+            failure = info.get("grad_failure", {}).get(at)
+            reasons.append(f"variant {variant.name!r}: float64 gradient of the mask parameters "
+                           + (f"failed at {at}: {failure}" if failure else
+                              f"off by {grad:.3g} > {GRAD_TOL:g} (autograd vs central differences of the "
+                              f"reference) at {at} {info['grad_worst_slice'][at]}"))
+    return details, reasons
 
 
 def _run(mech: Mechanism, ctx: Context) -> Outcome:
     sizes = QUICK_SIZES if ctx.quick else FULL_SIZES
     per_variant, reasons = {}, []
-    for variant in mech.all_variants:
-        ctx.note(f"equivalence/{mech.id} {variant.name}")
-        errors = _variant_errors(mech, variant, sizes, ctx)
-        worst = {name: max(v for k, v in errors.items() if k.startswith(name + "/")) for name in TOL}
-        per_variant[variant.name] = {**{f"{name}_max_rel_error": worst[name] for name in TOL}, "errors": errors}
-        reasons += [f"variant {variant.name!r}: {name} relative error {worst[name]:.3g} > {TOL[name]:g}"
-                    for name in TOL if not worst[name] <= TOL[name]]
-    worst = {name: max(v[f"{name}_max_rel_error"] for v in per_variant.values()) for name in TOL}
-    worst_variant = max(per_variant, key=lambda v: per_variant[v]["float64_max_rel_error"])
+    # one intra-op thread: these problems are small (N <= 1000), and the tree recursions' many small
+    # ops ran 7-9x slower on 2 threads than on 1 on a busy 2-core machine (tree-diam's path, 300 levels)
+    with pinned_threads(EQUIVALENCE_THREADS):
+        for variant in mech.all_variants:
+            ctx.note(f"equivalence/{mech.id} {variant.name}")
+            per_variant[variant.name], why = _variant(mech, variant, sizes, ctx)
+            reasons += why
+    worst = {name: max((v[f"{name}_max_rel_error"] for v in per_variant.values()), key=_nan_high) for name in TOL}
+    worst_variant = max(per_variant, key=lambda v: _nan_high(per_variant[v]["float64_max_rel_error"]))
     default = per_variant[mech.default_variant.name]
+    grads = {k: v["grad_max_rel_error"] for k, v in per_variant.items() if "grad_max_rel_error" in v}
     return judged(not reasons, worst["float64"], reasons,
                   float64_max_rel_error=worst["float64"], float32_max_rel_error=worst["float32"],
-                  float32_threshold=TOL["float32"], worst_variant=worst_variant, errors=default["errors"],
-                  variants=per_variant, device=ctx.device, metric="relative Frobenius error",
-                  statistic="max over variants and N of the float64 relative error (float32 must stay "
-                            f"<= {TOL['float32']:g} too)")
+                  float32_threshold=TOL["float32"], worst_variant=worst_variant,
+                  worst_slice=per_variant[worst_variant]["float64_worst"], errors=default["errors"],
+                  variants=per_variant, batch=list(EQUIVALENCE_BATCH), grad_max_rel_error=grads,
+                  grad_threshold=GRAD_TOL, device=ctx.device, metric="relative Frobenius error per (batch, head) slice",
+                  statistic="max over variants, N and (batch, head) slices of the float64 relative error (float32 "
+                            f"must stay <= {TOL['float32']:g}, learnable gradients <= {GRAD_TOL:g})")
 
 
 def check_for(mech: Mechanism) -> Check:

@@ -9,7 +9,7 @@ import reference.attention as ref_attention
 from reference.masks import sequence as ref_masks
 from verify.favor import favor_mechanism, favor_problem, favor_tensors
 from verify.problems import Problem, rng_for
-from verify.registry import Mechanism, register
+from verify.registry import Mechanism, Variant, register
 
 # ----------------------------------------------------------------------------------- softmax
 
@@ -42,22 +42,88 @@ register(favor_mechanism(
     dense_mask=None, fast_mask=None, scale=True, scale_train=True,
 ))
 
+#: CausalMask's default chunk (the scan's block size C): 37 < C, 300 = 4 C + 44.
+CAUSAL_CHUNK = 64
+
+
+def causal_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), chunk: int = CAUSAL_CHUNK) -> Problem:
+    """FAVOR+ inputs; extras["chunk"]: the scan's chunk C (the variants' option)."""
+    return favor_problem(n, seed, batch=batch, chunk=int(chunk))
+
+
 register(favor_mechanism(
     "causal", "Causal mask, chunked scan", "choromanski22 Sec. 3.1", "N",
+    problem=causal_problem,
     dense_mask=lambda p: ref_masks.causal_mask(p.n),
-    fast_mask=lambda p, device: fast.CausalMask(p.n, chunk=64),
+    fast_mask=lambda p, device: fast.CausalMask(p.n, chunk=int(p.extras["chunk"])),
     scale=True, scale_train=True,
+    # the chunk changes constants, not the class: the options are equivalence-only. 7 divides
+    # none of equivalence's N (1, 2, 37, 64, 300, 1000), so the last chunk is always ragged
+    variants=(
+        Variant("default", f"chunk C = {CAUSAL_CHUNK}"),
+        Variant("chunk-1", "chunk C = 1: every token its own chunk (no intra-chunk block)",
+                params={"chunk": 1}, sweep=False),
+        Variant("chunk-7", "chunk C = 7: N never a multiple of C (a zero-padded last chunk)",
+                params={"chunk": 7}, sweep=False),
+        Variant("chunk-above-n", "chunk C = 4096 > N: one chunk, the scan is the dense triangle",
+                params={"chunk": 4096}, sweep=False),
+    ),
 ))
 
 
-def packing_problem(n: int, seed: int) -> Problem:
-    """Contiguous packed segments, about one per 256 tokens (at least min(n, 4)), random boundaries."""
+def _per_sample_shape(batch: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """Shape of per-sample mask data for q (*batch, N, d): (B, 1, ..., 1, N) (one row per sample,
+    shared by the heads and any further dims); (N,) unbatched."""
+    return (batch[0], *(1,) * (len(batch) - 1), n) if batch else (n,)
+
+
+def _segment_runs(n: int, runs: int, rng: np.random.Generator) -> np.ndarray:
+    """Run index (n,) of ``runs`` contiguous runs (at most n) with random boundaries: 0, 0, 1, 1, 1, 2, ..."""
+    cut = np.zeros(n, dtype=np.int64)
+    if n > 1 and runs > 1:
+        cut[rng.choice(np.arange(1, n), size=min(runs - 1, n - 1), replace=False)] = 1
+    return np.cumsum(cut)
+
+
+def _scatter_labels(run: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Labels for run indices: arbitrary int64 values (large, negative, not consecutive) from a pool
+    of max(2, runs // 2) labels, adjacent runs different, so that labels REAPPEAR in runs that are
+    not contiguous (a packing mask is "same id", not "same run")."""
+    runs = int(run[-1]) + 1
+    pool = rng.choice(np.arange(-(2**40), 2**40, 2**30 + 7), size=max(2, runs // 2), replace=False)
+    labels = np.empty(runs, dtype=np.int64)
+    for r in range(runs):
+        choices = pool if r == 0 else pool[pool != labels[r - 1]]
+        labels[r] = rng.choice(choices)
+    return labels[run]
+
+
+#: Packing: default segments per token (at least min(n, 4)); the scattered variant's runs are shorter.
+TOKENS_PER_SEGMENT = 256
+TOKENS_PER_RUN = 16
+
+
+def packing_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), labels: str = "consecutive") -> Problem:
+    """Packed segments with random boundaries; segment_ids of shape (B, 1, N) with batch (B, H)
+    (every sample its own packing, the heads share it), (N,) without.
+
+    labels "consecutive": contiguous segments 0, 1, 2, ... (about one per 256 tokens, at least
+    min(n, 4)); "scattered": runs of about 16 tokens labelled by arbitrary int64 values that
+    reappear in non-adjacent runs (``_scatter_labels``): tokens of two runs with the same label
+    attend to each other.
+    """
+    if labels not in ("consecutive", "scattered"):
+        raise ValueError(f"labels must be 'consecutive' or 'scattered', got {labels!r}")
     rng = rng_for(seed, 20)
-    segments = max(min(n, 4), n // 256)  # small N still has several segments to keep apart
-    cuts = np.sort(rng.choice(np.arange(1, n), size=min(segments - 1, n - 1), replace=False)) if n > 1 else []
-    ids = np.zeros(n, dtype=np.int64)
-    ids[np.asarray(cuts, dtype=np.int64)] = 1
-    return favor_problem(n, seed, segment_ids=np.cumsum(ids))
+    shape = _per_sample_shape(batch, n)
+    samples = shape[0] if batch else 1
+    ids = np.empty((samples, n), dtype=np.int64)
+    for b in range(samples):
+        if labels == "consecutive":  # small N still has several segments to keep apart
+            ids[b] = _segment_runs(n, max(min(n, 4), n // TOKENS_PER_SEGMENT), rng)
+        else:
+            ids[b] = _scatter_labels(_segment_runs(n, max(min(n, 4), n // TOKENS_PER_RUN), rng), rng)
+    return favor_problem(n, seed, batch=batch, segment_ids=ids.reshape(shape))
 
 
 register(favor_mechanism(
@@ -65,14 +131,51 @@ register(favor_mechanism(
     problem=packing_problem,
     dense_mask=lambda p: ref_masks.packing_mask(p.extras["segment_ids"]),
     fast_mask=lambda p, device: fast.PackingMask(torch.as_tensor(p.extras["segment_ids"], device=device)),
+    variants=(
+        Variant("default", "contiguous segments labelled 0, 1, 2, ..."),
+        Variant("scattered-ids", "arbitrary int64 labels reappearing in non-adjacent runs",
+                params={"labels": "scattered"}, sweep=False),
+    ),
 ))
 
+#: Padding's hostile variant: padded values and huge keys are multiplied by this (float32 squares
+#: of 1e4 * unit vectors stay far from overflow).
+HUGE = 1e4
 
-def padding_problem(n: int, seed: int) -> Problem:
-    """A key mask keeping a random 60-90% prefix of the tokens (right padding)."""
+
+def padding_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), padded: str = "plain") -> Problem:
+    """Right padding: a key mask keeping a random 60-90% prefix (at least one token) of every sample;
+    key_mask of shape (B, 1, N) with batch (B, H) (lengths differ per sample), (N,) without.
+
+    padded "plain": padded tokens hold ordinary draws. "hostile": padded KEYS alternate between the
+    loudest key FAVOR+ allows (k = 2 w_f* for the longest projection row w_f*: exponent
+    |w_f*|^2 / 2, the largest any key can reach) and huge keys (HUGE times a unit vector), and
+    padded VALUES are multiplied by HUGE: a stabiliser that looks at padded keys is moved as far as
+    keys can move it (in the quiet slice of batched problems, ~150 above the real keys: float32
+    underflows), and any weight leaking onto a padded key shows at 1e4 times the values. Padded
+    QUERIES keep their ordinary draws: their outputs (attention over the real keys, defined by the
+    reference too) are compared like the others; huge queries would make the float64 reference's
+    unstabilised features underflow to 0 (exp(-|q|^2 / 8)), and PaddingMask documents padded
+    queries' outputs as ignorable anyway.
+    """
+    if padded not in ("plain", "hostile"):
+        raise ValueError(f"padded must be 'plain' or 'hostile', got {padded!r}")
     rng = rng_for(seed, 21)
-    length = max(1, int(round(n * rng.uniform(0.6, 0.9))))
-    return favor_problem(n, seed, key_mask=np.arange(n) < length)
+    shape = _per_sample_shape(batch, n)
+    samples = shape[0] if batch else 1
+    lengths = np.maximum(1, np.round(n * rng.uniform(0.6, 0.9, samples)).astype(np.int64))
+    key_mask = (np.arange(n) < lengths[:, None]).reshape(shape)
+    p = favor_problem(n, seed, batch=batch, key_mask=key_mask, padded=padded)
+    if padded == "hostile":
+        pad = np.broadcast_to(~key_mask[..., None], p.k.shape)  # (*batch, N, 1) -> (*batch, N, d)
+        w = p.projection
+        loud = 2.0 * w[np.argmax(np.linalg.norm(w, axis=1))] * np.ones_like(p.k)
+        unit = p.k / np.linalg.norm(p.k, axis=-1, keepdims=True)
+        alternate = (np.arange(n) % 2 == 0)[:, None]
+        hostile_k = np.where(alternate, loud, HUGE * unit)
+        p.k = np.where(pad, hostile_k, p.k)
+        p.v = np.where(np.broadcast_to(~key_mask[..., None], p.v.shape), HUGE * p.v, p.v)
+    return p
 
 
 register(favor_mechanism(
@@ -80,4 +183,9 @@ register(favor_mechanism(
     problem=padding_problem,
     dense_mask=lambda p: ref_masks.padding_mask(p.extras["key_mask"]),
     fast_mask=lambda p, device: fast.PaddingMask(torch.as_tensor(p.extras["key_mask"], device=device)),
+    variants=(
+        Variant("default", "padded tokens hold ordinary draws"),
+        Variant("hostile-padding", "padded keys as loud as FAVOR+ allows or huge, padded values x 1e4",
+                params={"padded": "hostile"}, sweep=False),
+    ),
 ))
