@@ -230,6 +230,8 @@ class _MaskedProducts(torch.autograd.Function):
 
         def grads(out, g, tensors):
             live = [t for t in tensors if t is not None]
+            if not out.requires_grad:  # the product reaches none of them (a 1-node hypercube's M ignores lam)
+                return [None] * len(tensors)
             # each block's graph is fresh and differentiated once: kept only if it reaches older nodes
             got = iter(torch.autograd.grad(out, live, g, retain_graph=ctx.retain or create, create_graph=create,
                                            allow_unused=True))

@@ -156,3 +156,15 @@ def test_matmul_rejects_wrong_x():
         mask.matmul(torch.ones(4, 2))
     with pytest.raises(TypeError, match="x"):
         mask.matmul(torch.ones(8, 2, dtype=torch.int32))
+
+
+def test_attention_backward_with_a_learnable_lambda_at_one_node():
+    """N = 1: M = [[1]] does not depend on lam, so the attention's backward must give lam no
+    gradient (None) and the inputs theirs, not fail with "does not require grad"."""
+    lam = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    g = gen(3)
+    phi_q, phi_k = randn((2, 1, 4), g).exp().requires_grad_(), randn((2, 1, 4), g).exp().requires_grad_()
+    v = randn((2, 1, 3), g).requires_grad_()
+    masked_linear_attention(phi_q, phi_k, v, HypercubeDiffusionMask(1, lam)).sum().backward()
+    assert lam.grad is None
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (phi_q, phi_k, v))
