@@ -13,63 +13,37 @@ estimates are sums of log-normals, heavy-tailed), with the exact variance of Z f
 and the exact variance of (Z - SM)^2 for the variance. alpha per check from verify.stats,
 split (Bonferroni) over 2 implementations x 3 (x, y) pairs. For ORF the iid sigma is used as
 the sigma bound: that is Performer Thm. 2's claim, which prf-variance-orf checks.
+The draws and the estimator are verify.checks.features' (FAVOR+ is a row of its table, whose
+other maps get features/<map>-* checks from the same draws).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
-import torch
 
-import fast
-import reference.features as ref_features
-from verify.problems import rng_for
+from verify.checks import features
+from verify.checks.features import FAVOR_PLUS
 from verify.result import Check, Context, Outcome, judged
 from verify.stats import (check_alpha, median_of_means, mom_groups, mom_radius, prf_squared_error_variance,
                           prf_variance)
 
-D = 8  # input width
-M = 16  # features: two orthogonal blocks of d
-NORM = 0.8  # |x| = |y|: |x+y|^2 <= 2.56 keeps the 4th moment (for the variance check) moderate
-COSINES = (0.6, 0.0, -0.6)  # angles between x and y: SM above, at and below 1
-IMPLS = ("fast", "reference")
-DRAWS = {True: 100_000, False: 400_000}  # quick / full
+NORM = FAVOR_PLUS.norm  # |x| = |y|: |x+y|^2 <= 2.56 keeps the 4th moment (for the variance check) moderate
+IMPLS = features.IMPLS
+COSINES = features.COSINES
+DRAWS = features.DRAWS  # quick / full
+D, M = features.D, features.M
 
 
 def pairs(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(x, y) with |x| = |y| = NORM and x.y = NORM^2 cos, in a random orientation."""
-    rng = rng_for(seed, 30)
-    out = []
-    for cos in COSINES:
-        basis, _ = np.linalg.qr(rng.standard_normal((D, 2)))
-        e1, e2 = basis[:, 0], basis[:, 1]
-        out.append((NORM * e1, NORM * (cos * e1 + math.sqrt(1 - cos * cos) * e2)))
-    return out
+    return features.pairs(seed, NORM)
 
 
-@functools.lru_cache(maxsize=8)
 def estimates(impl: str, orthogonal: bool, draws: int, seed: int) -> np.ndarray:
-    """Z (draws, pairs): independent m-feature FAVOR+ estimates of exp(x.y) for each pair."""
-    ps = pairs(seed)
-    x = np.stack([p[0] for p in ps])  # (P, d)
-    y = np.stack([p[1] for p in ps])
-    salt = 31 + int(orthogonal)
-    if impl == "fast":
-        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, salt]).generate_state(1)[0]))
-        w = fast.gaussian_projection(draws * M, D, orthogonal=orthogonal, generator=gen, dtype=torch.float64)
-        fmap = fast.FavorPlus(w, stabilize=False)
-        fx, fy = (fmap(torch.as_tensor(a)).numpy() for a in (x, y))
-        # the module normalises by sqrt(R m); each draw's features are normalised by sqrt(m)
-        first = fast.FavorPlus(w[:M], stabilize=False)(torch.as_tensor(x)).numpy()
-        if not np.allclose(first, fx[:, :M] * math.sqrt(draws), rtol=1e-12, atol=0):
-            raise AssertionError("FavorPlus normalisation is not 1/sqrt(m)")
-    else:
-        w = ref_features.gaussian_projection(draws * M, D, rng_for(seed, salt), orthogonal=orthogonal)
-        fx, fy = ref_features.favor_plus(x, w), ref_features.favor_plus(y, w)
-    scale = draws  # undo 1/sqrt(R m) on both sides and apply 1/sqrt(m) to each
-    prod = (fx * fy * scale).reshape(len(ps), draws, M).sum(-1)
-    return prod.T
+    """Z (draws, pairs): independent m-feature FAVOR+ estimates of exp(x.y) for each pair (the
+    draws of verify.checks.features, shared with the other feature maps)."""
+    return features.estimates(FAVOR_PLUS, impl, orthogonal, draws, seed)
 
 
 def _run(ctx: Context, orthogonal: bool, what: str) -> Outcome:
