@@ -224,12 +224,14 @@ class BlockToeplitzMask(MaskOperator):
         """Per-column bound on |fl(M x) - M x| (entrywise): C u log2(prod n_fft) |table|_2 |x_col|_2.
 
         x: (..., N, c) -> (..., c). The normwise FFT-convolution error bound (Higham, Sec. 24.1)
-        with a safety factor; the CLS part is exact sums and adds nothing of its own.
+        with a safety factor; the CLS part is exact sums and adds nothing of its own. Computed in
+        float64 (returned so): in float32 the sum of squares of features above ~1.8e19 overflows,
+        and the guard would then refuse valid inputs (guard/<id>'s scaled cases).
         """
         u = torch.finfo(x.dtype).eps / 2
         size = math.log2(max(2, math.prod(self.n_fft)))
         tnorm = float(torch.linalg.vector_norm(self.table.detach().double()))
-        return _ROUNDOFF_C * u * size * tnorm * torch.linalg.vector_norm(x, dim=-2)
+        return _ROUNDOFF_C * u * size * tnorm * torch.linalg.vector_norm(x.detach(), dim=-2, dtype=torch.float64)
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of Algorithm 1: D1 = M [vec(phi_k v^T)], D2 = M phi_k.

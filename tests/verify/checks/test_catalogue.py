@@ -17,15 +17,28 @@ complexity/tree-exp complexity/tree-dc complexity/tree-diam complexity/toeplitz-
 complexity/low-rank complexity/hypercube-gdk
 scale/linear scale/causal scale/block-toeplitz scale/tree-exp
 """.split()
-NEW_IDS = ["scale/linear-train", "scale/causal-train", "scale/block-toeplitz-train"]
+#: Added by issue 8 (training scale) and issue 9 (feature maps, guards, reproducibility).
+NEW_IDS = ["scale/linear-train", "scale/causal-train", "scale/block-toeplitz-train",
+           "features/trig-rff-unbiased", "features/trig-rff-variance",
+           "features/hyperbolic-unbiased", "features/hyperbolic-variance", "reproducibility/samplers"]
 
 
-def test_ids_are_the_old_ones_plus_the_training_scale_checks():
+def _issue_9_ids() -> list[str]:
+    """guard/<id> for every linear mechanism, reproducibility/<id> for every random one."""
+    from verify.mechanisms import mechanisms
+
+    return ([f"guard/{m.id}" for m in mechanisms() if m.linear]
+            + [f"reproducibility/{m.id}" for m in mechanisms() if m.draw is not None])
+
+
+def test_ids_are_the_old_ones_plus_the_new_families():
     ids = [c.id for c in all_checks()]
     assert len(ids) == len(set(ids))
-    assert set(ids) == set(OLD_IDS) | set(NEW_IDS)
-    # everything but the scale family keeps its order
-    assert [i for i in ids if not i.startswith("scale/")] == [i for i in OLD_IDS if not i.startswith("scale/")]
+    assert set(ids) == set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids())
+    assert len(_issue_9_ids()) >= 2 * 11  # every masked mechanism is linear and random
+    # the old ids keep their order (the scale family was regrouped by issue 8)
+    old = set(OLD_IDS)
+    assert [i for i in ids if i in old and not i.startswith("scale/")] == [i for i in OLD_IDS if not i.startswith("scale/")]
 
 
 def test_every_check_declares_how_it_is_judged():
