@@ -182,13 +182,30 @@ def _tail(text: str, lines: int = 1) -> str:
 
 
 def run_scale_worker(mech_id: str, n: int, *, device: str = "cpu", seed: int = 0, calls: int = 2,
-                     train: bool = False, timeout: float = 900.0) -> dict:
+                     train: bool = False, timeout: float = 900.0, threads: int | None = None,
+                     reference: Sequence[int] | None = None, reference_threads: int = 1,
+                     stop_ratio: float | None = None, budget: float | None = None) -> dict:
     """Run ``python -m verify.scale_worker`` (one fast path at N in a child process) and return its
-    JSON report (keys: see verify.scale_worker). RuntimeError naming the mechanism and N, with the
-    child's stderr tail, if it fails; subprocess.TimeoutExpired after ``timeout`` seconds."""
+    JSON report (keys: see verify.scale_worker). mech_id: a registry id or ``module:attribute`` of
+    an unregistered record (the child then gets this process's sys.path, so it imports what this
+    process can); threads, reference, reference_threads, stop_ratio, budget: the worker's
+    --threads, --reference, --reference-threads, --stop-ratio, --budget (None: not passed).
+    RuntimeError naming the mechanism and N, with the child's stderr tail, if it fails;
+    subprocess.TimeoutExpired after ``timeout`` seconds of wall time (a backstop: the worker's own
+    --stop-ratio / --budget stops a slow call far earlier)."""
     cmd = [sys.executable, "-m", "verify.scale_worker", mech_id, str(int(n)), "--device", str(device),
            "--seed", str(int(seed)), "--calls", str(int(calls))] + (["--train"] if train else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **MALLOC_ENV})
+    if threads is not None:
+        cmd += ["--threads", str(int(threads))]
+    if reference:
+        cmd += ["--reference", *(str(int(r)) for r in reference), "--reference-threads", str(int(reference_threads))]
+    for flag, value in (("--stop-ratio", stop_ratio), ("--budget", budget)):
+        if value is not None:
+            cmd += [flag, repr(float(value))]
+    env = {**os.environ, **MALLOC_ENV}
+    if ":" in mech_id:  # a record outside the registry: its module must import in the child too
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"scale worker for {mech_id} at N={n}{' (train)' if train else ''} exited with "
                            f"status {proc.returncode}:\n{proc.stderr[-2000:]}")

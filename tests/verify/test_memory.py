@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -115,3 +116,60 @@ def test_scale_worker_child_trains_at_tiny_n():
 def test_scale_worker_failure_names_the_mechanism():
     with pytest.raises(RuntimeError, match="linear at N=0"):  # argparse refuses N = 0 before importing torch
         memory.run_scale_worker("linear", 0, timeout=120)
+
+
+def test_scale_worker_times_references_and_predicts(capsys):
+    """--reference times the same call (here forward + backward) at smaller N with one thread;
+    the class line through them predicts N (linear: c = max t / N); the stop budget is
+    --stop-ratio x the prediction; on CPU the judged clock is the CPU seconds."""
+    from verify import scale_worker
+
+    assert scale_worker.main(["linear", "512", "--calls", "2", "--train", "--reference", "256", "128",
+                              "--stop-ratio", "100"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    ref = rep["reference"]
+    assert ref["sizes"] == [128, 256] and ref["threads"] == 1 and [len(r) for r in ref["calls_s"]] == [2, 2]
+    assert ref["seconds"] == [min(r) for r in ref["calls_s"]] and min(ref["seconds"]) > 0
+    assert ref["per_unit"] == pytest.approx([t / n for t, n in zip(ref["seconds"], ref["sizes"])])
+    assert ref["coefficient"] == max(ref["per_unit"]) and ref["cost_factors"] is None  # "linear" has none
+    assert rep["complexity"] == "N" and rep["predicted_s"] == pytest.approx(512 * ref["coefficient"])
+    assert rep["budget_s"] == pytest.approx(100 * rep["predicted_s"]) and rep["stopped"] is False
+    assert rep["clock"] == "cpu" and rep["timed_s"] == rep["calls_cpu_s"] and len(rep["calls_s"]) == 2
+
+
+def test_scale_worker_loads_a_record_by_module_path_and_stops_a_slow_call():
+    """A record outside the registry (tests.verify.planted_mechanisms:BUSY spins for a minute of
+    CPU per call) is loaded by module:attribute in the child, whose watchdog stops the call once
+    its CPU seconds pass --budget and still reports."""
+    from tests.verify import planted_mechanisms
+
+    start = time.perf_counter()
+    rep = memory.run_scale_worker("tests.verify.planted_mechanisms:BUSY", 256, calls=2, budget=0.5, timeout=120)
+    assert time.perf_counter() - start < planted_mechanisms.BUSY_S / 2
+    assert rep["mechanism"] == "busy" and rep["stopped"] is True and rep["timed_s"] == []
+    assert 0.5 < rep["stopped_after_s"] < 0.5 + 2.0 and rep["budget_s"] == 0.5
+    assert rep["peak_rss"] > 10 * MIB and rep["clock"] == "cpu"
+
+
+def test_scale_worker_refuses_what_is_not_a_record():
+    from verify.scale_worker import load_mechanism
+
+    assert load_mechanism("causal").id == "causal"
+    with pytest.raises(ValueError, match="names a tuple, not a verify.registry.Mechanism"):
+        load_mechanism("verify.registry:COMPLEXITY_CLASSES")
+    with pytest.raises(ValueError, match="use 'module:attribute'"):
+        load_mechanism("verify.registry:")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["linear", "64", "--stop-ratio", "2"], "--stop-ratio needs --reference"),
+    (["linear", "64", "--reference", "0"], "--reference sizes must be >= 1"),
+    (["linear", "64", "--budget", "0"], "--budget must be > 0"),
+    (["linear", "64", "--threads", "0"], "--threads must be >= 1"),
+])
+def test_scale_worker_refuses_bad_arguments(capsys, argv, words):
+    from verify import scale_worker
+
+    with pytest.raises(SystemExit) as exc:
+        scale_worker.main(argv)
+    assert exc.value.code == 2 and words in capsys.readouterr().err
