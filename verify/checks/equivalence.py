@@ -1,5 +1,15 @@
 """equivalence/<mechanism>: fast equals reference on identical draws, float64 and float32, on
-every variant of the mechanism (the statistic is the worst variant's).
+every variant of the mechanism.
+
+The statistic is the worst NORMALISED error: the max over variants, N and (batch, head) slices of
+float64 error / TOL["float64"], float32 error / TOL["float32"] and, for learnable variants, the
+gradient error / GRAD_TOL (threshold 1, unit "ratio"), so statistic <= 1 exactly when every error
+is within its tolerance. The raw errors stay in the details (float64_max_rel_error,
+float32_max_rel_error, grad_max_rel_error) with the component and slice that set the statistic
+(worst_component, worst_variant, worst_slice). The update protocol adds reasons of its own (below):
+"the update moved nothing" can fail a check whose statistic is <= 1 (the protocol tested nothing,
+whatever the errors); "stale cache" explains an updated call's error, which the statistic already
+counts.
 
 Problems have batch and head dims (registry.EQUIVALENCE_BATCH = (2, 2)) whose slices differ by
 orders of magnitude (verify.favor._batch_magnitudes: values 1e-3 .. 1e3, one slice of quiet keys
@@ -17,14 +27,15 @@ A variant's protocol (registry.PROTOCOLS) says how it runs:
   under no_grad (an optimiser step), call the SAME runner again and compare with the reference of
   the updated problem. A cached derived quantity (an FFT spectrum) must follow the update. The
   update must move the reference by >= UPDATE_MIN_MOVE in every slice at the largest N, else the
-  protocol tests nothing and the check fails saying so.
+  protocol tests nothing and the check fails saying so (a reason beside the statistic).
 - learnable: the mask_params are float64 leaves requiring grad (the float32 run keeps them float64
   and lets the operator cast). Forward compared as for plain, both dtypes; in float64, per slice s,
   the directional derivative of L_s = <G_s, out_s> along a random relative direction D of the
   parameters (D = xi |p|: zeros and non-finite entries stay put), autograd's sum_p <dL_s/dp, D_p>
   against the central difference of the float64 reference, (L_s(p + hD) - L_s(p - hD)) / 2h,
   with G_s of unit Frobenius norm. The error is normalised by |ref_s|_F (Cauchy-Schwarz: |<G_s, e>|
-  <= |e|_F) and must be <= GRAD_TOL (see there for the bound).
+  <= |e|_F) and must be <= GRAD_TOL (see there for the bound). If the float64 forward raised
+  (DenominatorError) at every N, no gradient was checked: the check fails saying so.
 """
 from __future__ import annotations
 
@@ -64,8 +75,11 @@ FD_STEP = 1e-5
 GRAD_TOL = 1e-6
 #: torch intra-op threads while equivalence runs (restored after); correctness does not depend on it.
 EQUIVALENCE_THREADS = 1
-#: Salts of rng_for(seed, salt, N) for the update factors, the gradient's G and direction D.
-UPDATE_SALT, GRAD_SALT = 90, 91
+#: Salts of rng_for(seed, salt, N) for the update factors, the gradient's G and direction D (used
+#: by no other module: guards has 90, reproducibility 91).
+UPDATE_SALT, GRAD_SALT = 96, 97
+#: The statistic's threshold: every error over its tolerance is <= 1.
+THRESHOLD = 1.0
 
 
 # ------------------------------------------------------------------------------ per-slice errors
@@ -245,10 +259,9 @@ PROTOCOL_RUNS = {"plain": _plain, "update": _update, "learnable": _learnable}
 
 
 def _variant(mech: Mechanism, variant: Variant, sizes, ctx: Context) -> tuple[dict, list[str]]:
-    """(details, reasons) of one variant."""
-    if variant.protocol != "plain" and not mech.mask_params:
-        raise ValueError(f"{mech.id}: variant {variant.name!r} uses the {variant.protocol!r} protocol "
-                         "but the mechanism declares no mask_params")
+    """(details, reasons) of one variant. details["normalised_error"] is the variant's share of the
+    statistic: the largest of its float64 / float32 (and, learnable, gradient) errors over their
+    tolerances, named by details["worst_component"] and located by details["worst"]."""
     rec, info = _Record(), {}
     ns = sorted({mech.admissible(n) for n in sizes})
     for n in ns:
@@ -257,10 +270,12 @@ def _variant(mech: Mechanism, variant: Variant, sizes, ctx: Context) -> tuple[di
         PROTOCOL_RUNS[variant.protocol](mech, problem, expected, n, ctx, rec, info)
     details = {"protocol": variant.protocol}
     reasons = []
+    normalised: dict[str, tuple[float, str]] = {}  # component -> (error / tolerance, where)
     for name in TOL:
         err, where = rec.worst(name)
         details[f"{name}_max_rel_error"] = err
         details[f"{name}_worst"] = where
+        normalised[name] = (err / TOL[name], where)
         if not err <= TOL[name]:
             reasons.append(f"variant {variant.name!r}: {name} relative error {err:.3g} > {TOL[name]:g} "
                            f"at {where}")
@@ -272,21 +287,34 @@ def _variant(mech: Mechanism, variant: Variant, sizes, ctx: Context) -> tuple[di
         if not move >= UPDATE_MIN_MOVE:
             reasons.append(f"variant {variant.name!r}: the in-place update moved the reference by only "
                            f"{move:.3g} < {UPDATE_MIN_MOVE:g} at N={ns[-1]}: the protocol tests nothing")
-        stale = [k for k, v in info["updated_vs_old_reference"].items()
+        # absent where the updated call raised (its error is already infinite)
+        stale = [k for k, v in info.get("updated_vs_old_reference", {}).items()
                  if v <= TOL[k.split("/")[0]] and not rec.errors[k + "/updated"] <= TOL[k.split("/")[0]]]
         if stale:
             reasons.append(f"variant {variant.name!r}: after the in-place update the output still equals the "
                            f"old parameters' reference ({', '.join(stale)}): a stale cache or a copied parameter")
     if variant.protocol == "learnable":
-        grad = max(info["grad_rel_error"].values(), key=_nan_high)
+        grads = info.get("grad_rel_error", {})
+        if not grads:  # every float64 forward raised: nothing to differentiate
+            grad, where = float("inf"), "(not checked)"
+            reasons.append(f"variant {variant.name!r}: gradient not checked: the float64 forward raised at "
+                           f"every N ({', '.join(f'N={n}' for n in ns)})")
+        else:
+            at = max(grads, key=lambda k: _nan_high(grads[k]))
+            grad, where = grads[at], f"{at} {info['grad_worst_slice'][at]}"
+            if not grad <= GRAD_TOL:
+                failure = info.get("grad_failure", {}).get(at)
+                reasons.append(f"variant {variant.name!r}: float64 gradient of the mask parameters "
+                               + (f"failed at {at}: {failure}" if failure else
+                                  f"off by {grad:.3g} > {GRAD_TOL:g} (autograd vs central differences of the "
+                                  f"reference) at {where}"))
         details["grad_max_rel_error"] = grad
-        if not grad <= GRAD_TOL:
-            at = max(info["grad_rel_error"], key=lambda k: _nan_high(info["grad_rel_error"][k]))
-            failure = info.get("grad_failure", {}).get(at)
-            reasons.append(f"variant {variant.name!r}: float64 gradient of the mask parameters "
-                           + (f"failed at {at}: {failure}" if failure else
-                              f"off by {grad:.3g} > {GRAD_TOL:g} (autograd vs central differences of the "
-                              f"reference) at {at} {info['grad_worst_slice'][at]}"))
+        details["grad_worst"] = where
+        normalised["gradient"] = (grad / GRAD_TOL, where)
+    component = max(normalised, key=lambda c: _nan_high(normalised[c][0]))
+    details["normalised_errors"] = {c: v for c, (v, _) in normalised.items()}
+    details["normalised_error"], details["worst"] = normalised[component]
+    details["worst_component"] = component
     return details, reasons
 
 
@@ -301,23 +329,26 @@ def _run(mech: Mechanism, ctx: Context) -> Outcome:
             per_variant[variant.name], why = _variant(mech, variant, sizes, ctx)
             reasons += why
     worst = {name: max((v[f"{name}_max_rel_error"] for v in per_variant.values()), key=_nan_high) for name in TOL}
-    worst_variant = max(per_variant, key=lambda v: _nan_high(per_variant[v]["float64_max_rel_error"]))
+    worst_variant = max(per_variant, key=lambda v: _nan_high(per_variant[v]["normalised_error"]))
+    top = per_variant[worst_variant]
     default = per_variant[mech.default_variant.name]
     grads = {k: v["grad_max_rel_error"] for k, v in per_variant.items() if "grad_max_rel_error" in v}
-    return judged(not reasons, worst["float64"], reasons,
+    return judged(not reasons, top["normalised_error"], reasons,
                   float64_max_rel_error=worst["float64"], float32_max_rel_error=worst["float32"],
-                  float32_threshold=TOL["float32"], worst_variant=worst_variant,
-                  worst_slice=per_variant[worst_variant]["float64_worst"], errors=default["errors"],
-                  variants=per_variant, batch=list(EQUIVALENCE_BATCH), grad_max_rel_error=grads,
-                  grad_threshold=GRAD_TOL, device=ctx.device, metric="relative Frobenius error per (batch, head) slice",
-                  statistic="max over variants, N and (batch, head) slices of the float64 relative error (float32 "
-                            f"must stay <= {TOL['float32']:g}, learnable gradients <= {GRAD_TOL:g})")
+                  float64_threshold=TOL["float64"], float32_threshold=TOL["float32"],
+                  grad_max_rel_error=grads, grad_threshold=GRAD_TOL,
+                  worst_variant=worst_variant, worst_component=top["worst_component"], worst_slice=top["worst"],
+                  errors=default["errors"], variants=per_variant, batch=list(EQUIVALENCE_BATCH),
+                  device=ctx.device, metric="relative Frobenius error per (batch, head) slice, over its tolerance",
+                  statistic=f"max over variants, N and (batch, head) slices of float64 relative error / "
+                            f"{TOL['float64']:g}, float32 relative error / {TOL['float32']:g} and learnable "
+                            f"gradient error / {GRAD_TOL:g} (<= 1 iff all are within tolerance)")
 
 
 def check_for(mech: Mechanism) -> Check:
     """equivalence/<id> of one record (registered or not)."""
     return Check(f"equivalence/{mech.id}", f"fast == reference: {mech.title}", mech.source, "equivalence",
-                 run=lambda ctx: _run(mech, ctx), threshold=TOL["float64"], compare="<=", unit="relative")
+                 run=lambda ctx: _run(mech, ctx), threshold=THRESHOLD, compare="<=", unit="ratio")
 
 
 def checks() -> list[Check]:

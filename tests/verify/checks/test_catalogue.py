@@ -48,4 +48,4 @@ def test_every_check_declares_how_it_is_judged():
         assert c.threshold is not None, c.id
         assert c.unit in UNITS and c.unit, c.id
     units = {c.id.split("/")[0]: c.unit for c in all_checks()}
-    assert units["scale"] == "ratio" and units["complexity"] == "exponent" and units["equivalence"] == "relative"
+    assert units["scale"] == "ratio" and units["complexity"] == "exponent" and units["equivalence"] == "ratio"

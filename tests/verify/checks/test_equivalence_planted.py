@@ -190,10 +190,12 @@ def run_planted(name: str, monkeypatch=None):
 def test_planted_bug_fails_equivalence_and_the_real_code_passes(name, monkeypatch):
     good, bad = run_planted(name, monkeypatch)
     assert good.status == "pass", good.details["reasons"]
-    assert good.statistic <= equivalence.TOL["float64"]
+    assert good.statistic <= good.threshold == 1.0
+    assert good.details["float64_max_rel_error"] <= equivalence.TOL["float64"]
     assert good.details["float32_max_rel_error"] <= equivalence.TOL["float32"]
     assert bad.status == "fail"
     assert bad.details["reasons"]
+    assert bad.statistic > bad.threshold  # every planted bug here fails through an error over its tolerance
 
 
 @pytest.mark.parametrize("name", ["favor-stabiliser-across-batch/linear", "favor-stabiliser-across-batch/causal",
@@ -204,7 +206,8 @@ def test_stabiliser_bugs_underflow_the_quiet_slice_in_float32(name, monkeypatch)
     of the quiet slice underflow (a DenominatorError or garbage), float64 still represents them."""
     _, bad = run_planted(name, monkeypatch)
     assert bad.details["float32_max_rel_error"] > equivalence.TOL["float32"]
-    assert bad.statistic <= equivalence.TOL["float64"]
+    assert bad.details["float64_max_rel_error"] <= equivalence.TOL["float64"]
+    assert bad.statistic > 1 and bad.details["worst_component"] == "float32"
     assert all("float32" in r for r in bad.details["reasons"])
 
 
@@ -212,18 +215,21 @@ def test_stabiliser_bugs_underflow_the_quiet_slice_in_float32(name, monkeypatch)
 def test_wrong_mixing_is_reported_at_its_slice(name, monkeypatch):
     """Wrong in float64 too, and the details name the (batch, head) slice."""
     _, bad = run_planted(name, monkeypatch)
-    assert bad.statistic > 1e-2
+    assert bad.details["float64_max_rel_error"] > 1e-2 and bad.statistic > 1
     assert "(b=" in bad.details["worst_slice"] and all("(b=" in r for r in bad.details["reasons"])
 
 
 def test_stale_cache_is_named_as_such(monkeypatch):
     _, bad = run_planted("stale-spectrum-cache", monkeypatch)
-    assert bad.statistic > 1e-3  # the updated call returns the old parameters' output
+    assert bad.details["float64_max_rel_error"] > 1e-3  # the updated call returns the old parameters' output
+    assert bad.statistic > 1
     assert any("stale cache" in r for r in bad.details["reasons"])
 
 
 def test_detached_table_fails_the_gradient(monkeypatch):
     good, bad = run_planted("spectrum-detached-from-learnable-table", monkeypatch)
     assert good.details["grad_max_rel_error"]["learnable"] <= equivalence.GRAD_TOL
-    assert bad.statistic <= equivalence.TOL["float64"]  # the forward is right: only the gradient is wrong
+    # the forward is right: only the gradient is wrong, and it sets the statistic
+    assert bad.details["float64_max_rel_error"] <= equivalence.TOL["float64"]
+    assert bad.statistic > 1 and bad.details["worst_component"] == "gradient"
     assert any("gradient" in r for r in bad.details["reasons"])

@@ -2,25 +2,28 @@
 problems whose dense and fast masks are the same matrix, batched problems, and the option and
 protocol variants (each option is really exercised; the mask parameters reach the operator).
 
-The protocol helpers (``slice_errors``, ``protocol_*``, ``CallCounter``) are shared with test_tree.py.
+The protocol helpers (``protocol_*``, ``CallCounter``) live in helpers.py, shared with test_tree.py.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import fast
-from fast.masks.base import parameters_of
+from tests.verify.mechanisms.helpers import (
+    CallCounter,
+    protocol_held_case,
+    protocol_learnable_case,
+    protocol_per_slice_case,
+    protocol_update_case,
+    variant_reasons,
+)
 from verify.mechanisms import positional as MP
 from verify.mechanisms import get, mechanisms
-from verify.checks import equivalence
 from verify.registry import EQUIVALENCE_BATCH
-from verify.result import Context
 
 POSITIONAL = ("toeplitz-1d", "block-toeplitz", "low-rank", "hypercube-gdk")
 
@@ -132,22 +135,6 @@ def test_problem_extras():
 # ------------------------------------------------------------------- batched problems, per slice
 
 
-def _variant_passes(mech, variant, n: int, seed: int) -> None:
-    """equivalence/<id>'s run of one variant (its protocol: plain, update or learnable) at one N,
-    batch (2, 2), per slice: no failure reasons. The protocols live in verify.checks.equivalence;
-    these tests call them rather than keep a copy."""
-    details, reasons = equivalence._variant(mech, variant, (n,), Context(quick=True, seed=seed))
-    assert not reasons, reasons
-    assert details["protocol"] == variant.protocol
-
-
-def protocol_per_slice_case(mech, variant, n: int) -> None:
-    """Fast (float64 and float32) vs reference per (batch, head) slice on a batch = (2, 2) problem."""
-    p = mech.problem(n, 5, variant, batch=EQUIVALENCE_BATCH)
-    assert p.q.shape == (*EQUIVALENCE_BATCH, n, 16) and p.v.shape == (*EQUIVALENCE_BATCH, n, 16)
-    _variant_passes(mech, variant, n, seed=5)
-
-
 PLAIN_CASES = [(m, v.name) for m in POSITIONAL for v in get(m).all_variants if v.protocol == "plain"]
 
 
@@ -159,19 +146,6 @@ def test_batched_problem_fast_equals_reference_per_slice(mech_id, variant, n):
 
 
 # ------------------------------------------------------------------------------ option variants
-
-
-class CallCounter(TorchFunctionMode):
-    """Counts torch calls by function name (torch.fft.rfftn -> "fft_rfftn", Tensor.index_add_ ...)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: dict[str, int] = {}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", str(func))
-        self.calls[name] = self.calls.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 def test_variants_and_protocols_declared():
@@ -293,42 +267,6 @@ def test_low_rank_draw_redraws_the_rpe_projection():
 # ------------------------------------------------------------------------------ protocols
 
 
-def protocol_with_tensors(mech, p, requires_grad: bool = False):
-    """(the problem with its mask_params as float64 tensors, those tensors): fresh copies, so an
-    in-place update never writes into the problem's arrays."""
-    tensors = {k: torch.tensor(np.asarray(p.extras[k], dtype=np.float64)).requires_grad_(requires_grad)
-               for k in mech.mask_params}
-    return replace(p, extras={**p.extras, **tensors}), tensors
-
-
-def protocol_held_case(mech, n: int, derived: bool = False) -> None:
-    """fast_mask holds the mask parameters it is given (the tensors themselves, unless the
-    operator derives its factors from them: ``derived``), and gradients reach them."""
-    p, leaves = protocol_with_tensors(mech, mech.problem(n, 0), requires_grad=True)
-    op = mech.fast_mask(p, "cpu")
-    if not derived:
-        held = parameters_of(op)
-        assert all(any(t is leaf for t in held) for leaf in leaves.values())
-    x = torch.rand(n, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    (op.matmul(x) * x).sum().backward()
-    for name, leaf in leaves.items():
-        assert leaf.grad is not None and float(leaf.grad.abs().sum()) > 0, name
-
-
-def protocol_update_case(mech, variant, n: int) -> None:
-    """An in-place change of the parameters (an optimiser step) reaches the SAME operator: the
-    second call equals the updated problem's reference per slice (no stale cache or copy)."""
-    assert variant.protocol == "update"
-    _variant_passes(mech, variant, n, seed=1)
-
-
-def protocol_learnable_case(mech, variant, n: int) -> None:
-    """Forward with leaves requiring grad (both dtypes, per slice) and the float64 directional
-    derivative against the central difference of the float64 reference."""
-    assert variant.protocol == "learnable"
-    _variant_passes(mech, variant, n, seed=2)
-
-
 @pytest.mark.parametrize("mech_id", POSITIONAL)
 def test_mask_params_reach_the_operator(mech_id):
     mech = get(mech_id)
@@ -358,12 +296,14 @@ def test_planted_stale_spectrum_fails_the_update_case(monkeypatch):
 
 
 def test_planted_detached_spectrum_fails_the_learnable_case(monkeypatch):
-    """A spectrum cut from the table's graph: no gradient reaches the table (an error or a mismatch)."""
+    """A spectrum cut from the table's graph: the forward is right, the gradient is not."""
     spectrum = fast.BlockToeplitzMask.spectrum
     monkeypatch.setattr(fast.BlockToeplitzMask, "spectrum",
                         lambda self, device, dtype: spectrum(self, device, dtype).detach())
-    with pytest.raises((AssertionError, RuntimeError, ValueError)):
-        protocol_learnable_case(get("toeplitz-1d"), get("toeplitz-1d").variant("learnable"), 37)
+    mech = get("toeplitz-1d")
+    details, reasons = variant_reasons(mech, mech.variant("learnable"), 37, seed=2)
+    assert reasons and all("gradient" in r for r in reasons), reasons
+    assert details["worst_component"] == "gradient" and details["normalised_error"] > 1
 
 
 def test_planted_copied_parameter_fails_the_held_case(monkeypatch):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from reference.masks import sequence as ref_masks
+from verify.checks import equivalence
 from verify.mechanisms import sequence as S
 from verify.mechanisms import get
 from verify.registry import EQUIVALENCE_BATCH
@@ -110,8 +111,8 @@ def test_causal_chunk_variants_exercise_their_option():
         p = mech.problem(37, 0, v, batch=EQUIVALENCE_BATCH)
         assert mech.fast_mask(p, "cpu").chunk == p.extras["chunk"]
         assert v.sweep == (v.name == "default")
-    for n in (1, 2, 37, 64, 300, 1000):  # equivalence's sizes: 7 never divides them, 4096 exceeds them
-        assert n % 7 != 0 and n < 4096
+    for n in sorted(set(equivalence.QUICK_SIZES + equivalence.FULL_SIZES)):  # 7 never divides them, 4096 exceeds them
+        assert n % 7 != 0 and n < 4096, n
 
 
 def test_problem_arguments_are_checked():
