@@ -6,6 +6,7 @@ differentiable. Never imports ``reference`` and never touches global RNG state.
 from fast.attention import (
     DenominatorError,
     favor_attention,
+    favor_features,
     linear_attention,
     masked_linear_attention,
     softmax_attention,
@@ -36,7 +37,7 @@ from fast.masks.tree import (
 )
 
 __all__ = [
-    "DenominatorError", "favor_attention", "linear_attention", "masked_linear_attention",
+    "DenominatorError", "favor_attention", "favor_features", "linear_attention", "masked_linear_attention",
     "softmax_attention", "EluPlusOne", "FavorPlus", "FeatureMap", "Hyperbolic", "Identity",
     "ReLU", "TrigRFF", "gaussian_projection", "MaskOperator", "SymmetricMaskOperator", "DenseMask", "SparseMask",
     "as_mask_operator", "CausalMask", "PackingMask",

@@ -20,7 +20,8 @@ from fast.validation import check_positive_int, check_same_device, check_tensor,
 
 # DenominatorError, DEFAULT_BLOCK_COLS, DEFAULT_BLOCK_BYTES and blocked_numerator are re-exported:
 # they used to live here
-__all__ = ["softmax_attention", "masked_linear_attention", "linear_attention", "favor_attention", "DenominatorError",
+__all__ = ["softmax_attention", "masked_linear_attention", "linear_attention", "favor_attention", "favor_features",
+           "DenominatorError",
            "DEFAULT_BLOCK_COLS", "DEFAULT_BLOCK_BYTES", "blocked_numerator"]
 
 
@@ -139,6 +140,46 @@ def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) 
     return masked_linear_attention(phi_q, phi_k, v, mask=None)
 
 
+def favor_features(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    projection: torch.Tensor,
+    mask: object = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The features favor_attention feeds to masked_linear_attention: (phi_q, phi_k).
+
+    Stabilised FAVOR+ (fast.FavorPlus(projection, stabilize=True)) of q / d_qk^(1/4) and
+    k / d_qk^(1/4), so that phi_q_i . phi_k_j estimates exp(q_i . k_j / sqrt(d_qk)) up to
+    constants that cancel in the masked attention ratio: a per-query one, and the keys' ones
+    from the mask operator's ``key_stabilizer`` (fast.masks.base: the per-(batch, head) max by
+    default; padding and packing override it so that keys the mask hides never set the scale);
+    mask=None: FavorPlus's own per-(batch, head) max. The mask is only read for its stabiliser
+    here (the masking is masked_linear_attention's).
+
+    q: (..., N_q, d_qk); k: (..., N, d_qk); projection W: (m, d_qk); mask: None or anything
+    ``fast.as_mask_operator`` accepts -> phi_q (..., N_q, m), phi_k (..., N, m), in q's / k's
+    dtype. Differentiable in q and k.
+    """
+    _check_favor_inputs(q, k, projection)
+    return _favor_features(q, k, projection, None if mask is None else as_mask_operator(mask))
+
+
+def _check_favor_inputs(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor) -> None:
+    check_tensor("q", q)
+    check_tensor("k", k)
+    check_tensor("projection", projection)
+    check_same_device(q=q, k=k, projection=projection)
+
+
+def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor,
+                    op: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """favor_features on checked inputs and an operator (or None): one place for the construction."""
+    fmap = FavorPlus(projection, stabilize=True)
+    scale = q.shape[-1] ** -0.25
+    stabilizer = None if op is None else key_stabilizer_of(op)  # None: FavorPlus's own per-slice max
+    return fmap(q * scale, is_query=True), fmap(k * scale, is_query=False, key_stabilizer=stabilizer)
+
+
 def favor_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -148,23 +189,18 @@ def favor_attention(
 ) -> torch.Tensor:
     """Performer softmax-kernel attention with an optional mask operator.
 
-    Feeds q / d_qk^(1/4) and k / d_qk^(1/4) to stabilised FAVOR+ with W = ``projection`` (m, d_qk),
-    so the estimated kernel is exp(q.k / sqrt(d_qk)), then masked_linear_attention. mask: None
-    or anything ``fast.as_mask_operator`` accepts. The keys' stabiliser is the operator's
-    ``key_stabilizer`` (fast.masks.base: the per-(batch, head) max by default; padding and
-    packing override it so that keys the mask hides never set the scale). For CausalMask the
-    default is the only exact choice (each query sees a different prefix): a future key with a
-    far larger FAVOR+ exponent than the past can underflow early keys (float64 needs exponents
-    ~700 apart; this is then reported as DenominatorError, never a NaN).
+    masked_linear_attention(*favor_features(q, k, projection, mask), v, mask): stabilised FAVOR+
+    of q / d_qk^(1/4) and k / d_qk^(1/4) with W = ``projection`` (m, d_qk), so the estimated
+    kernel is exp(q.k / sqrt(d_qk)). mask: None or anything ``fast.as_mask_operator`` accepts.
+    The keys' stabiliser is the operator's ``key_stabilizer`` (fast.masks.base: the
+    per-(batch, head) max by default; padding and packing override it so that keys the mask
+    hides never set the scale). For CausalMask the default is the only exact choice (each query
+    sees a different prefix): a future key with a far larger FAVOR+ exponent than the past can
+    underflow early keys (float64 needs exponents ~700 apart; this is then reported as
+    DenominatorError, never a NaN).
     q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d).
     """
-    check_tensor("q", q)
-    check_tensor("k", k)
-    check_tensor("projection", projection)
-    check_same_device(q=q, projection=projection)
+    _check_favor_inputs(q, k, projection)  # once: favor_features would check them again
     op = None if mask is None else as_mask_operator(mask)
-    fmap = FavorPlus(projection, stabilize=True)
-    scale = q.shape[-1] ** -0.25
-    stabilizer = None if op is None else key_stabilizer_of(op)  # None: FavorPlus's own per-slice max
-    phi_k = fmap(k * scale, is_query=False, key_stabilizer=stabilizer)
-    return masked_linear_attention(fmap(q * scale, is_query=True), phi_k, v, op)
+    phi_q, phi_k = _favor_features(q, k, projection, op)
+    return masked_linear_attention(phi_q, phi_k, v, op)

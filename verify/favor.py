@@ -117,10 +117,17 @@ def mask_tensor(value, device, dtype=None) -> torch.Tensor:
     (and of ``dtype`` when given) is returned itself, never copied, so in-place updates and
     requires_grad reach the operator (Mechanism.mask_params); anything else is converted."""
     if isinstance(value, torch.Tensor):
-        if value.device == torch.device(device) and (dtype is None or value.dtype == dtype):
-            return value
-        return value.to(device=device, dtype=dtype)
+        return value.to(device=device, dtype=dtype)  # Tensor.to returns the tensor itself when nothing changes
     return torch.as_tensor(np.asarray(value), device=device, dtype=dtype)
+
+
+def numpy_values(x) -> np.ndarray:
+    """x as float64 NumPy, whether it is an array(-like) or a tensor (any device and dtype, a leaf
+    that requires grad included; a tensor is copied): a mask parameter from problem.extras for
+    the dense masks, or a fast output for a NumPy comparison."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device="cpu", dtype=torch.float64).numpy().copy()
+    return np.asarray(x, dtype=np.float64)
 
 
 def favor_draw(problem: Problem, generator: torch.Generator) -> Problem:
@@ -165,9 +172,8 @@ def favor_fast_setup(make_mask: FastMask | None) -> Callable[..., Runner]:
 
 
 class FavorRunner:
-    """runner() = fast.favor_attention(q, k, v, w, mask); ``mask`` is the operator it applies
-    (None: unmasked), kept so that a check can call the same operator again after changing its
-    parameters in place (the "update" protocol)."""
+    """runner() = fast.favor_attention(q, k, v, w, mask): q, k, v, w the tensors of the call and
+    ``mask`` the operator it applies (None: unmasked), built once in set-up."""
 
     def __init__(self, q, k, v, w, mask):
         self.q, self.k, self.v, self.w, self.mask = q, k, v, w, mask
@@ -178,15 +184,14 @@ class FavorRunner:
 
 def favor_dense_setup(make_dense_mask: DenseMask | None) -> Callable[..., Runner]:
     """Runner factory for the O(N^2) torch twin (verify.dense) with the (N, N) mask
-    ``make_dense_mask(problem)`` (None: unmasked); same features as the fast path."""
+    ``make_dense_mask(problem)`` (None: unmasked); the features are fast.favor_features' (the
+    fast path's construction) with the default per-(batch, head) key stabiliser."""
 
     def setup(problem: Problem, device, dtype, requires_grad: bool = False) -> Runner:
         q, k, v, w = favor_tensors(problem, device, dtype, requires_grad)
         mask = (None if make_dense_mask is None
                 else torch.as_tensor(make_dense_mask(problem), device=device, dtype=dtype))
-        fmap = fast.FavorPlus(w, stabilize=True)
-        s = q.shape[-1] ** -0.25
-        return lambda: dense_masked_attention(fmap(q * s, True), fmap(k * s, False), v, mask)
+        return lambda: dense_masked_attention(*fast.favor_features(q, k, w), v, mask)
 
     return setup
 

@@ -22,8 +22,9 @@ STATUSES = ("pass", "fail", "skip")
 COMPARES = ("<=", ">=", "<", ">", "")
 #: Units of statistic and threshold: "bytes" and "seconds" are printed as MiB/GiB and s/ms;
 #: "relative" (a relative error), "ratio" (of two like quantities, e.g. estimate error / radius),
-#: "slope" and "exponent" (log-log slopes), "absolute" (same unit as the data), "" (none said).
-UNITS = ("", "bytes", "seconds", "relative", "ratio", "slope", "exponent", "absolute")
+#: "slope" and "exponent" (log-log slopes), "absolute" (same unit as the data), "count" (a number
+#: of failed cases or conditions: guard/<id>, reproducibility/<id>), "" (none said).
+UNITS = ("", "bytes", "seconds", "relative", "ratio", "slope", "exponent", "absolute", "count")
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:

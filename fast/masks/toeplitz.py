@@ -223,15 +223,24 @@ class BlockToeplitzMask(MaskOperator):
     def roundoff_bound(self, x: torch.Tensor) -> torch.Tensor:
         """Per-column bound on |fl(M x) - M x| (entrywise): C u log2(prod n_fft) |table|_2 |x_col|_2.
 
-        x: (..., N, c) -> (..., c). The normwise FFT-convolution error bound (Higham, Sec. 24.1)
-        with a safety factor; the CLS part is exact sums and adds nothing of its own. Computed in
-        float64 (returned so): in float32 the sum of squares of features above ~1.8e19 overflows,
-        and the guard would then refuse valid inputs (guard/<id>'s scaled cases).
+        x: (..., N, c) -> (..., c), in the dtype the product M x is computed in
+        (fast.validation.compute_dtype(x.dtype): x's own for float32 and float64, what attend gets).
+        The normwise FFT-convolution error bound (Higham, Sec. 24.1) with a safety factor; the CLS
+        part is exact sums and adds nothing of its own. The norm is computed in float64: in
+        float32 the sum of squares of features above ~1.8e19 overflows, and the guard would then
+        refuse valid inputs (guard/<id>'s scaled cases).
         """
         u = torch.finfo(x.dtype).eps / 2
         size = math.log2(max(2, math.prod(self.n_fft)))
         tnorm = float(torch.linalg.vector_norm(self.table.detach().double()))
-        return _ROUNDOFF_C * u * size * tnorm * torch.linalg.vector_norm(x.detach(), dim=-2, dtype=torch.float64)
+        bound = _ROUNDOFF_C * u * size * tnorm * torch.linalg.vector_norm(x.detach(), dim=-2, dtype=torch.float64)
+        # The bound fits the compute dtype (returned in it: no float64 temporaries in attend). It is
+        # |table|_2 |x_col|_2 times C u log2(n_fft) <= 8 * 2^-11 * 64 < 1 (u <= float16's), and
+        # |table|_2 |x_col|_2 <= |table|_1 |x_col|_1, the zero-frequency term of the product's
+        # spectrum for the nonnegative tables and features the guard must accept, which the
+        # transform itself forms in that dtype. A bound beyond the dtype's range (inf) thus comes
+        # with an overflowed product, where the guard refusing is right.
+        return bound.to(compute_dtype(x.dtype))
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of Algorithm 1: D1 = M [vec(phi_k v^T)], D2 = M phi_k.
@@ -248,7 +257,7 @@ class BlockToeplitzMask(MaskOperator):
         per_feature = math.prod(v.shape) * v.element_size()  # one feature's d columns over all tokens
         num, den = masked_products(phi_q, phi_k, v, self, max(1, self.max_chunk_bytes // max(1, per_feature)))
         with torch.no_grad():  # a test, not part of the output: nothing saved for backward
-            floor = (phi_q.abs() * self.roundoff_bound(phi_k).unsqueeze(-2)).sum(-1)
+            floor = (phi_q.abs() @ self.roundoff_bound(phi_k).unsqueeze(-1)).squeeze(-1)  # no (..., N, m) temporary
             bad = den.abs() <= floor
         if bool(bad.any()):
             raise DenominatorError(

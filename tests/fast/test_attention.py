@@ -290,3 +290,40 @@ def test_never_builds_an_n_by_n_matrix(kind):
         op = GenericMask(base) if kind.endswith("generic") else base
     out = favor_attention(q, k, v, w, op)
     assert out.shape == (n, 2) and bool(torch.isfinite(out).all())
+
+
+# ------------------------------------------------ favor_features: the features favor_attention uses
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_favor_attention_is_masked_linear_attention_of_favor_features(kind, dtype):
+    """favor_attention(q, k, v, W, M) == masked_linear_attention(*favor_features(q, k, W, M), v, M),
+    bit for bit (one construction of the features, which verify's guard check drives)."""
+    g = gen(12)
+    b, h, n, d = 2, 3, 13, 8
+    q, k = unit_rows((b, h, n, d), g, dtype, norm=2.0), unit_rows((b, h, n, d), g, dtype, norm=2.0)
+    v = randn((b, h, n, 4), g, dtype)
+    w = fast.gaussian_projection(16, d, generator=g, dtype=dtype)
+    op, _ = make_mask(kind, (b, 1), n, g)
+    phi_q, phi_k = fast.favor_features(q, k, w, op)
+    assert phi_q.shape == phi_k.shape == (b, h, n, 16) and phi_q.dtype == phi_k.dtype == dtype
+    assert torch.equal(favor_attention(q, k, v, w, op), masked_linear_attention(phi_q, phi_k, v, op))
+
+
+def test_favor_features_take_the_keys_constants_from_the_mask():
+    """A padding mask's stabiliser ignores hidden keys: a huge hidden key rescales phi_k without a
+    mask, not with it (on the visible keys)."""
+    g = gen(13)
+    n, d = 8, 16
+    w = fast.gaussian_projection(32, d, generator=g, dtype=torch.float64)
+    q, k = unit_rows((n, d), g), unit_rows((n, d), g)
+    k[7] = w[w.norm(dim=1).argmax()] * d**0.25  # maximises the FAVOR+ exponent: |w_f|^2 / 2 on the hidden key
+    mask = PaddingMask(torch.arange(n) < 7)
+    _, masked = fast.favor_features(q, k, w, mask)
+    _, plain = fast.favor_features(q, k, w)
+    _, visible_only = fast.favor_features(q[:7], k[:7], w)
+    torch.testing.assert_close(masked[:7], visible_only, rtol=1e-14, atol=0)
+    assert not torch.allclose(plain[:7], visible_only)
+    with pytest.raises(ValueError, match="k"):
+        fast.favor_features(q, torch.full_like(k, float("nan")), w)

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+import fast
 from tests.helpers import EQUIV_TOL
 from verify import favor as F
+from verify.dense import dense_masked_attention
 from verify.registry import relative_error
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +32,6 @@ def _causal_dense(p):
 
 
 def _causal_fast(p, device):
-    import fast
-
     return fast.CausalMask(p.n, chunk=8)
 
 
@@ -89,3 +89,31 @@ def test_families_import_nothing_from_each_other():
                 imported.update(a.name for a in node.names)
         bad = {m for m in imported if m.startswith("verify.mechanisms")}
         assert not bad, (name, bad)
+
+
+def test_mask_tensor_holds_a_tensor_already_there_and_converts_the_rest():
+    t = torch.rand(5, dtype=torch.float64).requires_grad_(True)
+    assert F.mask_tensor(t, "cpu") is t and F.mask_tensor(t, torch.device("cpu"), torch.float64) is t
+    other = F.mask_tensor(t, "cpu", torch.float32)
+    assert other is not t and other.dtype == torch.float32
+    a = np.arange(3.0)
+    assert torch.equal(F.mask_tensor(a, "cpu"), torch.arange(3.0, dtype=torch.float64))
+
+
+def test_numpy_values_of_arrays_and_tensors():
+    t = torch.tensor([1.5, 2.0], dtype=torch.float32, requires_grad=True)
+    got = F.numpy_values(t)
+    assert got.dtype == np.float64 and np.array_equal(got, [1.5, 2.0])
+    got[0] = 7.0  # a copy: the tensor is untouched
+    assert t[0].item() == 1.5
+    assert F.numpy_values(torch.tensor(0.25, dtype=torch.bfloat16)).item() == 0.25
+    assert np.array_equal(F.numpy_values([1, 2]), np.array([1.0, 2.0]))
+
+
+def test_dense_twin_uses_the_fast_paths_features():
+    """Unmasked, the dense twin and fast.favor_attention form the same features (fast.favor_features)."""
+    p = F.favor_problem(20, 3)
+    dense = F.favor_dense_setup(None)(p, "cpu", torch.float64)()
+    q, k, v, w = F.favor_tensors(p, "cpu", torch.float64)
+    assert torch.equal(dense, dense_masked_attention(*fast.favor_features(q, k, w), v, None))
+    assert relative_error(dense.numpy(), fast.favor_attention(q, k, v, w)) <= 1e-13

@@ -24,7 +24,7 @@ def test_kinds_and_statuses_are_the_design_ones():
                          "reproducibility"}
     assert set(STATUSES) == {"pass", "fail", "skip"}
     assert set(COMPARES) == {"<=", ">=", "<", ">", ""}
-    assert {"", "bytes", "seconds", "relative", "ratio", "slope", "exponent"} <= set(UNITS)
+    assert {"", "bytes", "seconds", "relative", "ratio", "slope", "exponent", "absolute", "count"} <= set(UNITS)
 
 
 @pytest.mark.parametrize("field, value", [("kind", "statistics"), ("kind", ""), ("status", "PASS"), ("status", "ok"),

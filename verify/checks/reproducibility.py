@@ -8,15 +8,18 @@ problem (N = 37, batch = EQUIVALENCE_BATCH) in float64 on ctx.device,
 
 1. same seed: two generators on ctx.device seeded with s give bitwise equal drawn problems
    (every array of the problem) and bitwise equal fast outputs (torch.equal);
-2. other seed: a generator seeded with s + 1 gives another output (not torch.equal, and the
-   relative Frobenius difference is reported: a draw that ignores its generator shows here);
+2. other seed: a generator seeded with s + 1 gives another fast OUTPUT (not torch.equal; the
+   relative Frobenius difference is reported). A draw that ignores its generator shows here, and
+   so does a fast path that ignores the draw (one that caches W by shape, say): a drawn problem
+   that changes is not enough. The problem's arrays that changed are reported apart
+   (other_seed_problem_differs);
 3. global state: the global RNG states are untouched by all of it (draws, set-up and calls):
    torch.get_rng_state(), torch.cuda.get_rng_state_all() when CUDA is initialised (a CUDA
    ctx.device initialises it first), np.random.get_state() and random.getstate().
 
 reproducibility/samplers: the same three conditions for each row of ``SAMPLERS`` (fast/'s samplers
-with a torch.Generator on ctx.device, reference/'s with a np.random.Generator). A later sampler
-(issue 12's random walks) adds a row.
+with a torch.Generator on ctx.device, reference/'s with a np.random.Generator), condition 2 on the
+sampler's whole result. A later sampler (issue 12's random walks) adds a row.
 
 Bitwise equality is the right bar: the same generator state and the same operations give the
 same bits on one device; a sampler that reads the global RNG, or a fresh OS-seeded generator,
@@ -35,14 +38,16 @@ import torch
 
 import fast
 import reference.features as ref_features
+from verify.favor import numpy_values
 from verify.mechanisms import mechanisms
 from verify.registry import EQUIVALENCE_BATCH, Mechanism, relative_error
 from verify.result import Check, Context, Outcome, judged
 
 N = 37
-#: The statistic is a count of failures; verify.result.UNITS has no "count", and a count is in
-#: the unit of what it counts ("absolute").
-UNIT = "absolute"
+#: The statistic is a count of failed conditions.
+UNIT = "count"
+#: Generator seeds come from SeedSequence([seed, SALT, ...]) (base_seed), the entropy rng_for uses:
+#: no other draw in verify/ uses salt 91 first.
 SALT = 91
 
 
@@ -134,28 +139,31 @@ def differing_arrays(p1: Any, p2: Any) -> list[str]:
     return sorted(name for name in a.keys() | b.keys() if name not in a or name not in b or not bitwise_equal(a[name], b[name]))
 
 
-def _numpy(x) -> np.ndarray:
-    return x.detach().double().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
-
-
 # ------------------------------------------------------------------------- one random thing
 
 
+#: Why condition 2 failed, for a result compared whole (a sampler's).
+SAME_RESULT = "seed s + 1 gave the same result as seed s (the generator is not used)"
+
+
 def judge(draw: Callable[[int], Any], seed: int, compare_all: Callable[[Any, Any], list[str]],
-          before: GlobalState) -> tuple[list[str], dict, tuple]:
+          before: GlobalState, compare_other: Callable[[Any, Any], list[str]] | None = None,
+          same_other: str = SAME_RESULT) -> tuple[list[str], dict, tuple]:
     """Conditions 1-3 of the module doc for ``draw(seed) -> result``: (reasons, details, the
     three results (seed, seed again, seed + 1)).
 
-    compare_all(r1, r2) -> names of the parts of two results that differ bitwise.
+    compare_all(r1, r2) -> names of the parts of two results that differ bitwise (condition 1:
+    none may). compare_other(r1, r2) -> those of the parts condition 2 needs to differ, at least
+    one (default compare_all: any part); same_other: the reason when none does.
     """
     reasons: list[str] = []
     first, again, other = draw(seed), draw(seed), draw(seed + 1)
     same = compare_all(first, again)
     if same:
         reasons.append(f"same seed, different bits: {', '.join(same)}")
-    changed = compare_all(first, other)
+    changed = (compare_other or compare_all)(first, other)
     if not changed:
-        reasons.append("seed s + 1 gave the same result as seed s (the generator is not used)")
+        reasons.append(same_other)
     moved = before.moved(GlobalState.take())
     if moved:
         reasons.append(f"global RNG state moved: {', '.join(moved)}")
@@ -175,11 +183,17 @@ def _mechanism_draw(mech: Mechanism, problem, device) -> Callable[[int], dict]:
     return draw
 
 
+def _compare_outputs(r1: dict, r2: dict) -> list[str]:
+    return [] if bitwise_equal(r1["output"], r2["output"]) else ["fast output"]
+
+
 def _compare_runs(r1: dict, r2: dict) -> list[str]:
-    names = [f"problem.{n}" for n in differing_arrays(r1["problem"], r2["problem"])]
-    if not bitwise_equal(r1["output"], r2["output"]):
-        names.append("fast output")
-    return names
+    return [f"problem.{n}" for n in differing_arrays(r1["problem"], r2["problem"])] + _compare_outputs(r1, r2)
+
+
+#: Why condition 2 failed for a mechanism: the fast output did not move (whatever the draw did).
+SAME_OUTPUT = ("seed s + 1 gave the same fast output as seed s (the generator is not used, or the fast path "
+               "ignores the drawn problem: see other_seed_problem_differs)")
 
 
 def _run_mechanism(mech: Mechanism, ctx: Context) -> Outcome:
@@ -189,11 +203,13 @@ def _run_mechanism(mech: Mechanism, ctx: Context) -> Outcome:
     seed = base_seed(ctx.seed, 1)
     before = GlobalState.take()
     draw = _mechanism_draw(mech, problem, ctx.device)
-    reasons, details, (first, _, other) = judge(draw, seed, _compare_runs, before)
+    reasons, details, (first, _, other) = judge(draw, seed, _compare_runs, before, _compare_outputs, SAME_OUTPUT)
     return judged(not reasons, float(len(reasons)), reasons, **details, n=n, batch=list(EQUIVALENCE_BATCH),
                   generator_seed=seed, device=ctx.device, dtype="float64",
-                  other_seed_relative_difference=relative_error(_numpy(first["output"]), other["output"]),
-                  statistic="number of failed conditions (same seed bitwise equal, other seed differs, "
+                  other_seed_problem_differs=[f"problem.{a}" for a in differing_arrays(first["problem"],
+                                                                                       other["problem"])],
+                  other_seed_relative_difference=relative_error(numpy_values(first["output"]), other["output"]),
+                  statistic="number of failed conditions (same seed bitwise equal, other seed changes the fast output, "
                             "global RNG states untouched)")
 
 

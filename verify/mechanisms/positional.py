@@ -29,7 +29,7 @@ from fast.fft import fast_fft_size
 from reference.masks import hypercube as ref_hypercube
 from reference.masks import lowrank as ref_lowrank
 from reference.masks import toeplitz as ref_toeplitz
-from verify.favor import favor_draw, favor_mechanism, favor_problem, mask_tensor
+from verify.favor import favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import Problem, rng_for
 from verify.registry import Mechanism, Variant, register
 
@@ -71,13 +71,6 @@ def grid_shape(n: int, dims: int = 2) -> tuple[int, ...]:
     return tuple(sorted((a, *grid_shape(n // a, dims - 1))))
 
 
-def _values(x) -> np.ndarray:
-    """A mask parameter as float64 NumPy, whether the extras hold an array or a (leaf) tensor."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy().astype(np.float64)
-    return np.asarray(x, dtype=np.float64)
-
-
 def _log_coefficients(offsets: np.ndarray, scale: float, rng: np.random.Generator) -> np.ndarray:
     """b(delta) = -|delta|_1 / tau (faster decay for keys after the query) + noise."""
     tau = max(2.0, scale * DECAY_FRACTION)
@@ -114,7 +107,7 @@ def toeplitz_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), build: s
 
 
 def _toeplitz_dense(p: Problem) -> np.ndarray:
-    return ref_toeplitz.toeplitz_mask(_values(p.extras["coeffs"]))
+    return ref_toeplitz.toeplitz_mask(numpy_values(p.extras["coeffs"]))
 
 
 def _toeplitz_fast(p: Problem, device) -> fast.ToeplitzMask:
@@ -164,7 +157,8 @@ def block_toeplitz_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), di
 
 
 def _block_dense(p: Problem) -> np.ndarray:
-    return ref_toeplitz.block_toeplitz_mask(tuple(int(s) for s in p.extras["grid_shape"]), _values(p.extras["table"]),
+    return ref_toeplitz.block_toeplitz_mask(tuple(int(s) for s in p.extras["grid_shape"]),
+                                            numpy_values(p.extras["table"]),
                                             cls_token=bool(p.extras.get("cls_token", False)), n=p.n)
 
 
@@ -190,7 +184,7 @@ def low_rank_problem(n: int, seed: int, *, batch: tuple[int, ...] = ()) -> Probl
 
 
 def _low_rank_dense(p: Problem) -> np.ndarray:
-    enc, w = (_values(p.extras[k]) for k in ("encodings", "rpe_projection"))
+    enc, w = (numpy_values(p.extras[k]) for k in ("encodings", "rpe_projection"))
     return ref_lowrank.low_rank_mask(*ref_lowrank.stochastic_rpe_factors(enc, w))
 
 
@@ -218,7 +212,7 @@ def hypercube_problem(n: int, seed: int, *, batch: tuple[int, ...] = ()) -> Prob
 
 
 def _hypercube_dense(p: Problem) -> np.ndarray:
-    return ref_hypercube.hypercube_mask(p.n, float(_values(p.extras["lam"])))
+    return ref_hypercube.hypercube_mask(p.n, float(numpy_values(p.extras["lam"])))
 
 
 def _hypercube_fast(p: Problem, device) -> fast.HypercubeDiffusionMask:

@@ -20,11 +20,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask, forest_diameter
 from reference.masks import tree as ref_tree
-from verify.favor import favor_mechanism, favor_problem, mask_tensor
+from verify.favor import favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify import problems  # the tree generators, used as problems.<name>: one import path for them
 from verify.problems import TREE_FAMILIES, Problem, rng_for
 from verify.registry import Variant, register
@@ -156,15 +155,8 @@ def tree_diam_problem(n: int, seed: int, family: str = MIXED, *, batch: tuple[in
     return p
 
 
-def _values(x) -> np.ndarray:
-    """f as float64 NumPy, whether the extras hold an array or a (leaf) tensor."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy().astype(np.float64)
-    return np.asarray(x, dtype=np.float64)
-
-
 def _any_f_dense(p: Problem) -> np.ndarray:
-    return ref_tree.tree_mask(ref_tree.forest_adjacency(p.extras["parent"]), _values(p.extras["f"]))
+    return ref_tree.tree_mask(ref_tree.forest_adjacency(p.extras["parent"]), numpy_values(p.extras["f"]))
 
 
 #: extras that are options of the tree operators (passed on as keywords when present)

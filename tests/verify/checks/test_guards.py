@@ -39,6 +39,31 @@ def test_the_table_has_fire_and_silent_cases():
         guards.GuardCase("x", "maybe", lambda q, k, at: (q, k))
 
 
+@pytest.mark.parametrize("mech_id", ("linear", "padding", "packing", "toeplitz-1d"))
+def test_the_features_are_the_fast_paths_own(mech_id):
+    """The guard drives the features fast.favor_attention forms: the unedited call is the fast path."""
+    mech = get(mech_id)
+    problem = mech.problem(mech.admissible(37), 0, batch=guards.EQUIVALENCE_BATCH)
+    phi_q, phi_k, v, op = guards.features(mech, problem, "cpu", torch.float64)
+    assert torch.equal(fast.masked_linear_attention(phi_q, phi_k, v, op), mech.fast(problem, "cpu", torch.float64))
+
+
+def test_slice_errors_cover_the_real_rows_only():
+    g = torch.Generator().manual_seed(0)
+    e = torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64)
+    got = e.clone()
+    real = np.ones((2, 3, 5), dtype=bool)
+    real[1, 2, 4] = False
+    got[1, 2, 4] = float("nan")  # a padded query's output: ignored
+    got[0, 1, 0] *= 1.5
+    err = guards.slice_errors(e, got, real)
+    assert err.shape == (6,) and np.isfinite(err).all()
+    assert np.count_nonzero(err) == 1 and err[1] == pytest.approx(
+        0.5 * float(e[0, 1, 0].norm() / e[0, 1].norm()), rel=1e-12)
+    real[1, 2, 4] = True
+    assert np.isnan(guards.slice_errors(e, got, real)[5])  # a NaN in a real row is never a pass
+
+
 def test_edits_never_touch_their_inputs_and_hit_one_slice():
     q = torch.rand(2, 2, 5, 3, dtype=torch.float64) + 0.1
     k = torch.rand(2, 2, 5, 3, dtype=torch.float64) + 0.1

@@ -44,8 +44,8 @@ def test_passes_on_the_real_code(mech_id):
     assert res.status == "pass", res.details["reasons"]
     assert res.statistic == 0.0
     assert res.details["same_seed_differs"] == [] and res.details["global_states_moved"] == []
-    assert "fast output" in res.details["other_seed_differs"]
-    assert "problem.projection" in res.details["other_seed_differs"]
+    assert res.details["other_seed_differs"] == ["fast output"]
+    assert "problem.projection" in res.details["other_seed_problem_differs"]
     assert res.details["other_seed_relative_difference"] > 1e-3
 
 
@@ -114,7 +114,7 @@ def test_a_sampler_reading_the_global_rng_fails(monkeypatch):
 
 
 @pytest.mark.parametrize("bug, reason", [(_fresh_projection, "same seed, different bits"),
-                                         (_fixed_projection, "seed s + 1 gave the same result")])
+                                         (_fixed_projection, "seed s + 1 gave the same ")])
 def test_a_sampler_ignoring_its_generator_fails(monkeypatch, bug, reason):
     monkeypatch.setattr(fast, "gaussian_projection", bug)
     for res in (R.samplers_check().evaluate(Context(quick=True)), R.check_for(get("linear")).evaluate(Context(quick=True))):
@@ -157,3 +157,23 @@ def test_a_fast_path_touching_a_global_rng_fails(touch, name):
     res = R.check_for(dataclasses.replace(real, fast_setup=setup)).evaluate(Context(quick=True))
     assert res.status == "fail" and res.statistic == 1.0
     assert res.details["same_seed_differs"] == [] and res.details["global_states_moved"] == [name]
+
+
+def test_a_fast_path_ignoring_the_draw_fails():
+    """A linear fast path that caches its projection by shape (the first W it sees): the draw
+    follows its generator (problem.projection changes with the seed) and outputs are reproducible,
+    but seed s + 1 gives the same output. A changed problem alone must not pass condition 2."""
+    real = get("linear")
+    cache = {}
+
+    def setup(problem, device, dtype, requires_grad=False):
+        w = cache.setdefault(problem.projection.shape, problem.projection)
+        return real.fast_setup(dataclasses.replace(problem, projection=w), device, dtype, requires_grad)
+
+    res = R.check_for(dataclasses.replace(real, fast_setup=setup)).evaluate(Context(quick=True))
+    assert res.status == "fail" and res.statistic == 1.0
+    assert res.details["reasons"] == [R.SAME_OUTPUT]
+    assert res.details["same_seed_differs"] == [] and res.details["global_states_moved"] == []
+    assert res.details["other_seed_differs"] == []
+    assert res.details["other_seed_problem_differs"] == ["problem.projection"]
+    assert res.details["other_seed_relative_difference"] == 0.0
