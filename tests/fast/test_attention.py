@@ -91,17 +91,24 @@ def _favor_reference(q, k, v, w, dense):
     return ref_attention.masked_kernel_attention(phi_q, phi_k, np_(v), dense)
 
 
-@pytest.mark.parametrize("kind", MASK_KINDS)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_favor_attention_matches_reference_batched(kind, dtype):
-    """The stabilisers (per-row for queries, per-slice for keys) cancel: fast equals the unstabilised
-    dense reference on the same projection."""
-    g = gen(11)
+def _batched_favor_inputs(seed: int, kind: str, dtype):
+    """q, k (2, 3, 13, 8) of row norm 2, v (2, 3, 13, 4), W (16, 8), the mask operator of ``kind``
+    with per-sample data (2, 1, ...) and its dense matrix, all from gen(seed)."""
+    g = gen(seed)
     b, h, n, d = 2, 3, 13, 8
     q, k = unit_rows((b, h, n, d), g, dtype, norm=2.0), unit_rows((b, h, n, d), g, dtype, norm=2.0)
     v = randn((b, h, n, 4), g, dtype)
     w = fast.gaussian_projection(16, d, generator=g, dtype=dtype)
     op, dense = make_mask(kind, (b, 1), n, g)
+    return q, k, v, w, op, dense
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_favor_attention_matches_reference_batched(kind, dtype):
+    """The stabilisers (per-row for queries, per-slice for keys) cancel: fast equals the unstabilised
+    dense reference on the same projection."""
+    q, k, v, w, op, dense = _batched_favor_inputs(11, kind, dtype)
     got = favor_attention(q, k, v, w, op)
     assert got.dtype == dtype
     assert rel_frobenius(got, _favor_reference(q, k, v, w, dense)) <= EQUIV_TOL[dtype]
@@ -300,14 +307,9 @@ def test_never_builds_an_n_by_n_matrix(kind):
 def test_favor_attention_is_masked_linear_attention_of_favor_features(kind, dtype):
     """favor_attention(q, k, v, W, M) == masked_linear_attention(*favor_features(q, k, W, M), v, M),
     bit for bit (one construction of the features, which verify's guard check drives)."""
-    g = gen(12)
-    b, h, n, d = 2, 3, 13, 8
-    q, k = unit_rows((b, h, n, d), g, dtype, norm=2.0), unit_rows((b, h, n, d), g, dtype, norm=2.0)
-    v = randn((b, h, n, 4), g, dtype)
-    w = fast.gaussian_projection(16, d, generator=g, dtype=dtype)
-    op, _ = make_mask(kind, (b, 1), n, g)
+    q, k, v, w, op, _ = _batched_favor_inputs(12, kind, dtype)
     phi_q, phi_k = fast.favor_features(q, k, w, op)
-    assert phi_q.shape == phi_k.shape == (b, h, n, 16) and phi_q.dtype == phi_k.dtype == dtype
+    assert phi_q.shape == phi_k.shape == (*q.shape[:-1], 16) and phi_q.dtype == phi_k.dtype == dtype
     assert torch.equal(favor_attention(q, k, v, w, op), masked_linear_attention(phi_q, phi_k, v, op))
 
 
