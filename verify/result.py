@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 #: "guard": a library guard fires where it must and stays silent where it must not (guard/<id>);
-#: "reproducibility": same generator seed, same output; the global RNG untouched.
-KINDS = ("equivalence", "statistical", "bound", "complexity", "scale", "erratum", "guard", "reproducibility")
+#: "reproducibility": same generator seed, same output; the global RNG untouched;
+#: "numerics": float32 / bfloat16 rows against the float64 run of the same estimator (numerics/<id>).
+KINDS = ("equivalence", "statistical", "bound", "complexity", "scale", "erratum", "guard", "reproducibility",
+         "numerics")
 STATUSES = ("pass", "fail", "skip")
 #: How a statistic is compared with its threshold for a pass ("<=": statistic <= threshold);
 #: "" where the check is not one comparison (or has no threshold).
