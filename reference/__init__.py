@@ -6,5 +6,6 @@ something.
 """
 from reference.attention import masked_kernel_attention, softmax_attention
 from reference.budget import check_dense_budget
+from reference.errors import DenominatorError
 
-__all__ = ["masked_kernel_attention", "softmax_attention", "check_dense_budget"]
+__all__ = ["masked_kernel_attention", "softmax_attention", "check_dense_budget", "DenominatorError"]

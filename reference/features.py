@@ -12,16 +12,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference._checks import describe, generator, integer, real_array
+
 
 def gaussian_projection(m: int, d: int, rng: np.random.Generator, orthogonal: bool = False) -> np.ndarray:
     """Draw an (m, d) projection with rows w_k ~ N(0, I_d).
+
+    m, d: ints >= 1 (a float such as 4.0 is refused, not truncated). rng: a
+    numpy.random.Generator; None (OS entropy) and int seeds are refused with TypeError so that
+    every draw says where its randomness comes from: pass np.random.default_rng(seed).
 
     orthogonal=True: blocks of d mutually orthogonal rows (QR of a Gaussian matrix, signs fixed
     so the rotation is Haar), each row rescaled to an independent chi(d) norm, so every row is
     still marginally N(0, I_d) and the estimator stays unbiased.
     """
-    if m <= 0 or d <= 0:
-        raise ValueError(f"m and d must be positive, got m={m}, d={d}")
+    m, d = integer("m", m), integer("d", d)
+    rng = generator("rng", rng)
+    if not isinstance(orthogonal, (bool, np.bool_)):
+        raise TypeError(f"orthogonal must be a bool, got {describe(orthogonal)}")
     if not orthogonal:
         return rng.standard_normal((m, d))
     blocks = -(-m // d)
@@ -32,14 +40,27 @@ def gaussian_projection(m: int, d: int, rng: np.random.Generator, orthogonal: bo
     return rows * norms[:, None]
 
 
+def _with_projection(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (..., d) and w (m, d) as real float64 arrays with matching d and m >= 1."""
+    x, w = real_array("x", x), real_array("w", w)
+    if x.ndim < 1:
+        raise ValueError(f"x must have shape (..., N, d), got shape {x.shape}")
+    if w.ndim != 2 or w.shape[0] == 0 or w.shape[1] != x.shape[-1]:
+        raise ValueError(f"w must be a projection of shape (m, d) = (m >= 1, {x.shape[-1]}) for x of shape "
+                         f"{x.shape}, got shape {w.shape}")
+    return x, w
+
+
 def favor_plus(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """FAVOR+ positive random features, (..., N, d) -> (..., N, m). Performer Lemma 1 / wu22 Eq. 4."""
+    x, w = _with_projection(x, w)
     m = w.shape[0]
     return np.exp(x @ w.T - 0.5 * np.sum(x * x, axis=-1, keepdims=True)) / np.sqrt(m)
 
 
 def hyperbolic(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Hyperbolic positive features, (..., N, d) -> (..., N, 2m)."""
+    x, w = _with_projection(x, w)
     m = w.shape[0]
     proj = x @ w.T
     half = 0.5 * np.sum(x * x, axis=-1, keepdims=True)
@@ -48,6 +69,7 @@ def hyperbolic(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def trig_rff(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Trigonometric random Fourier features for exp(x.y), (..., N, d) -> (..., N, 2m)."""
+    x, w = _with_projection(x, w)
     m = w.shape[0]
     proj = x @ w.T
     scale = np.exp(0.5 * np.sum(x * x, axis=-1, keepdims=True)) / np.sqrt(m)
@@ -56,17 +78,18 @@ def trig_rff(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def relu(x: np.ndarray) -> np.ndarray:
     """ReLU features (reid25 uses them throughout), m = d."""
-    return np.maximum(x, 0.0)
+    return np.maximum(real_array("x", x), 0.0)
 
 
 def elu_plus_one(x: np.ndarray) -> np.ndarray:
     """ELU(x) + 1 (Katharopoulos et al. 2020), m = d, strictly positive."""
+    x = real_array("x", x)
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
 
 
 def identity(x: np.ndarray) -> np.ndarray:
     """phi(x) = x (no positivity: the denominator may vanish)."""
-    return np.asarray(x, dtype=np.float64)
+    return real_array("x", x)
 
 
 #: name -> (function, needs a projection matrix)
@@ -82,12 +105,11 @@ FEATURE_MAPS = {
 
 def feature_map(name: str, x: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
     """Apply the feature map called ``name`` (a key of FEATURE_MAPS)."""
-    if name not in FEATURE_MAPS:
+    if not isinstance(name, str) or name not in FEATURE_MAPS:
         raise ValueError(f"feature map must be one of {sorted(FEATURE_MAPS)}, got {name!r}")
     fn, needs_w = FEATURE_MAPS[name]
-    x = np.asarray(x, dtype=np.float64)
     if needs_w:
         if w is None:
             raise ValueError(f"feature map {name!r} needs a projection matrix w of shape (m, d)")
-        return fn(x, np.asarray(w, dtype=np.float64))
-    return fn(x)
+        return fn(x, w)
+    return fn(x)  # a w given to a map without projection is ignored (callers loop over all maps)

@@ -1,36 +1,83 @@
 """python -m verify: run maskbench's checks, print a table, optionally write JSON.
 
-Exit status: 0 if nothing failed, 1 if any check failed, 2 on bad arguments.
+Exit status: 0 if nothing failed, 1 if any check failed, 2 on bad arguments. Arguments are all
+checked before any check runs: the seed (an int >= 0), the device (it must hold a tensor here;
+"meta" is refused), --only prefixes (non-empty, matching some check) and the --json path (its
+folder is created and the file must be writable; nothing is left behind if the run then fails).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from verify.runner import format_table, run_checks, seed_sweep, write_json
+from verify.runner import check_device, format_table, run_checks, seed_sweep, write_json, write_sweep_json
+
+
+def _int_at_least(low: int, what: str):
+    """An argparse type: an int >= low (the error names what was expected and what came)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low} ({what}), got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low} ({what}), got {value}")
+        return value
+
+    return parse
+
+
+def _non_empty(what: str):
+    """An argparse type: a non-empty string."""
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"expected {what}, got an empty string")
+        return text
+
+    return parse
+
+
+def _check_json_path(ap: argparse.ArgumentParser, raw: str) -> None:
+    """Refuse (exit 2) a --json path that cannot be written, before the run: create its folder (as
+    the writers do) and open the file for appending (which changes nothing in an existing file);
+    a file that did not exist is removed again, so a run that fails leaves none behind."""
+    path = Path(raw)
+    if path.is_dir():
+        ap.error(f"argument --json: expected a file path, got the directory {raw!r}")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        ap.error(f"argument --json: cannot write {raw!r} ({exc.strerror or exc})")
+    if not existed:
+        path.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="deterministic CI subset (under 3 minutes on 2 cores)")
-    ap.add_argument("--only", action="append", metavar="ID",
+    ap.add_argument("--only", action="append", metavar="ID", type=_non_empty("a check id prefix such as equivalence/"),
                     help="run checks whose id starts with ID (repeatable), e.g. --only equivalence/causal")
     ap.add_argument("--device", default="cpu", help="torch device for fast/ (cpu, cuda, cuda:1, ...)")
-    ap.add_argument("--seed", type=int, default=0, help="base seed of every check (default 0)")
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    ap.add_argument("--seed", type=_int_at_least(0, "seeds seed numpy and torch generators"), default=0,
+                    help="base seed of every check, an int >= 0 (default 0)")
+    ap.add_argument("--json", metavar="PATH", type=_non_empty("a file path"),
+                    help="also write the results as JSON to PATH (its folder is created)")
     ap.add_argument("--list", action="store_true", help="list the selected check ids and exit")
-    ap.add_argument("--seeds", type=int, metavar="K",
+    ap.add_argument("--seeds", type=_int_at_least(1, "the number of seeds"), metavar="K",
                     help="seed sweep: run the selection for seeds 0..K-1 and print each check's failure rate")
     ap.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = ap.parse_args(argv)
 
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            ap.error(f"--device {args.device}: CUDA is not available on this machine")
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        ap.error(f"argument --device: {exc}")
+    if args.json is not None and not args.list:
+        _check_json_path(ap, args.json)
     try:
         if args.list:
             from verify.checks import all_checks
@@ -46,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             for cid, c in counts.items():
                 print(f"{cid.ljust(width)}  {c['failures']}/{c['runs']} failed  seeds {c['failed_seeds']}")
             if args.json:
-                Path(args.json).write_text(json.dumps(counts, indent=2))
+                write_sweep_json(counts, args.json)
             return 1 if any(c["failures"] for c in counts.values()) else 0
         results = run_checks(quick=args.quick, only=args.only, device=args.device, seed=args.seed,
                              progress=not args.no_progress)

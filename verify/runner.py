@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import time
 import traceback
 from pathlib import Path
@@ -13,12 +14,55 @@ from verify.checks import all_checks
 from verify.result import Check, CheckResult, Context
 
 
+def check_seed(seed) -> int:
+    """A base seed: an int >= 0 (numpy's SeedSequence, behind every check's generators, refuses
+    negative seeds; torch would wrap them). Returns it; ValueError otherwise."""
+    try:
+        value = None if isinstance(seed, bool) else operator.index(seed)
+    except TypeError:
+        value = None
+    if value is None or value < 0:
+        raise ValueError(f"the seed must be an int >= 0 (numpy.random.SeedSequence refuses negative seeds), got {seed!r}")
+    return value
+
+
+def check_device(device) -> str:
+    """A device the checks can measure on: a torch device string that parses, is not "meta" (it
+    holds no data: nothing can be computed or measured on it), and can hold a tensor on this
+    machine (cuda without CUDA, an absent cuda:N, mps or xpu without support are refused).
+    Returns it unchanged; ValueError naming the device and what was expected otherwise."""
+    import torch
+
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"the device must be a torch device string such as cpu, cuda or cuda:1, got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"the device must be a torch device string such as cpu, cuda or cuda:1, got {device!r} "
+                         f"({exc})") from None
+    if dev.type == "meta":
+        raise ValueError(f"the device {device!r} holds no data, so no check can compute or measure anything on it; "
+                         f"use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"the device {device!r}: CUDA is not available on this machine")
+    try:
+        torch.zeros(1, device=dev)
+    except Exception as exc:  # an absent index, a backend torch was not built with, ...
+        raise ValueError(f"the device {device!r} cannot hold a tensor on this machine "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    return device
+
+
 def select(checks: list[Check], only: list[str] | None = None, quick: bool = False) -> list[Check]:
     """Keep quick checks in quick mode, and those whose id starts with any of ``only``.
 
-    Raises ValueError if ``only`` matches nothing (a typo should not pass as "all green").
+    Raises ValueError if ``only`` matches nothing (a typo should not pass as "all green") or holds
+    an empty prefix (it would select everything).
     """
     chosen = [c for c in checks if (c.quick or not quick)]
+    if only is not None and any(not isinstance(p, str) or not p for p in only):
+        raise ValueError(f"--only needs non-empty check id prefixes (an empty one would select every check), "
+                         f"got {only}")
     if only:
         chosen = [c for c in chosen if any(c.id.startswith(p) for p in only)]
         if not chosen:
@@ -38,9 +82,13 @@ def run_checks(
     """Run the selected checks with a progress bar and return their results.
 
     A check that raises is reported as a failure with its traceback in ``details``; it never
-    stops the others. sweeps: a cache of measured sweeps shared by every check's Context
-    (verify.result.Context.sweeps; e.g. verify.measure's, so complexity checks reuse its sweeps).
+    stops the others. A bad seed or device, or an ``only`` that selects nothing, raises ValueError
+    before any check runs (check_seed, check_device, select). sweeps: a cache of measured sweeps
+    shared by every check's Context (verify.result.Context.sweeps; e.g. verify.measure's, so
+    complexity checks reuse its sweeps).
     """
+    check_seed(seed)
+    check_device(device)
     sweeps = {} if sweeps is None else sweeps
     chosen = select(all_checks(), only, quick)
     results: list[CheckResult] = []
@@ -67,8 +115,10 @@ def seed_sweep(
     sweep measures the real false-failure rate; record it"). Returns
     {id: {"runs": seeds, "failures": k, "failed_seeds": [...], "rate": k / seeds}}.
     """
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be an int >= 1, got {seeds!r}")
+    check_device(device)
+    select(all_checks(), only, quick)  # a selection of nothing fails now, not after the first seed
     counts: dict[str, dict] = {}
     for seed in tqdm(range(seeds), desc="seeds", disable=not progress):
         for r in run_checks(quick=quick, only=only, device=device, seed=seed, progress=False):
@@ -143,7 +193,18 @@ def format_table(results: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def write_json(results: list[CheckResult], path: str | Path) -> None:
-    """Write the results as a JSON list in the docs/design.md schema."""
+def _write_text(path: str | Path, text: str) -> None:
+    """Write text to path, creating its parent folders."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps([r.to_dict() for r in results], indent=2))
+    Path(path).write_text(text)
+
+
+def write_json(results: list[CheckResult], path: str | Path) -> None:
+    """Write the results as a JSON list in the docs/design.md schema (parent folders are created)."""
+    _write_text(path, json.dumps([r.to_dict() for r in results], indent=2))
+
+
+def write_sweep_json(counts: dict[str, dict], path: str | Path) -> None:
+    """Write seed_sweep's counts as a JSON object {id: {runs, failures, failed_seeds, rate}}
+    (parent folders are created, as for write_json)."""
+    _write_text(path, json.dumps(counts, indent=2))

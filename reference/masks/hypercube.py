@@ -17,14 +17,16 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from reference._checks import integer, real_array, real_scalar
 from reference.budget import check_dense_budget
 
 
 def hypercube_dimension(n: int) -> int:
-    """k with n = 2^k, else ValueError."""
-    if isinstance(n, bool) or int(n) != n or n <= 0 or int(n) & (int(n) - 1):
+    """k with n = 2^k: n an int (TypeError otherwise, floats included), a power of two (ValueError)."""
+    n = integer("n", n, minimum=None)
+    if n <= 0 or n & (n - 1):
         raise ValueError(f"a hypercube has N = 2^k nodes; n must be a power of two, got {n!r}")
-    return int(n).bit_length() - 1
+    return n.bit_length() - 1
 
 
 def hypercube_distance(n: int) -> np.ndarray:
@@ -41,17 +43,24 @@ def hypercube_adjacency(n: int) -> np.ndarray:
 
 
 def hypercube_mask(n: int, lam: float) -> np.ndarray:
-    """M_ij = tanh(lam)^dist(i, j), (n, n); lam > 0 (lam -> inf: all ones)."""
+    """M_ij = tanh(lam)^dist(i, j), (n, n); lam a real number > 0 (lam -> inf: all ones)."""
+    lam = real_scalar("lam", lam)
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"lam must be a positive finite diffusion time, got {lam!r}")
     return np.tanh(lam) ** hypercube_distance(n)
 
 
 def diffusion_kernel(adjacency: np.ndarray, lam: float) -> np.ndarray:
-    """exp(-lam L), L = D - A, for a dense symmetric adjacency (n, n); via scipy.linalg.expm."""
-    a = np.asarray(adjacency, dtype=np.float64)
-    if a.ndim != 2 or a.shape[0] != a.shape[1] or not np.allclose(a, a.T):
-        raise ValueError(f"adjacency must be a symmetric (n, n) matrix, got shape {a.shape}")
+    """exp(-lam L), L = D - A, for a dense symmetric adjacency (n, n), n >= 1, finite real entries;
+    lam a finite real number. Via scipy.linalg.expm."""
+    a = real_array("adjacency", adjacency, finite=True)
+    lam = real_scalar("lam", lam)
+    if not np.isfinite(lam):
+        raise ValueError(f"lam must be a finite diffusion time, got {lam!r}")
+    if a.ndim != 2 or a.shape[0] != a.shape[1] or a.shape[0] == 0:
+        raise ValueError(f"adjacency must be a square (n, n) matrix with n >= 1, got shape {a.shape}")
+    if not np.allclose(a, a.T):
+        raise ValueError("adjacency must be symmetric (an undirected graph), got a non-symmetric matrix")
     check_dense_budget(a.shape[0], "diffusion kernel")
     lap = np.diag(a.sum(1)) - a
     return scipy.linalg.expm(-lam * lap)

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference._checks import integer, real_array, real_scalar
 from reference.budget import check_dense_budget
 from reference.features import favor_plus
 
+#: exp(x) is finite in float64 for x <= this (log of the largest float64).
+_MAX_EXPONENT = float(np.log(np.finfo(np.float64).max))
+
 
 def _finite_matrix(name: str, a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, dtype=np.float64)
+    a = real_array(name, a)
     if a.ndim != 2 or 0 in a.shape:
         raise ValueError(f"{name} must be a non-empty 2-D array, got shape {a.shape}")
     if not np.isfinite(a).all():
@@ -35,16 +39,25 @@ def low_rank_mask(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     if left.shape[1] != right.shape[0] or left.shape[0] != right.shape[1]:
         raise ValueError(f"left (N, r) and right (r, N) do not match: {left.shape} and {right.shape}")
     check_dense_budget(left.shape[0], "low-rank mask")
-    return left @ right
+    with np.errstate(over="ignore"):  # checked below
+        m = left @ right
+    if not np.isfinite(m).all():
+        raise ValueError("left @ right overflows float64 (finite factors, an infinite product): scale left and right down")
+    return m
 
 
 def sinusoidal_encodings(n: int, num_freqs: int = 4, scale: float = 0.7, base: float = 10_000.0) -> np.ndarray:
     """p_i = (scale / sqrt(K)) [cos(omega_k i), sin(omega_k i)]_k, omega_k = base^(-k/K): (n, 2K).
 
     |p_i| = scale for every i, and p_i . p_j = (scale^2 / K) sum_k cos(omega_k (i - j)).
+    n, num_freqs: ints >= 1; scale: a finite real; base: a finite real > 0.
     """
-    if n <= 0 or num_freqs <= 0:
-        raise ValueError(f"n and num_freqs must be positive, got n={n}, num_freqs={num_freqs}")
+    n, num_freqs = integer("n", n), integer("num_freqs", num_freqs)
+    scale, base = real_scalar("scale", scale), real_scalar("base", base)
+    if not np.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    if not np.isfinite(base) or base <= 0:
+        raise ValueError(f"base must be a finite real > 0, got {base!r}")
     omega = base ** (-np.arange(num_freqs) / num_freqs)
     angle = np.arange(n)[:, None] * omega[None, :]
     return scale / np.sqrt(num_freqs) * np.concatenate([np.cos(angle), np.sin(angle)], axis=1)
@@ -56,12 +69,25 @@ def stochastic_rpe_factors(encodings: np.ndarray, projection: np.ndarray) -> tup
     w = _finite_matrix("projection", projection)
     if w.shape[1] != p.shape[1]:
         raise ValueError(f"projection must have shape (r, {p.shape[1]}) for encodings {p.shape}, got {w.shape}")
-    phi = favor_plus(p, w)
+    with np.errstate(over="ignore"):  # checked below
+        phi = favor_plus(p, w)
+    if not np.isfinite(phi).all():
+        raise ValueError("the FAVOR+ features exp(W p_i - |p_i|^2 / 2) / sqrt(r) of these encodings and projection "
+                         "overflow float64: scale the encodings or the projection down")
     return phi, phi.T
 
 
 def stochastic_rpe_expected_mask(encodings: np.ndarray) -> np.ndarray:
-    """The exact mask the stochastic RPE estimates: M_ij = exp(p_i . p_j), (N, N)."""
+    """The exact mask the stochastic RPE estimates: M_ij = exp(p_i . p_j), (N, N).
+
+    Raises ValueError (naming encodings) when some p_i . p_j exceeds log(float64 max) ~ 709.78:
+    that entry of the mask is not a float64 number (the largest term is p_i . p_i = |p_i|^2).
+    """
     p = _finite_matrix("encodings", encodings)
     check_dense_budget(p.shape[0], "stochastic RPE mask")
-    return np.exp(p @ p.T)
+    gram = p @ p.T
+    if not (gram <= _MAX_EXPONENT).all():
+        raise ValueError(f"encodings give exp(p_i . p_j) beyond float64's range: the largest p_i . p_j is "
+                         f"{gram.max():.6g} > {_MAX_EXPONENT:.6g} (|p_i| up to {np.sqrt(_MAX_EXPONENT):.4g} is "
+                         f"representable); scale the encodings down")
+    return np.exp(gram)

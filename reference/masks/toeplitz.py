@@ -17,22 +17,29 @@ from typing import Callable
 
 import numpy as np
 
+from reference._checks import describe, function_values, integer, real_array
 from reference.budget import check_dense_budget
 
 
 def _finite(name: str, a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, dtype=np.float64)
-    if not np.isfinite(a).all():
-        raise ValueError(f"{name} contains non-finite values (NaN or inf)")
-    return a
+    return real_array(name, a, finite=True)
+
+
+def _callable(name: str, f) -> None:
+    if not callable(f):
+        raise TypeError(f"{name} must be a callable on an int array of distances, got {describe(f)}")
 
 
 def check_grid_shape(shape) -> tuple[int, ...]:
-    """A grid shape: a non-empty tuple of positive ints."""
+    """A grid shape: a non-empty tuple of positive ints (a float side such as 2.5 or 2.0 is
+    refused with TypeError, never truncated)."""
     try:
-        shape = tuple(int(s) for s in shape)
+        if isinstance(shape, (str, bytes)):
+            raise TypeError
+        sides = list(shape)
     except TypeError:
         raise TypeError(f"shape must be a tuple of positive ints (n_1, ..., n_d), got {shape!r}") from None
+    shape = tuple(integer(f"shape[{i}]", s, minimum=None) for i, s in enumerate(sides))
     if not shape or any(s <= 0 for s in shape):
         raise ValueError(f"shape must be a non-empty tuple of positive ints (an empty grid has no nodes), got {shape}")
     return shape
@@ -50,9 +57,12 @@ def toeplitz_mask(coeffs: np.ndarray) -> np.ndarray:
 
 
 def symmetric_coefficients(f: Callable[[np.ndarray], np.ndarray], n: int) -> np.ndarray:
-    """coeffs (2n - 1,) of M_ij = f(|i - j|); f maps an int array of distances to floats."""
+    """coeffs (2n - 1,) of M_ij = f(|i - j|); f maps an int array of distances to finite real
+    numbers (one per distance, or a scalar); n an int >= 1."""
+    _callable("f", f)
+    n = integer("n", n)
     d = np.abs(np.arange(-(n - 1), n))
-    return _finite("f(|i - j|)", np.array(np.broadcast_to(f(d), d.shape)))
+    return function_values("f", f(d), d.shape, "the distances |i - j|")
 
 
 def grid_offsets(shape: tuple[int, ...]) -> np.ndarray:
@@ -63,9 +73,10 @@ def grid_offsets(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def l1_table(f: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    """Table of M_xy = f(|x - y|_1) (the L1 grid distance) for ``shape``."""
+    """Table of M_xy = f(|x - y|_1) (the L1 grid distance) for ``shape``; f returns finite reals."""
+    _callable("f", f)
     dist = np.abs(grid_offsets(shape)).sum(-1)
-    return _finite("f(L1 distance)", np.array(np.broadcast_to(f(dist), dist.shape)))
+    return function_values("f", f(dist), dist.shape, "the L1 grid distances")
 
 
 def grid_coordinates(shape: tuple[int, ...]) -> np.ndarray:
@@ -83,6 +94,10 @@ def block_toeplitz_mask(shape: tuple[int, ...], table: np.ndarray, cls_token: bo
     n (optional): the expected matrix size; a shape whose product does not give it is refused.
     """
     shape = check_grid_shape(shape)
+    if not isinstance(cls_token, (bool, np.bool_)):
+        raise TypeError(f"cls_token must be a bool, got {describe(cls_token)}")
+    if n is not None:
+        n = integer("n", n)
     t = _finite("table", table)
     want = tuple(2 * n - 1 for n in shape)
     if t.shape != want:

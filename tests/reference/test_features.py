@@ -85,8 +85,8 @@ def test_gaussian_projection_iid_and_invalid_sizes():
     w = F.gaussian_projection(4, 4, np.random.default_rng(0))
     gram = w @ w.T
     assert np.abs(gram - np.diag(np.diag(gram))).max() > 1e-3  # iid rows are not orthogonal
-    for m, d in ((0, 4), (-1, 4), (4, 0)):
-        with pytest.raises(ValueError, match="m and d must be positive"):
+    for m, d, name in ((0, 4, "m"), (-1, 4, "m"), (4, 0, "d")):
+        with pytest.raises(ValueError, match=f"{name} must be an int >= 1"):
             F.gaussian_projection(m, d, np.random.default_rng(0))
 
 

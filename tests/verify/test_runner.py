@@ -73,7 +73,7 @@ def test_seed_sweep_counts_failures_per_check(monkeypatch):
     assert counts["s/flaky"] == {"runs": 7, "failures": 3, "failed_seeds": [0, 3, 6], "rate": 3 / 7}
     assert counts["s/solid"]["failures"] == 0 and counts["s/solid"]["rate"] == 0.0
     assert list(runner.seed_sweep(2, only=["s/solid"], progress=False)) == ["s/solid"]
-    with pytest.raises(ValueError, match="seeds must be >= 1"):
+    with pytest.raises(ValueError, match="seeds must be an int >= 1, got 0"):
         runner.seed_sweep(0, progress=False)
 
 

@@ -21,9 +21,16 @@ def test_hypercube_dimension():
     assert hypercube_dimension(np.int64(8)) == 3
 
 
-@pytest.mark.parametrize("n", [0, 3, 6, 12, -4, 1023, True, 2.5])
+@pytest.mark.parametrize("n", [0, 3, 6, 12, -4, 1023])
 def test_hypercube_dimension_rejects_non_powers_of_two(n):
     with pytest.raises(ValueError, match="n must be a power of two"):
+        hypercube_dimension(n)
+
+
+@pytest.mark.parametrize("n", [True, 2.5, 4.0, "4"])
+def test_hypercube_dimension_rejects_non_integers(n):
+    """A float side is refused, not truncated or accepted when integral (TypeError naming n)."""
+    with pytest.raises(TypeError, match="n must be an int"):
         hypercube_dimension(n)
 
 

@@ -104,6 +104,6 @@ def test_stochastic_rpe_rejects_bad_input():
         stochastic_rpe_factors(enc[0], np.ones((3, 4)))
     with pytest.raises(ValueError, match="encodings"):
         stochastic_rpe_expected_mask(np.full((2, 2), np.nan))
-    for n, k in [(0, 2), (3, 0), (-1, 1)]:
-        with pytest.raises(ValueError, match="positive"):
+    for n, k, name in [(0, 2, "n"), (3, 0, "num_freqs"), (-1, 1, "n")]:
+        with pytest.raises(ValueError, match=f"{name} must be an int >= 1"):
             sinusoidal_encodings(n, k)
