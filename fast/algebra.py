@@ -46,15 +46,77 @@ def features_per_block(block_cols: int, d: int) -> int:
     return max(1, block_cols // d)
 
 
-def divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """num (..., N, d) / den (..., N), refusing (DenominatorError) any den that is 0 or not finite."""
-    bad = (den == 0) | ~torch.isfinite(den)
+def _count(mask: torch.Tensor) -> int:
+    return int(mask.sum())
+
+
+def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None = None,
+           no_key: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
+           policy: str = "raise") -> torch.Tensor:
+    """num (..., N, d) / den (..., N), guarded: DenominatorError instead of dividing by a den_i that
+
+    - is not finite (NaN or inf: the terms overflowed);
+    - has |den_i| < torch.finfo(den.dtype).tiny (zero or subnormal: its relative precision is gone,
+      an 8e-45 float32 denominator carries 3 significant bits);
+    - has |den_i| <= floor_i, when ``floor`` (..., N) is given: an absolute bound on den_i's
+      round-off (fast.attention computes it from the scale of the terms summed), so den_i may be
+      pure round-off (terms that cancel: signed features or a signed mask).
+
+    Rows that see no key (every M_ij = 0) are handled first by the no-key policy: ``no_key`` is a
+    bool (..., N) tensor of those rows (broadcastable to den), or a callable returning one (or
+    None), called only when some denominator fails the guard, so the common case pays nothing.
+    ``policy`` (the drivers' ``no_key`` argument, fast.validation.check_no_key): "raise" refuses
+    them (DenominatorError saying they see no key and naming no_key="zero"); "zero" makes their
+    output exactly 0 (the gradient through those rows is 0, never NaN). The other failing rows
+    raise DenominatorError whatever the policy. The checks are O(N) elementwise on den.
+    """
+    mag = den.abs()
+    info = torch.finfo(den.dtype)
+    if den.numel() == 0:
+        return num / den.unsqueeze(-1)
+    # the common case in reductions (a bool tensor's .all() costs ~10x a float amin on CPU): NaN fails
+    # every comparison, so a NaN den (or floor) takes the slow path below, which sorts the cases out
+    lo, hi = torch.aminmax(mag)
+    ok = (lo >= info.tiny) & (hi <= info.max)
+    if floor is not None:
+        ok = ok & ((mag - floor).amin() > 0)
+    if bool(ok):
+        return num / den.unsqueeze(-1)
+    bad = ~torch.isfinite(den) | (mag < info.tiny)
+    if floor is not None:
+        bad = bad | ~(mag > floor)
+    rows = no_key() if callable(no_key) else no_key
+    if rows is not None:
+        rows = rows.expand(bad.shape) if tuple(rows.shape) != tuple(bad.shape) else rows
+        unseen = _count(rows)
+        if unseen and policy == "raise":
+            raise DenominatorError(
+                f"{unseen} of {den.numel()} queries see no key (their mask row is all zero: a fully padded "
+                "sample, an empty segment, an all-zero row of a dense mask), so their attention is undefined; "
+                "pass no_key=\"zero\" to output 0 for them, or give every query a key")
+        if unseen:
+            bad = bad & ~rows
     if bool(bad.any()):
+        nonfinite = ~torch.isfinite(den)
+        tiny = ~nonfinite & (mag < info.tiny)
+        cancelled = bad & ~nonfinite & ~tiny
+        parts = []
+        if bool((bad & nonfinite).any()):
+            parts.append(f"{_count(bad & nonfinite)} not finite (the terms overflowed: scale the features down, "
+                         "or use float64)")
+        if bool((bad & tiny).any()):
+            parts.append(f"{_count(bad & tiny)} zero or subnormal (below {info.tiny:.3g} in "
+                         f"{str(den.dtype).replace('torch.', '')}: features that vanish or underflow on every "
+                         "visible key, or a mask that hides every key; check the features' scale, or use float64)")
+        if bool(cancelled.any()):
+            parts.append(f"{_count(cancelled)} within round-off of zero relative to the terms they sum (the terms "
+                         "cancel: features or a mask that are not positive; use positive features, e.g. FAVOR+ "
+                         "or ELU + 1, a nonnegative mask, or float64)")
         raise DenominatorError(
-            f"attention denominator vanished or is not finite at {int(bad.sum())} of {den.numel()} "
-            "query positions (every key masked out, features underflowing, or a non-positive mask)"
-        )
-    return num / den.unsqueeze(-1)
+            f"attention denominator refused at {_count(bad)} of {den.numel()} query positions: " + "; ".join(parts))
+    keep = ~rows
+    return torch.where(keep.unsqueeze(-1), num / torch.where(keep, den, torch.ones_like(den)).unsqueeze(-1),
+                       torch.zeros_like(num))
 
 
 def _broadcasts_to(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:

@@ -4,19 +4,50 @@ Shapes: q, k (..., N, d_qk); v (..., N, d); features phi_q, phi_k (..., N, m); l
 batch and heads and must agree between the arguments. The building blocks of Algorithm 1 (the
 blocked numerator, block sizing, the guarded division, the memory-saving autograd Function) live
 in fast.algebra, below the masks; the mask contract in fast.masks.base.
+
+The denominator guard (every driver of Algorithm 1). den_i = phi_q_i . sum_j M_ij phi_k_j is
+refused (DenominatorError, never divided by) where it is not finite, where |den_i| is below the
+dtype's smallest normal number (zero or subnormal: its precision is gone), and where it lies
+within round-off of zero relative to the terms it sums (fast.algebra.divide):
+
+- phi_q >= 0, phi_k >= 0 and a nonnegative mask (``nonnegative``, fast.masks.base; no mask is
+  all ones): no term can cancel another, den_i is accurate to a few units of round-off
+  relative, and the floor is only the mask's ``roundoff_bound`` contribution
+  |phi_q_i| . roundoff_bound(phi_k) (an FFT's normwise error), if it offers one. This costs no
+  extra mask product: O(N) elementwise on den (plus the sign test of the features, O(N m),
+  which favor_attention skips: its features are exponentials).
+- otherwise (signed features, a signed mask, or a mask of unknown sign) the floor is
+  8 u sqrt(N m) S_i plus that contribution, with u the unit round-off of the compute dtype and
+  S_i = |phi_q_i| . (B |phi_k|)_i the sum of the absolute terms, B = M for a nonnegative mask,
+  B = the mask's ``abs_matmul`` bound (>= |M| entrywise) if it offers one, else
+  S_i = |phi_q_i| . |(M phi_k)_i| (which sees cancellation in the final contraction only: a
+  mask of unknown sign without abs_matmul whose row sums cancel to round-off can still pass).
+  8 u sqrt(N m) S_i is a probabilistic bound (random round-off errors add like a random walk;
+  the worst case is u N m S_i): a den_i below it may be pure round-off, so no digit of the
+  output is trusted. One extra product with m columns (an extra 1/(d + 1) of the mask's work).
+
+Rows that see no key (every M_ij = 0: a fully padded sample) have an undefined output; the
+``no_key`` argument says what they get ("raise", the default: DenominatorError saying so;
+"zero": exactly 0, with gradient 0). They are detected only when some denominator fails the
+guard (rows with (M 1)_i == 0 for a nonnegative mask, (B 1)_i == 0 with abs_matmul; a mask of
+unknown sign without abs_matmul reports them as a vanished denominator).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
-from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, blocked_numerator, default_block_cols, divide,
-                          features_per_block, masked_products)
+from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, apply_mask, blocked_numerator, default_block_cols,
+                          divide, features_per_block, masked_products)
 from fast.errors import DenominatorError
 from fast.features import FavorPlus
-from fast.masks.base import attend_of, key_stabilizer_of
+from fast.masks.base import (abs_matmul_of, attend_of, key_stabilizer_of, nonnegative_of, rescales_keys_of,
+                             roundoff_bound_of)
 from fast.masks.explicit import as_mask_operator
-from fast.validation import check_positive_int, check_same_device, check_tensor, compute_dtype
+from fast.validation import (broadcast_shape, check_no_key, check_positive_int, check_same_device, check_tensor,
+                             compute_dtype)
 
 # DenominatorError, DEFAULT_BLOCK_COLS, DEFAULT_BLOCK_BYTES and blocked_numerator are re-exported:
 # they used to live here
@@ -25,26 +56,71 @@ __all__ = ["softmax_attention", "masked_linear_attention", "linear_attention", "
            "DEFAULT_BLOCK_COLS", "DEFAULT_BLOCK_BYTES", "blocked_numerator"]
 
 
+def _lead_of(names: tuple[str, ...], *tensors: torch.Tensor) -> tuple[int, ...]:
+    """The broadcast of the tensors' leading (batch, head) dims, else ValueError naming them all."""
+    lead: tuple[int, ...] = ()
+    for t in tensors:
+        try:
+            lead = broadcast_shape(lead, tuple(t.shape[:-2]))
+        except ValueError:
+            shapes = ", ".join(f"{n} {tuple(x.shape)}" for n, x in zip(names, tensors))
+            raise ValueError(f"{', '.join(names)} must have leading (batch, head) dims that broadcast together, "
+                             f"got {shapes}") from None
+    return lead
+
+
+def _broadcasts_to(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    if len(src) > len(dst):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(src), reversed(dst)))
+
+
 def softmax_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logits_mask: torch.Tensor | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logits_mask: torch.Tensor | None = None, *,
+    no_key: str = "raise",
 ) -> torch.Tensor:
     """Dense softmax attention D^-1 exp(logits_mask + Q K^T / sqrt(d_qk)) V (choromanski22 Def. 2.1).
 
-    q, k: (..., N, d_qk); v: (..., N, d); logits_mask: additive, broadcastable to (..., N, N),
-    -inf excludes a pair. O(N^2): the quadratic baseline. Uses torch's scaled_dot_product_attention.
+    q: (..., N_q, d_qk); k: (..., N, d_qk); v: (..., N, d), leading dims broadcasting together;
+    logits_mask: additive, floating, broadcastable to (..., N_q, N), -inf excludes a pair (NaN and
+    +inf are refused). O(N^2): the quadratic baseline. Uses torch's scaled_dot_product_attention.
+    A query whose logits_mask row is all -inf sees no key: no_key="raise" (default) raises
+    DenominatorError; no_key="zero" gives it output 0 (gradient 0), as torch's SDPA does on CPU.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t)
     check_same_device(q=q, k=k, v=v)
+    check_no_key(no_key)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share d_qk, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same N, got {k.shape[-2]} and {v.shape[-2]}")
-    if logits_mask is not None:
-        if not isinstance(logits_mask, torch.Tensor) or not logits_mask.is_floating_point():
-            raise TypeError("logits_mask must be a floating tensor of additive logits (use -inf to exclude)")
-        logits_mask = logits_mask.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=logits_mask)
+    lead = _lead_of(("q", "k", "v"), q, k, v)
+    if logits_mask is None:
+        return F.scaled_dot_product_attention(q, k, v)
+    if not isinstance(logits_mask, torch.Tensor) or not logits_mask.is_floating_point():
+        got = logits_mask.dtype if isinstance(logits_mask, torch.Tensor) else type(logits_mask).__name__
+        raise TypeError(f"logits_mask must be a floating tensor of additive logits (use -inf to exclude), got {got}")
+    target = (*lead, q.shape[-2], k.shape[-2])
+    if not _broadcasts_to(tuple(logits_mask.shape), target):
+        raise ValueError(f"logits_mask must broadcast to (..., N_q, N) = {target} (q {tuple(q.shape)}, k "
+                         f"{tuple(k.shape)}), got shape {tuple(logits_mask.shape)}")
+    if logits_mask.device != q.device:
+        raise ValueError(f"logits_mask must be on q's device {q.device}, got {logits_mask.device}")
+    logits_mask = logits_mask.to(q.dtype)
+    if not bool(logits_mask.amax() < torch.inf):  # NaN fails the comparison too
+        raise ValueError("logits_mask must hold finite logits or -inf, got NaN or +inf")
+    unseen = logits_mask.amax(-1) == -torch.inf  # (..., N_q): rows that exclude every key
+    if not bool(unseen.any()):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=logits_mask)
+    count = int(unseen.expand(target[:-1]).sum())
+    if no_key == "raise":
+        raise DenominatorError(
+            f"{count} of {math.prod(target[:-1])} queries see no key (their logits_mask row is all -inf), so their "
+            'attention is undefined; pass no_key="zero" to output 0 for them, or give every query a key')
+    safe = logits_mask.masked_fill(unseen.unsqueeze(-1), 0.0)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe)
+    return torch.where(unseen.unsqueeze(-1), torch.zeros_like(out), out)
 
 
 def _check_features(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> None:
@@ -60,6 +136,13 @@ def _check_features(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -
         raise ValueError(f"phi_q and phi_k must share leading (batch, head) dims, got {tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
 
 
+def _check_mask_n(op: object, n_q: int, n_k: int, names: str) -> None:
+    """A mask ties N_q to N: both must be the operator's n (ValueError naming mask)."""
+    if op.n != n_k or n_q != n_k:
+        raise ValueError(f"mask is for N={op.n} tokens but {names} have N={n_q}, {n_k} (a mask needs "
+                         f"N_q = N = mask.n; build the mask for these inputs)")
+
+
 def masked_linear_attention(
     phi_q: torch.Tensor,
     phi_k: torch.Tensor,
@@ -67,6 +150,7 @@ def masked_linear_attention(
     mask: object = None,
     *,
     block_cols: int | None = None,
+    no_key: str = "raise",
 ) -> torch.Tensor:
     """Masked linear attention, choromanski22 Algorithm 1.
 
@@ -87,16 +171,36 @@ def masked_linear_attention(
     recomputes the blocks in backward, one at a time (training memory O(N (m + d)) as well);
     gradients reach the mask's parameters().
 
+    The denominators are guarded (module doc): refused where not finite, zero or subnormal, or
+    within round-off of zero relative to the terms summed (signed features or masks).
+    no_key: what a query that sees no key (its mask row is all zero) gets: "raise" (default,
+    DenominatorError) or "zero" (output 0, gradient 0); anything else is a ValueError.
+
     float16/bfloat16 inputs accumulate in float32 and are cast back.
 
     Raises:
-        DenominatorError: a denominator is 0 or not finite (reported, never divided by).
+        DenominatorError: a denominator refused by the guard (reported, never divided by), or a
+            query that sees no key with no_key="raise".
         TypeError / ValueError: bad inputs, naming the argument (``mask`` for the mask).
     """
     _check_features(phi_q, phi_k, v)
     if block_cols is not None:
-        check_positive_int("block_cols", block_cols)
+        block_cols = check_positive_int("block_cols", block_cols)
+    check_no_key(no_key)
     op = None if mask is None else as_mask_operator(mask)
+    if op is not None:
+        _check_mask_n(op, phi_q.shape[-2], phi_k.shape[-2], "phi_q, phi_k")
+    return _attention(phi_q, phi_k, v, op, block_cols=block_cols, no_key=no_key)
+
+
+def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: object, *, block_cols: int | None,
+               no_key: str, key_log_scale: torch.Tensor | None = None,
+               features_nonnegative: bool | None = None) -> torch.Tensor:
+    """Algorithm 1 on checked inputs and operator (or None): products, guard, division.
+
+    key_log_scale: passed to ``op.attend`` (an operator with rescales_keys) when not None.
+    features_nonnegative: True when the caller knows phi_q, phi_k >= 0 (FAVOR+); None: tested.
+    """
     out_dtype = v.dtype
     work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
     phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
@@ -104,39 +208,106 @@ def masked_linear_attention(
     if op is None:
         kv = phi_k.transpose(-1, -2) @ v  # (..., m, d)
         num = phi_q @ kv
-        den = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)
-        return divide(num, den.squeeze(-1)).to(out_dtype)
+        den = (phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)).squeeze(-1)
+    else:
+        attend = attend_of(op)
+        if attend is not None:
+            result = (attend(phi_q, phi_k, v) if key_log_scale is None
+                      else attend(phi_q, phi_k, v, key_log_scale=key_log_scale))
+            num, den = _check_attend(op, result, v)
+        else:
+            fpb = features_per_block(default_block_cols(v) if block_cols is None else block_cols, v.shape[-1])
+            num, den = masked_products(phi_q, phi_k, v, op, fpb)
+    floor = _guard_floor(phi_q, phi_k, op, features_nonnegative)
+    return divide(num, den, floor=floor, no_key=lambda: _no_key_rows(op, phi_k), policy=no_key).to(out_dtype)
 
-    n = phi_k.shape[-2]
-    if op.n != n or phi_q.shape[-2] != n:
-        raise ValueError(f"mask is for N={op.n} tokens but phi_q, phi_k have N={phi_q.shape[-2]}, {n}")
-    attend = attend_of(op)
-    if attend is not None:
-        num, den = _check_attend(op, attend(phi_q, phi_k, v), v)
-        return divide(num, den).to(out_dtype)
 
-    fpb = features_per_block(default_block_cols(v) if block_cols is None else block_cols, v.shape[-1])
-    num, den = masked_products(phi_q, phi_k, v, op, fpb)
-    return divide(num, den).to(out_dtype)
+def _check_columns(what: str, op: object, got: object, want: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(got, torch.Tensor):
+        raise TypeError(f"{what} must return a torch.Tensor, got {type(got).__name__} (mask is {type(op).__name__})")
+    if not _broadcasts_to(want, tuple(got.shape)) or tuple(got.shape[-1:]) != want[-1:]:
+        raise ValueError(f"{what} must return shape {want} (leading dims broadcast against the mask's), got "
+                         f"{tuple(got.shape)} (mask is {type(op).__name__})")
+    return got
+
+
+def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: object,
+                 features_nonnegative: bool | None) -> torch.Tensor | None:
+    """The guard's floor (..., N_q) on |den| (module doc), or None when only the dtype's normal range
+    applies (nonnegative features and mask, no roundoff_bound): then nothing is computed."""
+    with torch.no_grad():
+        pq, pk = phi_q.detach(), phi_k.detach()
+        if features_nonnegative is None:
+            # amin, not (x >= 0).all(): ~10x cheaper on CPU (a NaN feature was refused by the checks)
+            features_nonnegative = bool(pq.amin() >= 0) and bool(pk.amin() >= 0)
+        bound = None if op is None else roundoff_bound_of(op)
+        extra = None
+        if bound is not None:
+            per_column = _check_columns("mask.roundoff_bound(x)", op, bound(pk), (*pk.shape[:-2], pk.shape[-1]))
+            per_column = per_column.to(pk.dtype)
+            extra = ((pq if features_nonnegative else pq.abs()) @ per_column.unsqueeze(-1)).squeeze(-1)
+        mask_nonnegative = op is None or nonnegative_of(op)
+        if features_nonnegative and mask_nonnegative:
+            return extra
+        apq = pq if features_nonnegative else pq.abs()
+        apk = pk if features_nonnegative else None  # |phi_k|, formed only where it is used
+        if op is None:
+            scale = (apq @ (apk if apk is not None else pk.abs()).sum(dim=-2).unsqueeze(-1)).squeeze(-1)
+        elif mask_nonnegative:
+            scale = (apq * apply_mask(op, pk.abs())).sum(-1)
+        elif abs_matmul_of(op) is not None:
+            apk = apk if apk is not None else pk.abs()
+            scale = (apq * _check_columns("mask.abs_matmul(x)", op, abs_matmul_of(op)(apk), tuple(apk.shape))
+                     .to(apk.dtype)).sum(-1)
+        else:  # sign unknown, no entrywise bound: cancellation in the final contraction only (module doc)
+            scale = (apq * apply_mask(op, pk).abs()).sum(-1)
+        u = torch.finfo(pk.dtype).eps / 2
+        floor = (8.0 * u * math.sqrt(pk.shape[-2] * pk.shape[-1])) * scale
+        return floor if extra is None else floor + extra
+
+
+def _no_key_rows(op: object, phi_k: torch.Tensor) -> torch.Tensor | None:
+    """Bool (..., N): rows of M that are all zero ((M 1)_i == 0 for a nonnegative mask, (B 1)_i == 0
+    for abs_matmul's B >= |M|; within the mask's roundoff_bound of 0 if it has one), or None when
+    the mask's sign is unknown (or there is no mask: every query sees every key)."""
+    if op is None:
+        return None
+    with torch.no_grad():
+        ones = torch.ones_like(phi_k[..., :1]).detach()  # (..., N, 1)
+        if nonnegative_of(op):
+            sums = apply_mask(op, ones)
+        elif abs_matmul_of(op) is not None:
+            sums = _check_columns("mask.abs_matmul(x)", op, abs_matmul_of(op)(ones), tuple(ones.shape))
+        else:
+            return None
+        bound = roundoff_bound_of(op)
+        limit = bound(ones).to(sums.dtype).unsqueeze(-2) if bound is not None else torch.zeros_like(sums[..., :1, :])
+        return (sums.abs() <= limit)[..., 0]
 
 
 def _check_attend(op: object, result: object, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """mask.attend must return (num (..., N, d), den (..., N)) with matching leading dims."""
+    """mask.attend must return (num (..., N, d), den (..., N)) with matching leading dims, which v's
+    leading dims broadcast to."""
     n, d = v.shape[-2], v.shape[-1]
     ok = isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)
     if ok:
         num, den = result
-        ok = num.dim() >= 2 and tuple(num.shape[-2:]) == (n, d) and tuple(den.shape) == tuple(num.shape[:-1])
+        ok = (num.dim() >= 2 and tuple(num.shape[-2:]) == (n, d) and tuple(den.shape) == tuple(num.shape[:-1])
+              and _broadcasts_to(tuple(v.shape[:-2]), tuple(num.shape[:-2])))
     if not ok:
         got = (tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in result)
                if isinstance(result, tuple) else type(result).__name__)
-        raise ValueError(f"mask.attend must return (num (..., {n}, {d}), den (..., {n})) with the same leading dims, "
+        raise ValueError(f"mask.attend must return (num (..., {n}, {d}), den (..., {n})) with the same leading dims "
+                         f"(those of the inputs, {tuple(v.shape[:-2])}, broadcast against the mask's), "
                          f"got {got} (mask is {type(op).__name__})")
     return result
 
 
 def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Unmasked linear attention D^-1 (Q' (K'^T V)) (choromanski22 Eq. 3), O(N m d)."""
+    """Unmasked linear attention D^-1 (Q' (K'^T V)) (choromanski22 Eq. 3), O(N m d).
+
+    Every query sees every key (no ``no_key`` argument); the denominators are guarded as in
+    masked_linear_attention (module doc)."""
     return masked_linear_attention(phi_q, phi_k, v, mask=None)
 
 
@@ -146,7 +317,7 @@ def favor_features(
     projection: torch.Tensor,
     mask: object = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The features favor_attention feeds to masked_linear_attention: (phi_q, phi_k).
+    """Stabilised FAVOR+ features (phi_q, phi_k) for masked_linear_attention(phi_q, phi_k, v, mask).
 
     Stabilised FAVOR+ (fast.FavorPlus(projection, stabilize=True)) of q / d_qk^(1/4) and
     k / d_qk^(1/4), so that phi_q_i . phi_k_j estimates exp(q_i . k_j / sqrt(d_qk)) up to
@@ -154,14 +325,26 @@ def favor_features(
     from the mask operator's ``key_stabilizer`` (fast.masks.base: the per-(batch, head) max by
     default; padding and packing override it so that keys the mask hides never set the scale);
     mask=None: FavorPlus's own per-(batch, head) max. The mask is only read for its stabiliser
-    here (the masking is masked_linear_attention's).
+    here (the masking is masked_linear_attention's), and must be for q's and k's N.
+
+    An operator with ``rescales_keys`` (CausalMask: a running max per key) gets the default
+    per-(batch, head) max here instead of its own stabiliser: its per-key constants cancel only
+    inside its ``attend`` given ``key_log_scale``, which masked_linear_attention never passes, so
+    these features keep favor_features + masked_linear_attention exact. favor_attention itself
+    uses the operator's stabiliser (and so reaches magnitudes these features may not: a key far
+    larger than the earlier ones underflows them here).
 
     q: (..., N_q, d_qk); k: (..., N, d_qk); projection W: (m, d_qk); mask: None or anything
     ``fast.as_mask_operator`` accepts -> phi_q (..., N_q, m), phi_k (..., N, m), in q's / k's
-    dtype. Differentiable in q and k.
+    dtype (float32 for half precisions). Differentiable in q and k. favor_attention computes the
+    same features times sqrt(m) (the factor cancels in attention; module doc of fast.attention).
     """
     _check_favor_inputs(q, k, projection)
-    return _favor_features(q, k, projection, None if mask is None else as_mask_operator(mask))
+    op = None if mask is None else as_mask_operator(mask)
+    if op is not None:
+        _check_mask_n(op, q.shape[-2], k.shape[-2], "q, k")
+    phi_q, phi_k, _ = _favor_features(q, k, projection, op, in_driver=False)
+    return phi_q, phi_k
 
 
 def _check_favor_inputs(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor) -> None:
@@ -171,13 +354,44 @@ def _check_favor_inputs(q: torch.Tensor, k: torch.Tensor, projection: torch.Tens
     check_same_device(q=q, k=k, projection=projection)
 
 
-def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor,
-                    op: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """favor_features on checked inputs and an operator (or None): one place for the construction."""
+def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, op: object,
+                    in_driver: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(phi_q, phi_k, key_log_scale) on checked inputs and an operator (or None): one place for the
+    construction. in_driver (favor_attention): features without 1/sqrt(m), and for an operator with
+    rescales_keys its own stabiliser and key_log_scale (its constants, detached, (..., N, 1));
+    otherwise FavorPlus's features and key_log_scale None."""
     fmap = FavorPlus(projection, stabilize=True)
     scale = q.shape[-1] ** -0.25
-    stabilizer = None if op is None else key_stabilizer_of(op)  # None: FavorPlus's own per-slice max
-    return fmap(q * scale, is_query=True), fmap(k * scale, is_query=False, key_stabilizer=stabilizer)
+    rescales = op is not None and rescales_keys_of(op)
+    captured: list[torch.Tensor] = []
+    if op is None or (bool(getattr(op, "rescales_keys", False)) and not (in_driver and rescales)):
+        stabilizer = None  # FavorPlus's own per-(batch, head) max
+    else:
+        own = key_stabilizer_of(op)
+
+        def stabilizer(z: torch.Tensor) -> torch.Tensor:
+            c = own(z)
+            if not isinstance(c, torch.Tensor) or not _broadcasts_to(tuple(c.shape), tuple(z.shape)):
+                got = tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__
+                raise ValueError(
+                    f"mask.key_stabilizer(z) must return constants broadcastable to z {tuple(z.shape)} (k's leading "
+                    f"dims and N, then m), got {got} (mask is {type(op).__name__}; a batched mask needs k with its "
+                    "leading dims)")
+            captured.append(c.detach())
+            return c
+
+    features = fmap.exponentials if in_driver else fmap
+    phi_q = features(q * scale, is_query=True)
+    phi_k = features(k * scale, is_query=False, key_stabilizer=stabilizer)
+    key_log_scale = None
+    if in_driver and rescales and captured:
+        c = captured[0]
+        z_shape = (*phi_k.shape[:-1], 1)
+        if not _broadcasts_to(tuple(c.shape), z_shape):
+            raise ValueError(f"mask.key_stabilizer(z) of a mask with rescales_keys must return one constant per key, "
+                             f"broadcastable to {z_shape}, got {tuple(c.shape)} (mask is {type(op).__name__})")
+        key_log_scale = c.expand(z_shape)
+    return phi_q, phi_k, key_log_scale
 
 
 def favor_attention(
@@ -186,21 +400,44 @@ def favor_attention(
     v: torch.Tensor,
     projection: torch.Tensor,
     mask: object = None,
+    *,
+    no_key: str = "raise",
 ) -> torch.Tensor:
     """Performer softmax-kernel attention with an optional mask operator.
 
-    masked_linear_attention(*favor_features(q, k, projection, mask), v, mask): stabilised FAVOR+
-    of q / d_qk^(1/4) and k / d_qk^(1/4) with W = ``projection`` (m, d_qk), so the estimated
-    kernel is exp(q.k / sqrt(d_qk)). mask: None or anything ``fast.as_mask_operator`` accepts.
-    The keys' stabiliser is the operator's ``key_stabilizer`` (fast.masks.base: the
-    per-(batch, head) max by default; padding and packing override it so that keys the mask
-    hides never set the scale). For CausalMask the default is the only exact choice (each query
-    sees a different prefix): a future key with a far larger FAVOR+ exponent than the past can
-    underflow early keys (float64 needs exponents ~700 apart; this is then reported as
-    DenominatorError, never a NaN).
-    q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d).
+    Algorithm 1 (masked_linear_attention) on stabilised FAVOR+ features of q / d_qk^(1/4) and
+    k / d_qk^(1/4) with W = ``projection`` (m, d_qk), so the estimated kernel is
+    exp(q.k / sqrt(d_qk)). mask: None or anything ``fast.as_mask_operator`` accepts, for q's and
+    k's N (checked before anything is computed). The keys' stabiliser is the operator's
+    ``key_stabilizer`` (fast.masks.base: the per-(batch, head) max by default; padding and
+    packing override it so that keys the mask hides never set the scale; an operator with
+    ``rescales_keys``, CausalMask, returns per-key constants, here a running max, and its
+    ``attend`` undoes them given ``key_log_scale``, so a key far larger than the earlier ones
+    never underflows them).
+
+    The features are favor_features' times sqrt(m) (the factor cancels in the ratio): the
+    largest stabilised entries are 1, so a denominator is measured relative to its row's largest
+    query feature times the largest visible key feature, and the guard (module doc) refuses
+    only what falls out of the dtype's normal range relative to those, or is not finite. For an
+    operator without rescales_keys this equals masked_linear_attention(*favor_features(q, k,
+    projection, mask), v, mask) up to round-off (bit for bit when m is a power of 4).
+
+    q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d). no_key: as in masked_linear_attention
+    ("raise" or "zero", for queries whose mask row is all zero, e.g. a fully padded sample).
     """
     _check_favor_inputs(q, k, projection)  # once: favor_features would check them again
+    check_tensor("v", v)
+    check_same_device(q=q, v=v)
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"k (..., N, d_qk) and v (..., N, d) must share leading dims and N, got {tuple(k.shape)} "
+                         f"and {tuple(v.shape)}")
+    if q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(f"q and k must share leading (batch, head) dims, got {tuple(q.shape)} and {tuple(k.shape)}")
+    check_no_key(no_key)
     op = None if mask is None else as_mask_operator(mask)
-    phi_q, phi_k = _favor_features(q, k, projection, op)
-    return masked_linear_attention(phi_q, phi_k, v, op)
+    if op is not None:
+        _check_mask_n(op, q.shape[-2], k.shape[-2], "q, k")
+    # the features are exponentials of finite exponents (a non-finite one reaches den: the guard)
+    phi_q, phi_k, key_log_scale = _favor_features(q, k, projection, op, in_driver=True)
+    return _attention(phi_q, phi_k, v, op, block_cols=None, no_key=no_key, key_log_scale=key_log_scale,
+                      features_nonnegative=True)

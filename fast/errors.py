@@ -3,9 +3,19 @@ from __future__ import annotations
 
 
 class DenominatorError(ArithmeticError):
-    """The attention denominator phi_q_i^T sum_j M_ij phi_k_j vanished or is not finite.
+    """An attention denominator den_i = phi_q_i^T sum_j M_ij phi_k_j that cannot be divided by.
 
-    Raised instead of dividing, so no NaN or inf is produced quietly. Typical causes: every key
-    of a row masked out (a fully padded sample), features that underflow, a mask or feature map
-    that is not positive.
+    Raised instead of dividing (fast.algebra.divide), so no NaN, inf or round-off-sized quotient
+    is produced quietly, where den_i
+
+    - is not finite (the terms overflowed);
+    - is zero or subnormal (below the dtype's smallest normal number: features that underflow
+      on every visible key, or that are zero);
+    - lies within round-off of zero relative to the terms it sums (they cancel: signed features
+      such as TrigRFF or Identity, or a mask with negative entries), see fast.attention;
+    - belongs to a query that sees no key (its mask row is all zero, e.g. a fully padded sample;
+      a logits_mask row of all -inf for softmax_attention) while ``no_key="raise"`` (the
+      default); the message says so and names ``no_key="zero"``, which outputs 0 there instead.
+
+    The message says how many queries failed, which case, and what to do.
     """

@@ -11,7 +11,11 @@ queries and, for keys, the max over all keys and features of ONE (batch, head) s
 mask's ``key_stabilizer(z)`` (max over the keys each query can see: real keys for padding, the
 own segment for packing) so that a key hidden by the mask cannot underflow the visible ones.
 All these constants cancel in the normalised output; a max across the batch would not (one
-sample's underflow would depend on another's inputs), so it is never taken.
+sample's underflow would depend on another's inputs), so it is never taken. A mask whose queries
+see different key sets (causal prefixes) may return per-key constants that its ``attend`` undoes
+(``rescales_keys``, fast.masks.base); only fast.favor_attention uses them that way.
+``FavorPlus.exponentials`` gives the features without their 1/sqrt(m) (largest stabilised entry
+exactly 1), which fast.favor_attention feeds to its guard.
 Half-precision inputs are projected and exponentiated in float32 (features come out float32).
 """
 from __future__ import annotations
@@ -21,7 +25,7 @@ import math
 import torch
 from torch import nn
 
-from fast.validation import check_positive_int, check_tensor, compute_dtype
+from fast.validation import FLOAT_DTYPES, check_floating, check_positive_int, check_tensor, compute_dtype
 
 
 def gaussian_projection(
@@ -37,9 +41,19 @@ def gaussian_projection(
 
     orthogonal=True: blocks of d orthonormal rows (QR of a Gaussian, Haar sign fix), each row
     rescaled to an independent chi(d) norm (Performer's ORF), so marginals stay N(0, I_d).
+    m, d: positive ints (NumPy integers too); generator: a torch.Generator or None (a fresh
+    OS-seeded one; torch's global RNG is never read); dtype: float16/bfloat16/float32/float64.
+    TypeError names ``generator`` or ``dtype`` for anything else; ValueError names m or d.
     """
-    check_positive_int("m", m)
-    check_positive_int("d", d)
+    m = check_positive_int("m", m)
+    d = check_positive_int("d", d)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        kind = type(generator)
+        got = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__.split('.')[0]}.{kind.__qualname__}"
+        raise TypeError("generator must be a torch.Generator or None (e.g. torch.Generator().manual_seed(seed); "
+                        f"integer seeds and NumPy generators are not accepted), got {got}")
+    if not isinstance(dtype, torch.dtype) or dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be a real floating torch.dtype (float16/bfloat16/float32/float64), got {dtype!r}")
     if generator is None:  # a fresh OS-seeded generator: never read or advance torch's global RNG
         generator = torch.Generator()
         generator.seed()
@@ -91,6 +105,7 @@ class _Projected(FeatureMap):
         return x, x @ self.projection.to(x.dtype).T
 
     def _exp(self, z: torch.Tensor, is_query: bool, key_stabilizer=None) -> torch.Tensor:
+        """exp(z - c) with the stabiliser's constants c (detached) when ``stabilize``."""
         if self.stabilize:
             if is_query:
                 c = z.amax(dim=-1, keepdim=True)
@@ -109,9 +124,19 @@ class FavorPlus(_Projected):
 
     def forward(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
         """x (..., N, d) -> (..., N, m); key_stabilizer(z) -> per-key constants (see module doc)."""
+        return self.exponentials(x, is_query, key_stabilizer) / math.sqrt(self.m)
+
+    def exponentials(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
+        """sqrt(m) phi(x) = exp(W x - |x|^2/2 - c): the features without their 1/sqrt(m), (..., N, d) -> (..., N, m).
+
+        Stabilised, the largest entry of each query row (and of each key slice, or of the keys
+        sharing one constant of ``key_stabilizer``) is exactly 1. fast.favor_attention uses these:
+        the factor 1/sqrt(m) cancels in attention's ratio, and without it the denominator is
+        measured against the largest features (its guard refuses a den below float's normal range).
+        """
         x, p = self._project(x)
         z = p - 0.5 * (x * x).sum(-1, keepdim=True)
-        return self._exp(z, is_query, key_stabilizer) / math.sqrt(self.m)
+        return self._exp(z, is_query, key_stabilizer)
 
 
 class Hyperbolic(_Projected):
@@ -147,6 +172,7 @@ class ReLU(FeatureMap):
     """phi(x) = max(x, 0), m = d (reid25's choice). Rows of all-negative x give phi = 0."""
 
     def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        check_floating("x", x)
         return torch.relu(x)
 
 
@@ -156,6 +182,7 @@ class EluPlusOne(FeatureMap):
     positive = True
 
     def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        check_floating("x", x)
         return torch.nn.functional.elu(x) + 1.0
 
 
@@ -163,4 +190,5 @@ class Identity(FeatureMap):
     """phi(x) = x; the denominator may vanish."""
 
     def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
+        check_floating("x", x)
         return x

@@ -5,7 +5,9 @@ import numbers
 
 import torch
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: The floating dtypes fast/ computes in (half precisions accumulate in float32).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOATS = FLOAT_DTYPES
 
 
 def check_tensor(name: str, x: object, min_dim: int = 2, check_finite: bool = True) -> torch.Tensor:
@@ -23,6 +25,27 @@ def check_tensor(name: str, x: object, min_dim: int = 2, check_finite: bool = Tr
     if check_finite and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains non-finite values (NaN or inf)")
     return x
+
+
+def check_floating(name: str, x: object) -> torch.Tensor:
+    """A floating torch.Tensor of any shape (the input of an elementwise feature map)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{name} must be a floating tensor (float16/bfloat16/float32/float64), got {x.dtype}")
+    return x
+
+
+#: What the drivers' ``no_key`` accepts (fast.algebra.divide documents the policies).
+NO_KEY_POLICIES = ("raise", "zero")
+
+
+def check_no_key(value: object) -> str:
+    """The no-key policy: "raise" or "zero", else ValueError naming no_key."""
+    if not isinstance(value, str) or value not in NO_KEY_POLICIES:
+        raise ValueError(f'no_key must be "raise" or "zero" (what a query that sees no key gets: '
+                         f"DenominatorError, or an output of 0), got {value!r}")
+    return value
 
 
 def check_tokens(name: str, x: object, n: int) -> torch.Tensor:

@@ -32,11 +32,50 @@ optional, with these defaults
     key_stabilizer(z) -> c        z: (..., N, m) FAVOR+ key exponents -> constants broadcastable
                                   to z, subtracted before exp by fast.favor_attention (for every
                                   operator). They cancel in the output only if every query sees
-                                  keys with one common constant. Default: the max over all keys
+                                  keys with one common constant, or if the operator's ``attend``
+                                  undoes them (``rescales_keys`` below). Default: the max over all keys
                                   and features of each (batch, head) slice,
                                   ``z.amax(dim=(-2, -1), keepdim=True)`` (what FavorPlus does
                                   without a mask). Padding and packing override it so that a key
                                   the mask hides never sets the scale of the visible ones.
+    nonnegative: bool = False     True when every entry M_ij >= 0 is guaranteed (causal, packing,
+                                  padding; Toeplitz, hypercube, tree masks, DenseMask, SparseMask,
+                                  LowRankMask compute it from their tables, weights or entries). A
+                                  class or an instance attribute (a property is fine); absent or
+                                  False means "sign unknown". Read it through ``nonnegative_of``.
+                                  The driver's guard relies on it: with M >= 0 and features >= 0
+                                  no term of a denominator can cancel another, so the guard costs
+                                  no extra mask product; and the rows that see no key are those
+                                  with (M 1)_i == 0 (fast.masked_linear_attention, ``no_key``).
+    abs_matmul = None             or a method abs_matmul(x) -> B @ x for some matrix B >= |M|
+                                  entrywise (e.g. LowRankMask: |A| (|B|^T x); DenseMask: |M| x), same
+                                  shapes as matmul. Only read for a mask that is not nonnegative
+                                  (for a nonnegative one B = M and the driver uses matmul): it gives
+                                  the guard the scale sum_j B_ij |phi_q_i . phi_k_j| of the terms a
+                                  denominator sums, and ``no_key`` its rows. Read it through
+                                  ``abs_matmul_of``.
+    roundoff_bound = None         or a method roundoff_bound(x) -> (..., c): a per-column bound on
+                                  |fl(M x) - M x| (entrywise) for x (..., N, c), in x's compute
+                                  dtype (fast.validation.compute_dtype), for products whose error
+                                  is not a few units of round-off of each summed term (an FFT's
+                                  error is relative to norms, not to the terms: ToeplitzMask). The
+                                  driver adds |phi_q_i| . roundoff_bound(phi_k) to the guard's floor.
+                                  Read it through ``roundoff_bound_of``.
+    rescales_keys: bool = False   True when ``attend`` accepts a keyword argument ``key_log_scale``
+                                  (a detached tensor (..., N, 1), or None) and ``key_stabilizer``
+                                  returns per-key constants that need it (CausalMask: the running
+                                  max c_j = max_{j' <= j} max_a z_j'a). Meaning: the key features
+                                  passed in are phi_k_j = phi_true_k_j * exp(-key_log_scale_j), with
+                                  key_log_scale what key_stabilizer returned, expanded to (..., N, 1).
+                                  attend must then return (num, den) of the TRUE features up to one
+                                  positive factor per query row (it may multiply num_i and den_i by
+                                  the same exp(-r_i): that cancels in the division). With
+                                  key_log_scale=None attend behaves as without the keyword (the
+                                  constants are equal for all keys). Only fast.favor_attention
+                                  passes it (to such operators only); fast.favor_features, which
+                                  feeds the public masked_linear_attention (which never passes
+                                  it), uses the default per-slice max for them instead. Read it
+                                  through ``rescales_keys_of``.
     parameters() -> tensors       the tensors M depends on that may require grad (a learnable
                                   Toeplitz table, a diffusion time, low-rank factors). The memory-
                                   saving autograd Function of the generic path (fast.algebra)
@@ -48,8 +87,9 @@ optional, with these defaults
 
 ``isinstance(x, MaskOperator)`` is True for subclasses and, structurally, for any object with an
 ``n`` attribute and a callable ``matmul`` (so users need not subclass); for those the defaults
-above are supplied by the module functions ``attend_of``, ``rmatmul_of``, ``key_stabilizer_of``
-and ``parameters_of``, which the drivers use for every operator.
+above are supplied by the module functions ``attend_of``, ``rmatmul_of``, ``key_stabilizer_of``,
+``parameters_of``, ``nonnegative_of``, ``abs_matmul_of``, ``roundoff_bound_of`` and
+``rescales_keys_of``, which the drivers use for every operator.
 """
 from __future__ import annotations
 
@@ -125,6 +165,18 @@ class MaskOperator(metaclass=_MaskOperatorMeta):
     #: None: M^T @ x is not offered; backward of the generic path differentiates matmul instead.
     rmatmul: Callable[[torch.Tensor], torch.Tensor] | None = None
 
+    #: False: the sign of the entries is unknown (subclasses set True, or compute it, when M >= 0).
+    nonnegative: bool = False
+
+    #: None: no product with an entrywise bound B >= |M| (only read for masks not nonnegative).
+    abs_matmul: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    #: None: the product's round-off is a few units per summed term (no extra floor for the guard).
+    roundoff_bound: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    #: False: ``attend`` takes no ``key_log_scale`` (the key constants are one per (batch, head) slice).
+    rescales_keys: bool = False
+
     @abc.abstractmethod
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """Return M @ x for x of shape (..., N, c) -> (..., N, c)."""
@@ -173,3 +225,34 @@ def parameters_of(op: object) -> list[torch.Tensor]:
         if isinstance(t, torch.Tensor) and t.requires_grad:
             out.setdefault(id(t), t)
     return list(out.values())
+
+
+def nonnegative_of(op: object) -> bool:
+    """True when the operator guarantees M_ij >= 0 (its ``nonnegative`` attribute is true); False
+    when it says no, has no such attribute, or holds something that is not a truth value."""
+    value = getattr(op, "nonnegative", False)
+    if callable(value):  # a method by mistake: not a guarantee
+        return False
+    try:
+        return bool(value)
+    except (TypeError, ValueError, RuntimeError):  # e.g. a tensor of several entries
+        return False
+
+
+def abs_matmul_of(op: object):
+    """The operator's ``abs_matmul`` (x -> B @ x with B >= |M| entrywise), or None."""
+    fn = getattr(op, "abs_matmul", None)
+    return fn if callable(fn) else None
+
+
+def roundoff_bound_of(op: object):
+    """The operator's ``roundoff_bound`` (x (..., N, c) -> per-column bound (..., c)), or None."""
+    fn = getattr(op, "roundoff_bound", None)
+    return fn if callable(fn) else None
+
+
+def rescales_keys_of(op: object) -> bool:
+    """True when the operator's ``attend`` takes ``key_log_scale`` (``rescales_keys`` is true and
+    it has an ``attend``); False otherwise."""
+    value = getattr(op, "rescales_keys", False)
+    return value is True and attend_of(op) is not None

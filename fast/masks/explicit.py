@@ -9,13 +9,14 @@ per device and dtype, its transpose once when a backward first needs it.
 """
 from __future__ import annotations
 
+import numbers
 import warnings
 
 import numpy as np
 import torch
 
 from fast.masks.base import MaskOperator
-from fast.validation import check_positive_int, check_tokens, compute_dtype
+from fast.validation import check_tokens, compute_dtype
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
@@ -59,11 +60,26 @@ class DenseMask(MaskOperator):
             self._cast[key] = self.matrix.to(device=device, dtype=dtype)
         return self._cast[key]
 
+    @property
+    def nonnegative(self) -> bool:
+        """True when every entry is >= 0 (C1, fast.masks.base), read from the matrix at each call
+        (O(N^2), as the product; a learnable matrix changes between steps); bool matrices are."""
+        if self.matrix.dtype == torch.bool:
+            return True
+        return bool(self.matrix.detach().amin() >= 0)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., N, c) -> (..., N, c), O(N^2 c)."""
         check_tokens("x", x, self.n)
         work = compute_dtype(x.dtype)
         return (self._as(x.device, work) @ x.to(work)).to(x.dtype)
+
+    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """|M| @ x for x (..., N, c) -> (..., N, c) (the guard's entrywise bound of a signed matrix), no gradient."""
+        check_tokens("x", x, self.n)
+        work = compute_dtype(x.dtype)
+        with torch.no_grad():
+            return (self._as(x.device, work).detach().abs() @ x.detach().to(work)).to(x.dtype)
 
     def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x for x (..., N, c) -> (..., N, c), O(N^2 c)."""
@@ -100,6 +116,8 @@ class SparseMask(MaskOperator):
         index = torch.int32 if max(self.nnz, n) < 2**31 else torch.int64
         self._crow, self._col, self._values = crow.to(index), col.to(index), values
         self._csr: dict = {}
+        #: True when every stored value is >= 0 (C1, fast.masks.base); the values are constants.
+        self.nonnegative = bool((values >= 0).all())
 
     def _build(self, crow, col, values, device, dtype) -> torch.Tensor:
         with warnings.catch_warnings():  # "sparse CSR support is in beta": a stable CPU kernel here
@@ -107,11 +125,16 @@ class SparseMask(MaskOperator):
             return torch.sparse_csr_tensor(crow.to(device), col.to(device), values.to(device=device, dtype=dtype),
                                            (self.n, self.n), check_invariants=False)
 
-    def csr(self, device: torch.device, dtype: torch.dtype, transpose: bool = False) -> torch.Tensor:
-        """M (or M^T) as a torch CSR tensor on ``device`` in ``dtype``, built once and cached."""
-        key = (str(device), dtype, transpose)
+    def csr(self, device: torch.device, dtype: torch.dtype, transpose: bool = False,
+            absolute: bool = False) -> torch.Tensor:
+        """M (or M^T; absolute: |M|) as a torch CSR tensor on ``device`` in ``dtype``, built once and cached."""
+        if absolute and transpose:
+            raise ValueError("csr: |M|^T is not built (abs_matmul needs |M| only)")
+        key = (str(device), dtype, transpose, absolute)
         if key not in self._csr:
-            if not transpose:
+            if absolute:
+                self._csr[key] = self._build(self._crow, self._col, self._values.abs(), device, dtype)
+            elif not transpose:
                 self._csr[key] = self._build(self._crow, self._col, self._values, device, dtype)
             else:  # CSR of M^T = CSC of M: sort the entries by column once
                 rows = torch.repeat_interleave(torch.arange(self.n), self._crow[1:].long() - self._crow[:-1].long())
@@ -130,12 +153,17 @@ class SparseMask(MaskOperator):
         """M^T @ x for x (..., N, c) -> (..., N, c), with the CSR of M^T (built once)."""
         return self._product(x, transpose=True)
 
-    def _product(self, x: torch.Tensor, transpose: bool) -> torch.Tensor:
+    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """|M| @ x for x (..., N, c) -> (..., N, c) (the guard's entrywise bound of a signed matrix), no gradient."""
+        with torch.no_grad():
+            return self._product(x.detach(), transpose=False, absolute=True)
+
+    def _product(self, x: torch.Tensor, transpose: bool, absolute: bool = False) -> torch.Tensor:
         check_tokens("x", x, self.n)
         work = compute_dtype(x.dtype)
         lead, c = x.shape[:-2], x.shape[-1]
         flat = x.to(work).movedim(-2, 0).reshape(self.n, -1)  # (N, batch * c): one product for all
-        a = self.csr(x.device, work, transpose=transpose)
+        a = self.csr(x.device, work, transpose=transpose, absolute=absolute)
         if torch.is_grad_enabled() and flat.requires_grad:
             y = _CSRProduct.apply(flat, a, self.csr(x.device, work, transpose=not transpose))
         else:
@@ -197,7 +225,8 @@ def as_mask_operator(mask: object, *, n: int | None = None, name: str = "mask") 
 
     n: if given, the operator must be for n tokens. Errors name ``name`` (default "mask"):
     TypeError for anything else, naming what was expected and what came, or what an operator
-    lacks (n or matmul); ValueError for a non-square matrix, a bad n or a wrong N.
+    lacks (n or matmul), or an n that is not an int (NumPy integers are ints here); ValueError
+    for a non-square matrix, an n <= 0 or a wrong N.
     """
     if isinstance(mask, torch.Tensor):
         op: MaskOperator = SparseMask(mask, name=name) if mask.layout in _SPARSE_LAYOUTS else DenseMask(mask, name=name)
@@ -210,10 +239,15 @@ def as_mask_operator(mask: object, *, n: int | None = None, name: str = "mask") 
         op = SparseMask(mask, name=name)
     elif isinstance(mask, MaskOperator):
         op = mask
-        try:
-            check_positive_int(f"{name}.n", op.n)
-        except ValueError:
-            raise ValueError(f"{name}.n must be a positive integer (the number of tokens N), got {op.n!r}") from None
+        if not hasattr(op, "n"):  # a subclass that never set self.n
+            raise TypeError(f"{name} ({_type_name(mask)}) has no n (the number of tokens N): a MaskOperator "
+                            "needs n and matmul")
+        count = op.n
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+            raise TypeError(f"{name}.n must be a positive int (the number of tokens N; NumPy integers are "
+                            f"accepted), got {_type_name(count)} {count!r:.40}")
+        if count <= 0:
+            raise ValueError(f"{name}.n must be a positive integer (the number of tokens N), got {count!r}")
     else:
         has_n, matmul = hasattr(mask, "n"), getattr(mask, "matmul", None)
         if has_n and matmul is not None and not callable(matmul):

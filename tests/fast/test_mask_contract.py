@@ -15,7 +15,8 @@ import fast
 import reference.attention as ref_attention
 from fast import (CausalMask, DenseMask, MaskOperator, PackingMask, PaddingMask, SparseMask, ToeplitzMask,
                   as_mask_operator, favor_attention, masked_linear_attention)
-from fast.masks.base import default_key_stabilizer, key_stabilizer_of, parameters_of
+from fast.masks.base import (abs_matmul_of, default_key_stabilizer, key_stabilizer_of, nonnegative_of,
+                             parameters_of, rescales_keys_of, roundoff_bound_of)
 from tests.helpers import EQUIV_TOL, gen, np_, positive, randn, rel_frobenius, unit_rows
 
 N = 9
@@ -80,7 +81,7 @@ def test_key_stabilizer_default_is_the_per_slice_max_for_every_operator():
     expected = z.amax(dim=(-2, -1), keepdim=True)
     assert torch.equal(default_key_stabilizer(z), expected)
     assert torch.equal(key_stabilizer_of(UserMask(_dense()))(z), expected)  # no key_stabilizer: the default
-    assert torch.equal(CausalMask(5).key_stabilizer(z), expected)  # base-class default
+    assert torch.equal(DenseMask(torch.ones(5, 5)).key_stabilizer(z), expected)  # base-class default
     seg = PackingMask(torch.tensor([0, 0, 1, 1, 1]))
     assert key_stabilizer_of(seg) == seg.key_stabilizer  # an override is used
 
@@ -101,6 +102,91 @@ def test_favor_attention_calls_a_user_key_stabilizer():
     got = favor_attention(q, k, v, w, Stabilised(dense))
     assert calls == [(2, N, 8)]
     assert rel_frobenius(got, favor_attention(q, k, v, w, dense)) <= 1e-12
+
+
+class RowMaxKeys(UserMask):
+    """rescales_keys (C1): per-key constants c_j = max_a z_ja, undone inside attend."""
+
+    rescales_keys = True
+
+    def __init__(self, dense):
+        super().__init__(dense)
+        self.seen = []
+
+    def key_stabilizer(self, z):
+        return z.amax(-1, keepdim=True)  # (..., N, 1): one constant per key
+
+    def attend(self, phi_q, phi_k, v, key_log_scale=None):
+        self.seen.append(key_log_scale)
+        if key_log_scale is not None:
+            # the true features up to exp(-r) with r the largest constant: exp(c_j - r) <= 1
+            r = key_log_scale.amax(dim=(-2, -1), keepdim=True)
+            phi_k = phi_k * torch.exp(key_log_scale - r)
+        a = (phi_q @ phi_k.mT) * self.dense
+        return a @ v, a.sum(-1)
+
+
+def test_favor_attention_passes_key_log_scale_to_operators_that_rescale_keys():
+    """favor_attention hands an operator with rescales_keys what its key_stabilizer returned, detached
+    and expanded to (..., N, 1); favor_features keeps the per-slice max for it (masked_linear_attention
+    never passes key_log_scale), so both agree with the plain dense mask."""
+    g = gen(4)
+    q, k, v = unit_rows((2, N, 4), g, norm=2.0), unit_rows((2, N, 4), g, norm=2.0), randn((2, N, 2), g)
+    q, k = q.requires_grad_(), k.requires_grad_()
+    w = fast.gaussian_projection(8, 4, generator=g, dtype=torch.float64)
+    dense = _dense()
+    op = RowMaxKeys(dense)
+    got = favor_attention(q, k, v, w, op)
+    (c,) = op.seen
+    assert c is not None and c.shape == (2, N, 1) and not c.requires_grad
+    assert len(set(c.flatten().tolist())) > 1  # per key, not one constant
+    expected = favor_attention(q, k, v, w, dense)
+    assert rel_frobenius(got, expected) <= 1e-12
+    phi_q, phi_k = fast.favor_features(q, k, w, op)
+    torch.testing.assert_close(phi_k, fast.favor_features(q, k, w, dense)[1], rtol=0, atol=0)
+    assert rel_frobenius(masked_linear_attention(phi_q, phi_k, v, op), expected) <= 1e-12
+    assert op.seen[1:] == [None]
+    got.sum().backward()  # the constants are detached: gradients flow through the features only
+    assert bool(torch.isfinite(q.grad).all()) and bool(torch.isfinite(k.grad).all())
+
+
+def test_rescales_keys_without_attend_is_ignored():
+    """rescales_keys without an attend cannot undo per-key constants: the default stabiliser is used."""
+
+    class NoAttend(UserMask):
+        rescales_keys = True
+
+        def key_stabilizer(self, z):  # pragma: no cover - must not be called
+            raise AssertionError("called")
+
+    g = gen(5)
+    q, k, v = unit_rows((N, 4), g), unit_rows((N, 4), g), randn((N, 2), g)
+    w = fast.gaussian_projection(8, 4, generator=g, dtype=torch.float64)
+    dense = _dense()
+    assert rel_frobenius(favor_attention(q, k, v, w, NoAttend(dense)), favor_attention(q, k, v, w, dense)) <= 1e-12
+
+
+def test_contract_readers():
+    """nonnegative_of / abs_matmul_of / roundoff_bound_of / rescales_keys_of read the C1 attributes
+    with safe defaults for structural operators."""
+    user = UserMask(_dense())
+    assert not nonnegative_of(user) and abs_matmul_of(user) is None and roundoff_bound_of(user) is None
+    assert not rescales_keys_of(user)
+    assert nonnegative_of(DenseMask(_dense())) and not nonnegative_of(DenseMask(-_dense()))
+    assert nonnegative_of(DenseMask(torch.ones(3, 3, dtype=torch.bool)))
+    assert abs_matmul_of(DenseMask(_dense())) is not None
+    x = randn((N, 2), gen(6))
+    signed = _dense() - 0.6
+    torch.testing.assert_close(DenseMask(signed).abs_matmul(x), signed.abs() @ x, rtol=1e-14, atol=0)
+    sparse = SparseMask(sp.csr_matrix(signed.numpy()))
+    assert not sparse.nonnegative
+    torch.testing.assert_close(sparse.abs_matmul(x), signed.abs() @ x, rtol=1e-14, atol=0)
+    assert rescales_keys_of(RowMaxKeys(_dense()))
+
+    class Weird(UserMask):
+        nonnegative = torch.ones(3)  # not a truth value: not a guarantee
+
+    assert not nonnegative_of(Weird(_dense()))
 
 
 def test_parameters_default_scan():
@@ -179,7 +265,7 @@ def test_rmatmul_is_the_transpose(kind):
     """rmatmul(x) == M^T x with M read off matmul (M = matmul(I)), for every mask that offers it."""
     op = RMATMUL_MASKS[kind]()
     n = op.n
-    dense = op.matmul(torch.eye(n, dtype=torch.float64))  # (..., N, N)
+    dense = op.matmul(torch.eye(n, dtype=torch.float64).expand(2, n, n))  # (2, N, N): batched masks need x's batch
     x = randn((2, n, 3), gen(25))
     assert rel_frobenius(op.rmatmul(x), dense.mT @ x) <= 1e-12
     assert rel_frobenius(op.matmul(x), dense @ x) <= 1e-12
@@ -261,7 +347,7 @@ def test_sparse_mask_builds_int32_csr_once_and_its_transpose_for_backward():
     x = randn((N, 2), gen(6)).requires_grad_()
     with torch.no_grad():
         op.matmul(x)
-    assert list(op._csr) == [("cpu", torch.float64, False)]  # no transpose without backward
+    assert list(op._csr) == [("cpu", torch.float64, False, False)]  # no transpose without backward
     csr = op.csr(torch.device("cpu"), torch.float64)
     assert csr.layout == torch.sparse_csr and csr.crow_indices().dtype == torch.int32
     assert torch.equal(op.csr(torch.device("cpu"), torch.float64, transpose=True).to_dense(), dense.T)
@@ -354,7 +440,9 @@ BAD = {
     "no-matmul": (OnlyN(), TypeError, r"mask \(.*OnlyN\) has no callable matmul"),
     "matmul-not-callable": (NotCallable(), TypeError, "mask.matmul must be a method"),
     "n-zero": (BadN(_dense(), 0), ValueError, "mask.n must be a positive integer"),
-    "n-str": (BadN(_dense(), "9"), ValueError, "mask.n must be a positive integer"),
+    "n-str": (BadN(_dense(), "9"), TypeError, "mask.n must be a positive int .* got str '9'"),
+    "n-none": (BadN(_dense(), None), TypeError, "mask.n must be a positive int .* got NoneType"),
+    "n-float": (BadN(_dense(), 9.0), TypeError, "mask.n must be a positive int .* got float"),
     "not-square": (torch.ones(N, N + 1), ValueError, r"mask must be a square matrix .* got shape \(9, 10\)"),
     "vector": (torch.ones(N), ValueError, "mask must be a square matrix"),
     "complex": (torch.ones(N, N, dtype=torch.complex64), TypeError, "mask must hold real"),
