@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 
 from fast.masks.base import SymmetricMaskOperator
@@ -33,40 +34,70 @@ def hypercube_dimension(n: int) -> int:
     return int(n).bit_length() - 1
 
 
+def _check_lam(lam: object) -> float | torch.Tensor:
+    """A positive finite diffusion time: a real number (Python or NumPy, a 0-d NumPy array) -> float;
+    a real one-element tensor (0-d, or shape (1,) ...) -> a 0-d view of it (floating: kept, so a
+    learnable lam stays a leaf's view and gets its gradient; integer: converted to float)."""
+    if isinstance(lam, np.ndarray) and lam.ndim == 0 and lam.dtype.kind in "iuf":
+        lam = lam.item()
+    if isinstance(lam, torch.Tensor):
+        if lam.numel() != 1 or lam.is_complex() or lam.dtype == torch.bool:
+            raise ValueError(f"lam must be a positive real scalar (a number or a one-element real tensor), got a "
+                             f"tensor of shape {tuple(lam.shape)} and dtype {lam.dtype}")
+        value = float(lam.detach())
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"lam must be a positive finite diffusion time, got a tensor holding {value!r}")
+        if not lam.is_floating_point():
+            return value
+        return lam if lam.dim() == 0 else lam.reshape(())
+    if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
+        raise ValueError(f"lam must be a positive finite diffusion time (a real number or a one-element tensor), "
+                         f"got {type(lam).__name__} {lam!r}")
+    if not math.isfinite(lam) or lam <= 0:
+        raise ValueError(f"lam must be a positive finite diffusion time, got {lam!r}")
+    return float(lam)
+
+
 class HypercubeDiffusionMask(SymmetricMaskOperator):
     """M_ij = tanh(lam)^dist(i, j) on the hypercube with n = 2^k nodes (dist = Hamming distance).
 
-    n: a power of two; lam > 0: the diffusion time (a float, or a 0-d tensor that may require
-    grad: a learnable diffusion time). ``matmul`` takes x (..., n, c).
+    n: a power of two (Python or NumPy int); lam > 0: the diffusion time (a real number, a 0-d
+    NumPy array, or a one-element tensor, which may require grad: a learnable diffusion time;
+    an integer tensor is converted to float). ``matmul`` takes x (..., n, c).
+
+    Sign: M is the heat kernel exp(-lam L) up to a positive constant; per bit the kernel of the
+    2-node graph is e^-lam [[cosh lam, sinh lam], [sinh lam, cosh lam]], so its off-diagonal
+    ratio tanh(lam) and every entry tanh(lam)^dist are >= 0 exactly when lam >= 0. ``nonnegative``
+    is read from the current lam (a learnable lam updated in place to a negative value makes
+    the entries of odd distance negative); ``abs_matmul`` is the product with |tanh(lam)|.
     """
 
     def __init__(self, n: int, lam: float | torch.Tensor):
         self.k = hypercube_dimension(n)
         self.n = int(n)
-        if isinstance(lam, torch.Tensor):
-            if lam.numel() != 1 or not lam.is_floating_point():
-                raise ValueError(f"lam must be a positive scalar, got a tensor of shape {tuple(lam.shape)}")
-            bad = not bool(torch.isfinite(lam.detach())) or float(lam.detach()) <= 0
-        else:
-            bad = isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not math.isfinite(lam) or lam <= 0
-            lam = float(lam) if not bad else lam
-        if bad:
-            raise ValueError(f"lam must be a positive finite diffusion time, got {lam!r}")
-        self.lam = lam
+        self.lam = _check_lam(lam)
+
+    @property
+    def nonnegative(self) -> bool:
+        """True when tanh(lam) >= 0, i.e. lam >= 0 (read from the current lam)."""
+        lam = self.lam.detach() if isinstance(self.lam, torch.Tensor) else self.lam
+        return float(lam) >= 0
 
     def t(self, device=None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """The Kronecker factor's off-diagonal tanh(lam), as a 0-d tensor."""
         return torch.tanh(torch.as_tensor(self.lam, dtype=dtype, device=device))
 
-    def group_factor(self, bits: int, device=None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """K_bits = kron of ``bits`` factors [[1, t], [t, 1]]: (2^bits, 2^bits), K[a, b] = t^popcount(a xor b)."""
+    def group_factor(self, bits: int, device=None, dtype: torch.dtype = torch.float64, *,
+                     absolute: bool = False) -> torch.Tensor:
+        """K_bits = kron of ``bits`` factors [[1, t], [t, 1]]: (2^bits, 2^bits), K[a, b] = t^popcount(a xor b)
+        (absolute=True: |t| instead of t)."""
         a = torch.arange(1 << bits, device=device)
         x = a[:, None] ^ a[None, :]
         dist = sum((x >> b) & 1 for b in range(bits)) if bits else torch.zeros_like(x)
-        return self.t(device, dtype) ** dist.to(dtype)
+        t = self.t(device, dtype)
+        return (t.abs() if absolute else t) ** dist.to(dtype)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M @ x for x (..., n, c) -> (..., n, c): GROUP_BITS bits per batched GEMM, O(n c log n)."""
+    def _product(self, x: torch.Tensor, absolute: bool) -> torch.Tensor:
         check_tokens("x", x, self.n)
         out_dtype = x.dtype
         y = x.to(compute_dtype(x.dtype))
@@ -76,10 +107,17 @@ class HypercubeDiffusionMask(SymmetricMaskOperator):
         while b < self.k:
             g = min(GROUP_BITS, self.k - b)
             if g not in factors:
-                factors[g] = self.group_factor(g, y.device, y.dtype)
+                factors[g] = self.group_factor(g, y.device, y.dtype, absolute=absolute)
             # token index = high * 2^(b+g) + mid * 2^b + low: axis -2 of this view is "mid"
             z = y.reshape(*lead, self.n >> (b + g), 1 << g, (1 << b) * c)
             y = (factors[g] @ z).reshape(*lead, self.n, c)
             b += g
         return y.to(out_dtype)
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x for x (..., n, c) -> (..., n, c): GROUP_BITS bits per batched GEMM, O(n c log n)."""
+        return self._product(x, absolute=False)
+
+    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """|M| @ x for x (..., n, c) -> (..., n, c): the same passes with |tanh(lam)| (contract C1)."""
+        return self._product(x, absolute=True)

@@ -15,11 +15,14 @@ import torch
 
 from fast.features import FavorPlus
 from fast.masks.base import MaskOperator
-from fast.validation import check_tensor, check_tokens, compute_dtype
+from fast.validation import broadcast_shape, check_tensor, check_tokens, compute_dtype
 
 
 class LowRankMask(MaskOperator):
-    """M = left @ right with left (..., N, r) and right (..., r, N); leading dims broadcast with x's."""
+    """M = left @ right with left (..., N, r) and right (..., r, N); the factors' leading dims
+    broadcast with each other and with x's in ``matmul`` (one mask per (batch, head) slice, or one
+    for all). ``nonnegative`` is read from the current factors (True when both are >= 0);
+    ``abs_matmul`` gives |left| (|right| x) >= |M| x entrywise for the driver's denominator guard."""
 
     def __init__(self, left: torch.Tensor, right: torch.Tensor):
         check_tensor("left", left)
@@ -28,9 +31,18 @@ class LowRankMask(MaskOperator):
             raise ValueError(f"left (..., N, r) and right (..., r, N) do not match: {tuple(left.shape)} and {tuple(right.shape)}")
         if left.device != right.device:
             raise ValueError(f"left and right must be on one device, got {left.device} and {right.device}")
+        try:
+            self._lead = broadcast_shape(tuple(left.shape[:-2]), tuple(right.shape[:-2]))
+        except ValueError:
+            raise ValueError(f"left (..., N, r) and right (..., r, N) must have leading (batch) dims that broadcast, "
+                             f"got left {tuple(left.shape)} and right {tuple(right.shape)}") from None
         self.left, self.right = left, right
         self.n, self.rank = left.shape[-2], left.shape[-1]
-        self.nonnegative = bool((left >= 0).all()) and bool((right >= 0).all())
+
+    @property
+    def nonnegative(self) -> bool:
+        """True when both factors are entrywise >= 0 (then M >= 0); read from the current factors."""
+        return bool((self.left.detach() >= 0).all()) and bool((self.right.detach() >= 0).all())
 
     @classmethod
     def stochastic_rpe(cls, encodings: torch.Tensor, projection: torch.Tensor) -> "LowRankMask":
@@ -46,16 +58,33 @@ class LowRankMask(MaskOperator):
         phi = FavorPlus(projection.to(encodings.dtype), stabilize=False)(encodings)
         return cls(phi, phi.transpose(-1, -2))
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M @ x = left (right x) for x (..., N, c) -> (..., N, c), O(N r c)."""
+    def _factors(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+        """(left, right) on x's device in x's compute dtype, after checking x (..., N, c) against them."""
         check_tokens("x", x, self.n)
+        lead = tuple(x.shape[:-2])
+        try:
+            broadcast_shape(self._lead, lead)
+        except ValueError:
+            raise ValueError(f"x's leading (batch) dims {lead} (x has shape {tuple(x.shape)}) do not broadcast "
+                             f"with the factors' {self._lead} (left {tuple(self.left.shape)}, right "
+                             f"{tuple(self.right.shape)}): give factors with leading dims 1 or equal to x's") from None
         work = compute_dtype(x.dtype)
         left, right = (f.to(device=x.device, dtype=work) for f in (self.left, self.right))
+        return left, right, work
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x = left (right x) for x (..., N, c) -> (..., N, c), O(N r c)."""
+        left, right, work = self._factors(x)
         return (left @ (right @ x.to(work))).to(x.dtype)
 
     def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x = right^T (left^T x) for x (..., N, c) -> (..., N, c), O(N r c)."""
-        check_tokens("x", x, self.n)
-        work = compute_dtype(x.dtype)
-        left, right = (f.to(device=x.device, dtype=work) for f in (self.left, self.right))
+        left, right, work = self._factors(x)
         return (right.mT @ (left.mT @ x.to(work))).to(x.dtype)
+
+    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """|left| (|right| x) for x (..., N, c) -> (..., N, c), O(N r c): the product with
+        B = |left| |right| >= |left right| = |M| entrywise (contract C1), so the driver's guard sees
+        the scale of terms that cancel inside M."""
+        left, right, work = self._factors(x)
+        return (left.abs() @ (right.abs() @ x.to(work))).to(x.dtype)

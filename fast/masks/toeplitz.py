@@ -10,16 +10,37 @@ M @ x is a d-D linear convolution of x (on the grid) with the table. It is compu
 circular convolution on a grid of n_fft_k >= 2 n_k - 1 points per axis, with n_fft_k the
 smallest 5-smooth number (2^a 3^b 5^c) at least 2 n_k - 1: 2N - 1 itself can be prime, and
 prime-length transforms are ~3x slower (docs/methods.md). The circulant's first column is the table
-rolled so that offset delta sits at delta mod n_fft; its spectrum (rfftn) is computed once per
-mask, device and dtype and reused; all columns of x go through one batched rfftn/irfftn (in
-chunks that bound the complex buffer to ``max_chunk_bytes``). Cost O(c prod(n_fft) log prod(n_fft))
-= O(c N log N) for c columns, since prod(n_fft) <= 2^d N up to the 5-smooth rounding.
+rolled so that offset delta sits at delta mod n_fft; its spectrum (rfftn, always computed in
+float64) is recomputed on every product (one column's transform: a share 1/(2c + 1) of a product
+with c columns), so an in-place change of the table, through ``.data`` or under
+torch.inference_mode included, can never leave a stale spectrum. All columns of x go through one
+batched rfftn/irfftn (in chunks that bound the complex buffer to ``max_chunk_bytes``). Cost
+O(c prod(n_fft) log prod(n_fft)) = O(c N log N) for c columns, since prod(n_fft) <= 2^d N up to
+the 5-smooth rounding. M^T @ x (rmatmul) uses the conjugate spectrum: the circulant of the
+reversed table.
+
+Precision. An FFT's round-off is normwise: the error of every output entry is of the order of
+u log2(n_fft) |table|_1 |x_col|_2 (``roundoff_bound``), however small the entry itself. In
+float32 (u = 6e-8) that swamps the small denominators of FAVOR+ attention at realistic
+magnitudes (q, k entries of std 2 to 3 at d = 64: a query whose neighbourhood holds only keys
+far below the largest one). The transforms therefore run in ``transform_dtype`` = float64 by
+default for float32 and half inputs too (the result is cast back once, a relative error of the
+input dtype per entry); that puts the normwise error at ~1e-14 of the column's scale. Cost,
+measured on one CPU thread (float32 inputs, m = d = 64, CPU time): a product's transforms take
+~2.2x the float32 ones, an ``attend`` call ~1.15x (N = 4096: 1.47 s against 1.26-1.40 s) to
+~1.3x (N = 65536: 28.5-28.7 s against 21.3-22.7 s), the rest of attend being the columns
+phi_k v^T and their contraction. transform_dtype=torch.float32 restores the float32 transforms for float32 inputs
+(with their bound, and the refusals it brings at those magnitudes): worth it only where float64
+is slow, as on GPUs with a reduced float64 rate.
 
 Positivity: attention needs M >= 0 (weights of an average). A table with negative entries is
 accepted (the papers' learned RPE tables can be), but then a denominator can vanish or change
-sign. ``attend`` reports any denominator within the FFT's round-off of zero as a
-DenominatorError rather than dividing by it; tables built in log space (``from_log_table``,
-M = exp(b)) are positive by construction and are the safe choice.
+sign; ``nonnegative`` (computed from the table on every read), ``abs_matmul`` (the product with
+|table|) and ``roundoff_bound`` give the driver's denominator guard (fast.masked_linear_attention)
+what it needs to refuse such a denominator rather than divide by it. Tables built in log space
+(``from_log_table``, M = exp(b)) are positive by construction and are the safe choice. Rows
+that see no key (every table entry they reach is 0, e.g. row 0 of a strictly causal table)
+come out exactly 0, not FFT noise, so the driver's ``no_key`` policy recognises them.
 """
 from __future__ import annotations
 
@@ -30,15 +51,20 @@ from typing import Callable, Sequence
 import torch
 
 from fast.algebra import masked_products
-from fast.errors import DenominatorError
 from fast.fft import fast_fft_size
 from fast.masks.base import MaskOperator
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: Bound on the complex spectral buffer of one batched transform (bytes); more columns are chunked.
 DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20
-#: Safety factor in the FFT round-off bound |err| <= C u log2(n_fft) |table|_2 |x|_2 (Higham, Sec. 24.1).
-_ROUNDOFF_C = 8.0
+#: Real dtype of the transforms for float32 and half inputs (float64 inputs always use float64).
+DEFAULT_TRANSFORM_DTYPE = torch.float64
+#: Constant of the first-order FFT-convolution bound |err| <= C u log2(n_fft) |table|_1 |x_col|_2
+#: (``BlockToeplitzMask.roundoff_bound`` derives it: 3 transforms x 6.7 u per level + 3 u, rounded up).
+_ROUNDOFF_C = 24.0
+#: Most axes handed to one torch.fft call: MKL refuses transforms of 8 or more axes, so a grid of
+#: more axes is transformed in groups of this many (the d-D DFT is separable).
+_FFT_AXES_PER_CALL = 3
 
 
 def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
@@ -56,7 +82,8 @@ def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
 
 def _check_table(name: str, table: object, want: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
     if not isinstance(table, torch.Tensor) or not table.is_floating_point():
-        raise TypeError(f"{name} must be a floating torch.Tensor of shape {want}, got {type(table).__name__}")
+        what = f"a tensor of dtype {table.dtype}" if isinstance(table, torch.Tensor) else type(table).__name__
+        raise TypeError(f"{name} must be a floating torch.Tensor of shape {want}, got {what}")
     if tuple(table.shape) != want:
         raise ValueError(f"{name} must have shape {want} (2 n_k - 1 offsets per axis) for grid {shape}, got {tuple(table.shape)}")
     if not bool(torch.isfinite(table).all()):
@@ -67,9 +94,43 @@ def _check_table(name: str, table: object, want: tuple[int, ...], shape: tuple[i
 def _check_log(name: str, b: object) -> None:
     """Logits of a positive mask: floating, no NaN or +inf (-inf is allowed: weight 0)."""
     if not isinstance(b, torch.Tensor) or not b.is_floating_point():
-        raise TypeError(f"{name} must be a floating torch.Tensor, got {type(b).__name__}")
+        what = f"a tensor of dtype {b.dtype}" if isinstance(b, torch.Tensor) else type(b).__name__
+        raise TypeError(f"{name} must be a floating torch.Tensor, got {what}")
     if bool(torch.isnan(b).any()) or bool((b == torch.inf).any()):
         raise ValueError(f"{name} contains NaN or +inf")
+
+
+def _check_float_dtype(name: str, dtype: object, allowed=(torch.float16, torch.bfloat16, torch.float32, torch.float64)):
+    if not isinstance(dtype, torch.dtype) or dtype not in allowed:
+        raise TypeError(f"{name} must be one of {', '.join(str(a) for a in allowed)}, got {dtype!r}")
+    return dtype
+
+
+def _values_of(f: Callable, arg: torch.Tensor, what: str, dtype: torch.dtype) -> torch.Tensor:
+    """f(arg) checked: a tensor (or a number / array) of arg's shape or a scalar, real, finite ->
+    a ``dtype`` tensor of arg's shape. ``what`` names arg in the errors."""
+    if not callable(f):
+        raise TypeError(f"f must be a callable mapping a tensor of {what} to values, got {type(f).__name__}")
+    values = f(arg)
+    if not isinstance(values, torch.Tensor):
+        try:
+            values = torch.as_tensor(values, device=arg.device)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(f"f must return a real tensor of shape {tuple(arg.shape)} (one value per entry of the "
+                            f"{what}) or a scalar, got {type(values).__name__} ({exc})") from None
+    integral = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+    if values.is_complex() or not (values.is_floating_point() or values.dtype in integral):
+        raise TypeError(f"f must return real values (a float, int or bool tensor) of shape {tuple(arg.shape)}, "
+                        f"got dtype {values.dtype}")
+    if values.dim() != 0 and tuple(values.shape) != tuple(arg.shape):
+        raise ValueError(f"f must return a tensor of shape {tuple(arg.shape)} (one value per entry of the {what}) "
+                         f"or a scalar, got shape {tuple(values.shape)}")
+    if values.device != arg.device:
+        raise ValueError(f"f must return a tensor on {arg.device} (the device of the {what}), got {values.device}")
+    values = values.to(dtype)
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError(f"f returned non-finite values (NaN or inf, after conversion to {dtype}) on the {what}")
+    return values.expand(arg.shape).contiguous()  # a scalar becomes a table of its own (writable in place)
 
 
 def grid_offsets(shape: Sequence[int], device=None) -> torch.Tensor:
@@ -79,56 +140,101 @@ def grid_offsets(shape: Sequence[int], device=None) -> torch.Tensor:
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
 
 
-def _version(t: torch.Tensor) -> int:
-    """torch's in-place version counter; inference-mode tensors have none (-1: they are constants)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return -1
+def _groups(dims: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """dims in consecutive groups of at most _FFT_AXES_PER_CALL, counted from the end (the last
+    group holds dims[-1], the half-spectrum axis of rfftn)."""
+    out, end = [], len(dims)
+    while end > 0:
+        out.insert(0, dims[max(0, end - _FFT_AXES_PER_CALL):end])
+        end -= _FFT_AXES_PER_CALL
+    return out
+
+
+def _rfftn(x: torch.Tensor, s: tuple[int, ...], dims: tuple[int, ...]) -> torch.Tensor:
+    """torch.fft.rfftn(x, s, dims) for any number of axes (groups of <= _FFT_AXES_PER_CALL)."""
+    if len(dims) <= _FFT_AXES_PER_CALL:
+        return torch.fft.rfftn(x, s=s, dim=dims)
+    size = dict(zip(dims, s))
+    groups = _groups(dims)
+    out = torch.fft.rfftn(x, s=[size[a] for a in groups[-1]], dim=groups[-1])  # the real half-axis last
+    for g in groups[:-1]:
+        out = torch.fft.fftn(out, s=[size[a] for a in g], dim=g)
+    return out
+
+
+def _irfftn(z: torch.Tensor, s: tuple[int, ...], dims: tuple[int, ...]) -> torch.Tensor:
+    """torch.fft.irfftn(z, s, dims) for any number of axes (the inverse of ``_rfftn``)."""
+    if len(dims) <= _FFT_AXES_PER_CALL:
+        return torch.fft.irfftn(z, s=s, dim=dims)
+    size = dict(zip(dims, s))
+    groups = _groups(dims)
+    for g in groups[:-1]:
+        z = torch.fft.ifftn(z, s=[size[a] for a in g], dim=g)
+    return torch.fft.irfftn(z, s=[size[a] for a in groups[-1]], dim=groups[-1])
+
+
+def _window_counts(table: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+    """For each grid node x: how many nodes y give a nonzero table[x - y + n - 1] (int64, grid's shape).
+
+    Row x of M reads the table box [x, x + n - 1] on every axis: a separable box sum of the
+    nonzero indicator, one cumulative sum per axis (exact in integers)."""
+    counts = (table.detach() != 0).to(torch.int64)
+    for axis, n in enumerate(grid):
+        cs = torch.nn.functional.pad(counts.movedim(axis, -1).cumsum(-1), (1, 0))  # cs[i] = sum of the first i
+        counts = (cs[..., n:2 * n] - cs[..., :n]).movedim(-1, axis)
+    return counts
 
 
 class BlockToeplitzMask(MaskOperator):
     """M_xy = table[x - y + (n - 1)] for nodes x, y of an n_1 x ... x n_d grid (row-major order).
 
-    shape: (n_1, ..., n_d), any d >= 1 and any sides; table: (2 n_1 - 1, ..., 2 n_d - 1) floating
-    (may require grad: a learnable per-offset table; its spectrum is then recomputed per call so
-    gradients flow). cls_token=True prepends one token (index 0, the vision CLS token) that
-    attends to and is attended by every token with weight 1; then N = prod(shape) + 1.
-    ``matmul`` takes x (..., N, c). Construction validates and is O(prod(n_fft)).
+    shape: (n_1, ..., n_d), any d >= 1 and any sides (Python or NumPy ints); table:
+    (2 n_1 - 1, ..., 2 n_d - 1) floating (may require grad: a learnable per-offset table).
+    cls_token=True prepends one token (index 0, the vision CLS token) that attends to and is
+    attended by every token with weight 1; then N = prod(shape) + 1. transform_dtype: the real
+    dtype of the FFTs for float32 / half inputs, torch.float64 (default: round-off ~1e-14 of the
+    column's scale, about 2x the float32 transforms' time) or torch.float32 (the float32
+    transforms; float64 inputs always transform in float64). ``matmul`` takes x (..., N, c).
+    Construction validates and is O(prod(n_fft)); nothing about the table is cached, so products
+    always use its current values.
     """
 
     _TABLE_NAME = "table"  # the argument named in errors
 
     def __init__(self, shape: Sequence[int], table: torch.Tensor, *, cls_token: bool = False,
-                 n: int | None = None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
+                 n: int | None = None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+                 transform_dtype: torch.dtype = DEFAULT_TRANSFORM_DTYPE):
         self.grid_shape = _check_shape(shape)
         want = tuple(2 * s - 1 for s in self.grid_shape)
         self.table = _check_table(self._TABLE_NAME, table, want, self.grid_shape)
         self.cls_token = bool(cls_token)
         self.num_grid = math.prod(self.grid_shape)
         self.n = self.num_grid + int(self.cls_token)
-        if n is not None and n != self.n:
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n != self.n):
             raise ValueError(f"grid shape {self.grid_shape} has {self.num_grid} nodes"
                              f"{' + 1 CLS token' if self.cls_token else ''} = {self.n} tokens, but n={n!r}")
         self.n_fft = tuple(fast_fft_size(w) for w in want)
-        if not isinstance(max_chunk_bytes, int) or max_chunk_bytes <= 0:
-            raise ValueError(f"max_chunk_bytes must be a positive int, got {max_chunk_bytes!r}")
-        self.max_chunk_bytes = max_chunk_bytes
-        self.nonnegative = bool((self.table >= 0).all())
-        self._spectra: dict = {}
-        self._transposed: tuple | None = None  # (table version, the operator of M^T)
+        chunk = max_chunk_bytes
+        if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk <= 0:
+            raise ValueError(f"max_chunk_bytes must be a positive int (bytes), got {max_chunk_bytes!r}")
+        self.max_chunk_bytes = int(max_chunk_bytes)
+        self.transform_dtype = _check_float_dtype("transform_dtype", transform_dtype, (torch.float32, torch.float64))
+
+    @property
+    def nonnegative(self) -> bool:
+        """True when every table entry is >= 0 (then M >= 0): read from the current table."""
+        return bool((self.table.detach() >= 0).all())
 
     # ------------------------------------------------------------------ constructors
 
     @classmethod
     def from_distance(cls, shape: Sequence[int], f: Callable[[torch.Tensor], torch.Tensor], *,
                       dtype: torch.dtype = torch.float32, device=None, **kw) -> "BlockToeplitzMask":
-        """M_xy = f(|x - y|_1), f mapping a ``dtype`` tensor of L1 grid distances to values."""
+        """M_xy = f(|x - y|_1), f mapping a ``dtype`` tensor of L1 grid distances (the table's shape)
+        to values of that shape (or a scalar); they must be real and finite."""
+        _check_float_dtype("dtype", dtype)
         dist = grid_offsets(shape, device).abs().sum(-1).to(dtype)
-        values = f(dist)
-        if not isinstance(values, torch.Tensor):
-            values = torch.as_tensor(values, device=device)
-        return cls(shape, values.to(dtype).expand(dist.shape), **kw)
+        return cls(shape, _values_of(f, dist, "L1 grid distances", dtype), **kw)
 
     @classmethod
     def from_log_table(cls, shape: Sequence[int], log_table: torch.Tensor, **kw) -> "BlockToeplitzMask":
@@ -145,132 +251,193 @@ class BlockToeplitzMask(MaskOperator):
 
     # ------------------------------------------------------------------ the operator
 
-    def spectrum(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """rfftn of the circulant embedding of the table: (n_fft_1, ..., n_fft_d // 2 + 1) complex."""
-        learnable = self.table.requires_grad and torch.is_grad_enabled()
-        # the version counter moves on every in-place update (an optimiser step): no stale spectrum
-        key = (str(device), dtype, _version(self.table))
-        if not learnable and key in self._spectra:
-            return self._spectra[key]
-        t = self.table.to(device=device, dtype=dtype)
+    def _work_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The real dtype the transforms of an input of ``dtype`` run in."""
+        return torch.promote_types(compute_dtype(dtype), self.transform_dtype)
+
+    def _spectrum_of(self, table: torch.Tensor, device, dtype: torch.dtype) -> torch.Tensor:
+        t = table.to(device=device, dtype=torch.float64)
         pad = []
         for w, nf in zip(reversed(t.shape), reversed(self.n_fft)):
             pad += [0, nf - w]
         first_col = torch.nn.functional.pad(t, pad)
         # offset delta (table index delta + n - 1) moves to circular position delta mod n_fft
         first_col = torch.roll(first_col, shifts=[-(n - 1) for n in self.grid_shape], dims=list(range(len(self.n_fft))))
-        spec = torch.fft.rfftn(first_col, s=self.n_fft)
-        if not learnable:
-            self._spectra = {k: v for k, v in self._spectra.items() if k[2] == key[2]}
-            self._spectra[key] = spec.detach()
-        return spec
+        spec = _rfftn(first_col, self.n_fft, tuple(range(len(self.n_fft))))
+        return spec.to(torch.complex64 if dtype == torch.float32 else torch.complex128)
 
-    def _grid_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """Block-Toeplitz product on the grid part: x (..., N_grid, c) -> (..., N_grid, c)."""
+    def spectrum(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """rfftn of the circulant embedding of the current table: (n_fft_1, ..., n_fft_d // 2 + 1),
+        complex64 for dtype float32, else complex128. Computed in float64 (then cast) on every
+        call: one column's transform; it carries the table's gradient if the table requires grad."""
+        return self._spectrum_of(self.table, device, dtype)
+
+    def _grid_product(self, x: torch.Tensor, spec: torch.Tensor, work: torch.dtype,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+        """Block-Toeplitz product on the grid part with a given spectrum: x (..., N_grid, c) -> (..., N_grid, c)
+        in ``out_dtype``, the transforms in ``work`` (the real dtype matching spec)."""
+        per_col = spec.numel() * spec.element_size() * 2  # spectrum of x and the product
+        step = max(1, self.max_chunk_bytes // per_col)
+        if torch.is_grad_enabled() and (x.requires_grad or spec.requires_grad):
+            return self._grid_product_autograd(x.to(work), spec, step).to(out_dtype)
+        return self._grid_product_fused(x, spec, step, work, out_dtype)
+
+    def _grid_product_autograd(self, x: torch.Tensor, spec: torch.Tensor, step: int) -> torch.Tensor:
+        """_grid_product under autograd: differentiable out-of-place steps."""
         lead, c = x.shape[:-2], x.shape[-1]
         d = len(self.grid_shape)
         cols = x.transpose(-1, -2).reshape(-1, *self.grid_shape)  # (P, n_1, ..., n_d): one column each
-        spec = self.spectrum(x.device, x.dtype)
         dims = tuple(range(1, d + 1))
-        per_col = spec.numel() * spec.element_size() * 2  # spectrum of x and the product
-        step = max(1, self.max_chunk_bytes // per_col)
         crop = (slice(None),) + tuple(slice(0, n) for n in self.grid_shape)
+
+        def block(a: int, b: int) -> torch.Tensor:
+            return _irfftn(_rfftn(cols[a:b], self.n_fft, dims) * spec, self.n_fft, dims)[crop]
+
         if step >= cols.shape[0]:
-            out = torch.fft.irfftn(torch.fft.rfftn(cols, s=self.n_fft, dim=dims) * spec, s=self.n_fft, dim=dims)[crop]
-        elif torch.is_grad_enabled() and (cols.requires_grad or spec.requires_grad):
-            # under autograd, writes into one buffer would make each chunk's backward copy the whole
-            # gradient (CopySlices); cropped copies joined by cat split it as views instead
-            out = torch.cat([torch.fft.irfftn(torch.fft.rfftn(cols[a:a + step], s=self.n_fft, dim=dims) * spec,
-                                              s=self.n_fft, dim=dims)[crop].contiguous()
-                             for a in range(0, cols.shape[0], step)])
+            out = block(0, cols.shape[0])
         else:
-            # chunks write into one buffer: a cropped view would keep the padded irfft output alive
-            out = torch.empty_like(cols)
-            for a in range(0, cols.shape[0], step):
-                f = torch.fft.rfftn(cols[a:a + step], s=self.n_fft, dim=dims)
-                out[a:a + step] = torch.fft.irfftn(f * spec, s=self.n_fft, dim=dims)[crop]
+            # writes into one buffer would make each chunk's backward copy the whole gradient
+            # (CopySlices); cropped copies joined by cat split it as views instead
+            out = torch.cat([block(a, a + step).contiguous() for a in range(0, cols.shape[0], step)])
         return out.reshape(*lead, c, self.num_grid).transpose(-1, -2)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M @ x for x (..., N, c) -> (..., N, c), O(c N log N); half precision runs in float32."""
+    def _grid_product_fused(self, x: torch.Tensor, spec: torch.Tensor, step: int, work: torch.dtype,
+                            out_dtype: torch.dtype) -> torch.Tensor:
+        """_grid_product without autograd: per chunk of columns, one copy of x into a zero-padded
+        buffer (transpose and pad in one pass), the transforms with the spectral product in place,
+        and one copy of the cropped result into the output (crop, transpose and cast in one pass):
+        3 passes over the padded columns besides the transforms, where the out-of-place steps take 7."""
+        lead, n_grid, c = x.shape[:-2], x.shape[-2], x.shape[-1]
+        d = len(self.grid_shape)
+        x3 = x.reshape(-1, n_grid, c)
+        out = torch.empty((x3.shape[0], n_grid, c), dtype=out_dtype, device=x.device)
+        src = x3.transpose(1, 2).unflatten(-1, self.grid_shape)  # (B, c, n_1, ..., n_d) views
+        dst = out.transpose(1, 2).unflatten(-1, self.grid_shape)
+        dims = tuple(range(2, d + 2))
+        crop = (slice(None), slice(None)) + tuple(slice(0, n) for n in self.grid_shape)
+        b_step, c_step = (max(1, step // c), c) if step >= c else (1, step)
+        for b0 in range(0, x3.shape[0], b_step):
+            for c0 in range(0, c, c_step):
+                part = src[b0:b0 + b_step, c0:c0 + c_step]
+                buf = torch.empty((*part.shape[:2], *self.n_fft), dtype=work, device=x.device)
+                if d == 1:
+                    buf[..., n_grid:].zero_()
+                else:
+                    buf.zero_()
+                buf[crop].copy_(part)
+                f = _rfftn(buf, self.n_fft, dims)
+                del buf
+                f.mul_(spec)
+                dst[b0:b0 + b_step, c0:c0 + c_step].copy_(_irfftn(f, self.n_fft, dims)[crop])
+                del f
+        return out.reshape(*lead, n_grid, c)
+
+    def _zero_unseen_rows(self, out: torch.Tensor, table: torch.Tensor, transpose: bool) -> torch.Tensor:
+        """Rows of M (of M^T) whose table entries are all 0 are exactly 0 (not FFT noise): (..., N_grid, c)."""
+        if self.cls_token or bool((table != 0).all()):  # with CLS every token sees the CLS token
+            return out
+        t = table.flip(tuple(range(table.dim()))) if transpose else table
+        unseen = (_window_counts(t, self.grid_shape) == 0).reshape(self.num_grid, 1)
+        if not bool(unseen.any()):
+            return out
+        if out.requires_grad:  # value exactly 0 there, gradient unchanged (d/dt of a zero entry need not be 0)
+            return out - out.detach() * unseen
+        return out.masked_fill(unseen, 0)
+
+    def _product(self, x: torch.Tensor, *, transpose: bool = False, absolute: bool = False) -> torch.Tensor:
+        """M x, M^T x or |M| x for x (..., N, c): transforms in the work dtype, cast back to x's dtype."""
         check_tokens("x", x, self.n)
         out_dtype = x.dtype
-        x = x.to(compute_dtype(x.dtype))
+        work = self._work_dtype(x.dtype)
+        table = self.table.abs() if absolute else self.table
+        spec = self._spectrum_of(table, x.device, work) if absolute else self.spectrum(x.device, work)
+        if transpose:  # the circulant of the reversed table: the conjugate spectrum (a real table)
+            spec = spec.conj()
         if not self.cls_token:
-            return self._grid_matmul(x).to(out_dtype)
-        cls, grid = x[..., :1, :], x[..., 1:, :]
-        total = x.sum(-2, keepdim=True)  # the CLS row: weight 1 on every token
-        out_grid = self._grid_matmul(grid) + cls  # every grid token also sees CLS with weight 1
+            return self._zero_unseen_rows(self._grid_product(x, spec, work, out_dtype), table, transpose)
+        cls, grid = x[..., :1, :].to(work), x[..., 1:, :]
+        total = x.sum(-2, keepdim=True, dtype=work)  # the CLS row (and column): weight 1 on every token
+        out_grid = self._grid_product(grid, spec, work, work) + cls  # every grid token also sees CLS with weight 1
         return torch.cat([total, out_grid], dim=-2).to(out_dtype)
 
-    def transposed(self) -> "BlockToeplitzMask":
-        """The operator of M^T: M^T_xy = M_yx = f(y - x), the table reversed along every axis
-        (the CLS row and column are both ones). Cached per table version unless it is learnable."""
-        learnable = self.table.requires_grad and torch.is_grad_enabled()
-        key = _version(self.table)
-        if learnable or self._transposed is None or self._transposed[0] != key:
-            op = BlockToeplitzMask(self.grid_shape, self.table.flip(tuple(range(self.table.dim()))),
-                                   cls_token=self.cls_token, max_chunk_bytes=self.max_chunk_bytes)
-            if learnable:
-                return op
-            self._transposed = (key, op)
-        return self._transposed[1]
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x for x (..., N, c) -> (..., N, c) in x's dtype, O(c N log N); the transforms run in
+        float64 (``transform_dtype``) for float32 and half x, in float64 for float64 x."""
+        return self._product(x)
 
     def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
-        """M^T @ x for x (..., N, c) -> (..., N, c): the same FFT product with the reversed table."""
-        return self.transposed().matmul(x)
+        """M^T @ x for x (..., N, c) -> (..., N, c): the product with the conjugate spectrum (the
+        reversed table; the CLS row and column are both ones)."""
+        return self._product(x, transpose=True)
+
+    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """|M| @ x for x (..., N, c) -> (..., N, c): the product with |table| (contract C1: B >= |M|,
+        here B = |M|), for the driver's guard when the table has negative entries."""
+        return self._product(x, absolute=True)
+
+    def transposed(self) -> "BlockToeplitzMask":
+        """A new operator of M^T: M^T_xy = M_yx = f(y - x), the table reversed along every axis (the
+        CLS row and column are both ones). It holds a reversed COPY of the table (taken now): later
+        in-place changes of this table do not reach it; ``rmatmul`` always reads the current table."""
+        return BlockToeplitzMask(self.grid_shape, self.table.flip(tuple(range(self.table.dim()))),
+                                 cls_token=self.cls_token, max_chunk_bytes=self.max_chunk_bytes,
+                                 transform_dtype=self.transform_dtype)
 
     def roundoff_bound(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-column bound on |fl(M x) - M x| (entrywise): C u log2(prod n_fft) |table|_2 |x_col|_2.
+        """Per-column bound on |fl(M x) - M x| (entrywise): C u log2(prod n_fft) |table|_1 |x_col|_2.
 
-        x: (..., N, c) -> (..., c), in the dtype the product M x is computed in
-        (fast.validation.compute_dtype(x.dtype): x's own for float32 and float64, what attend gets).
-        The normwise FFT-convolution error bound (Higham, Sec. 24.1) with a safety factor; the CLS
-        part is exact sums and adds nothing of its own. The norm is computed in float64: in
-        float32 the sum of squares of features above ~1.8e19 overflows, and the guard would then
-        refuse valid inputs (guard/<id>'s scaled cases).
+        x: (..., N, c) -> (..., c), in fast.validation.compute_dtype(x.dtype) (what the driver
+        passes: the dtype the product is computed in); u is the unit round-off of the transforms
+        (float64 by default, see ``transform_dtype``). Derivation (first order, Higham, Accuracy and
+        Stability of Numerical Algorithms, Thm. 24.2: a computed FFT of v has a 2-norm error
+        <= eta log2(n) |F v|_2 with eta ~ 6.7 u): with F the unnormalised DFT of size
+        n = prod(n_fft), y = F^-1 (F t . F x). The error of F x, times the spectrum F t, is
+        <= |F t|_inf eta log2(n) sqrt(n) |x|_2; that of the spectrum F t (computed in float64 and
+        rounded to the transforms' dtype) is entrywise <= eta log2(n) |t|_1 + u |F t|_inf, times
+        |F x|_2 = sqrt(n) |x|_2; the inverse adds eta log2(n) |F t|_inf |x|_2 and the spectral
+        product 3 u. The inverse's 1/n sqrt(n) brings all back to |y_err|_2 <= (3 eta log2 n + 4 u)
+        |t|_1 |x|_2, using |F t|_inf <= |t|_1 (equal for a nonnegative table), and the 2-norm bounds
+        every entry. C = 24 >= 3 x 6.7 + 4 covers it; mixed-radix passes (3, 5) count as log2 3,
+        log2 5 levels. The bound is rigorous to first order and normwise: it cannot be made relative
+        to the entry (the FFT spreads the error of the large entries over every output). A CLS token
+        adds the pairwise-summation error of the column sum, (log2 N + 32) u |x_col|_1. The final
+        cast to x's dtype (float32 after float64 transforms) is a relative error of that dtype per
+        entry, which does not cancel for nonnegative tables and features and is the driver's
+        relative floor's business otherwise; it is not included. The norms are taken in float64
+        (a float32 sum of squares of features above ~1.8e19 would overflow) and the bound is
+        returned in the compute dtype: it is C u log2(n) sqrt(N) <= 1e-8 (float64 transforms) times
+        the largest |t|_1 max|x| a product entry can reach, so it overflows only where that does.
         """
-        u = torch.finfo(x.dtype).eps / 2
-        size = math.log2(max(2, math.prod(self.n_fft)))
-        tnorm = float(torch.linalg.vector_norm(self.table.detach().double()))
-        bound = _ROUNDOFF_C * u * size * tnorm * torch.linalg.vector_norm(x.detach(), dim=-2, dtype=torch.float64)
-        # The bound fits the compute dtype (returned in it: no float64 temporaries in attend). It is
-        # |table|_2 |x_col|_2 times C u log2(n_fft) <= 8 * 2^-11 * 64 < 1 (u <= float16's), and
-        # |table|_2 |x_col|_2 <= |table|_1 |x_col|_1, the zero-frequency term of the product's
-        # spectrum for the nonnegative tables and features the guard must accept, which the
-        # transform itself forms in that dtype. A bound beyond the dtype's range (inf) thus comes
-        # with an overflowed product, where the guard refusing is right.
+        xd = x.detach()
+        u = torch.finfo(self._work_dtype(x.dtype)).eps / 2
+        levels = math.log2(max(2, math.prod(self.n_fft)))
+        t1 = float(torch.linalg.vector_norm(self.table.detach().double(), ord=1))
+        bound = _ROUNDOFF_C * u * levels * t1 * torch.linalg.vector_norm(xd, dim=-2, dtype=torch.float64)
+        if self.cls_token:
+            bound = bound + (math.log2(self.n) + 32) * u * xd.abs().sum(-2, dtype=torch.float64)
         return bound.to(compute_dtype(x.dtype))
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of Algorithm 1: D1 = M [vec(phi_k v^T)], D2 = M phi_k.
 
         The m d + m columns go through batched transforms in feature blocks of about
-        ``max_chunk_bytes`` of token-domain data each (the whole of D1 at once would be
-        O(N m d) memory: 1.1 GiB at N = 2^20, m = d = 16 in float32, times the copies), through
-        fast.algebra.masked_products: under autograd only phi_q, phi_k, v are saved and the blocks
-        are transformed again in backward, one at a time; a learnable table gets its gradient.
-        Raises DenominatorError where |den_i| is within the FFT round-off bound of zero (a
-        vanishing or sign-flipped denominator: M or phi not positive, or round-off at the scale
-        of the largest terms), rather than dividing by noise.
+        ``max_chunk_bytes`` of token-domain data (in the transforms' dtype) each (the whole of D1
+        at once would be O(N m d) memory: 1.1 GiB at N = 2^20, m = d = 16 in float32, times the
+        copies), through fast.algebra.masked_products: under autograd only phi_q, phi_k, v are
+        saved and the blocks are transformed again in backward, one at a time; a learnable table
+        gets its gradient. The denominators are guarded by the driver (fast.masked_linear_attention),
+        which reads ``nonnegative``, ``abs_matmul`` and ``roundoff_bound``.
         """
-        per_feature = math.prod(v.shape) * v.element_size()  # one feature's d columns over all tokens
-        num, den = masked_products(phi_q, phi_k, v, self, max(1, self.max_chunk_bytes // max(1, per_feature)))
-        with torch.no_grad():  # a test, not part of the output: nothing saved for backward
-            floor = (phi_q.abs() @ self.roundoff_bound(phi_k).unsqueeze(-1)).squeeze(-1)  # no (..., N, m) temporary
-            bad = den.abs() <= floor
-        if bool(bad.any()):
-            raise DenominatorError(
-                f"attention denominator within FFT round-off of zero at {int(bad.sum())} of {den.numel()} queries "
-                f"({'the mask or the features are not positive' if not self.nonnegative else 'round-off dominates'}; "
-                "use a positive table, e.g. from_log_table, or float64)")
-        return num, den
+        work_size = torch.empty((), dtype=self._work_dtype(v.dtype)).element_size()
+        per_feature = math.prod(v.shape) * work_size  # one feature's d columns over all tokens
+        return masked_products(phi_q, phi_k, v, self, max(1, self.max_chunk_bytes // max(1, per_feature)))
 
 
 class ToeplitzMask(BlockToeplitzMask):
     """1-D relative-position mask M_ij = xi(i - j): coeffs (2N - 1,) over offsets -(N-1)..N-1.
 
     Asymmetric xi allowed; xi = 0 on negative offsets (keys after the query) is a causal RPE.
+    Keywords as BlockToeplitzMask (cls_token, n, max_chunk_bytes, transform_dtype).
     """
 
     _TABLE_NAME = "coeffs"
@@ -288,13 +455,12 @@ class ToeplitzMask(BlockToeplitzMask):
     @classmethod
     def from_function(cls, f: Callable[[torch.Tensor], torch.Tensor], n: int, *, causal: bool = False,
                       dtype: torch.dtype = torch.float32, device=None, **kw) -> "ToeplitzMask":
-        """M_ij = f(|i - j|) (f maps a ``dtype`` tensor of distances to values); causal=True zeroes keys j > i."""
+        """M_ij = f(|i - j|): f maps a ``dtype`` tensor of the 2n - 1 distances |offset| to values of
+        that shape (or a scalar), real and finite; causal=True zeroes keys j > i. n: a positive int."""
         n = check_positive_int("n", n)
+        _check_float_dtype("dtype", dtype)
         offsets = torch.arange(-(n - 1), n, device=device)
-        values = f(offsets.abs().to(dtype))
-        if not isinstance(values, torch.Tensor):
-            values = torch.as_tensor(values, device=device)
-        values = values.to(dtype).expand(offsets.shape)
+        values = _values_of(f, offsets.abs().to(dtype), "distances |i - j|", dtype)
         if causal:
             values = torch.where(offsets < 0, torch.zeros_like(values), values)
         return cls(values, **kw)

@@ -139,7 +139,7 @@ def test_rejects_n_not_a_power_of_two(n):
 
 
 @pytest.mark.parametrize("lam", [0.0, -1.0, math.inf, -math.inf, math.nan, True, "0.5",
-                                 torch.tensor(0.0), torch.tensor(math.inf), torch.tensor([0.5, 0.5]), torch.tensor(1)])
+                                 torch.tensor(0.0), torch.tensor(math.inf), torch.tensor([0.5, 0.5]), torch.tensor(0)])
 def test_rejects_bad_lambda(lam):
     with pytest.raises(ValueError, match="lam"):
         HypercubeDiffusionMask(8, lam)
@@ -168,3 +168,29 @@ def test_attention_backward_with_a_learnable_lambda_at_one_node():
     masked_linear_attention(phi_q, phi_k, v, HypercubeDiffusionMask(1, lam)).sum().backward()
     assert lam.grad is None
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (phi_q, phi_k, v))
+
+
+def test_integer_and_zero_dim_lambdas_are_accepted():
+    """A 0-d integer tensor or NumPy array is a diffusion time like the Python number it holds."""
+    x = randn((8, 2), gen(4))
+    expected = HypercubeDiffusionMask(8, 1.0).matmul(x)
+    for lam in (torch.tensor(1), np.array(1.0), np.int64(1)):
+        torch.testing.assert_close(HypercubeDiffusionMask(8, lam).matmul(x), expected, rtol=0, atol=0)
+
+
+def test_nonnegative_and_abs_matmul_follow_the_sign_of_tanh_lambda():
+    """Entries t^dist with t = tanh(lam): >= 0 for lam >= 0. A learnable lam changed in place to a
+    negative value makes odd-distance entries negative; nonnegative reads the current lam, and
+    abs_matmul is the product with |t|^dist = |M|."""
+    lam = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    mask = HypercubeDiffusionMask(16, lam)
+    x = randn((16, 3), gen(5))
+    dense = torch.as_tensor(_dense_rows(np.arange(16), 16, math.tanh(0.4)))
+    assert mask.nonnegative and bool((dense >= 0).all())
+    torch.testing.assert_close(mask.abs_matmul(x), dense @ x, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        lam.mul_(-1.0)
+    dense = torch.as_tensor(_dense_rows(np.arange(16), 16, math.tanh(-0.4)))
+    assert not mask.nonnegative and bool((dense < 0).any())
+    torch.testing.assert_close(mask.matmul(x), dense @ x, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mask.abs_matmul(x), dense.abs() @ x, rtol=1e-12, atol=1e-12)

@@ -116,3 +116,40 @@ def test_dtype_is_kept(dtype):
 def test_bad_input_is_refused_naming_the_argument(make, exc, match):
     with pytest.raises(exc, match=match):
         make()
+
+
+def test_abs_matmul_bounds_the_mask_entrywise():
+    """abs_matmul(x) = |left| (|right| x): the product with B = |left| |right| >= |M| (contract C1)."""
+    g = gen(6)
+    left, right = randn((2, 7, 3), g), randn((2, 3, 7), g)
+    mask = LowRankMask(left, right)
+    assert not mask.nonnegative
+    x = torch.rand(2, 7, 4, generator=g, dtype=torch.float64)
+    b = left.abs() @ right.abs()
+    assert bool((b >= (left @ right).abs()).all())
+    assert_unchanged(mask.abs_matmul(x), b @ x, rtol=1e-12)
+    assert mask.abs_matmul(x.float()).dtype == torch.float32
+
+
+def test_nonnegative_is_read_from_the_current_factors():
+    left, right = torch.ones(4, 2), torch.ones(2, 4)
+    mask = LowRankMask(left, right)
+    assert mask.nonnegative
+    right.data[0, 0] = -1.0
+    assert not mask.nonnegative
+
+
+def test_cancelling_low_rank_denominator_is_refused():
+    """Row 0 of M = left right is (-0.2, 0, 0.2): (M 1)_0 = 0 exactly, but the computed
+    left (right 1) is 0.6 - 0.6 in floating point, round-off that does not vanish. The guard
+    sees the size of the terms through abs_matmul and refuses den_0 instead of dividing by it."""
+    from fast import DenominatorError
+
+    left = torch.tensor([[1.0, -1.0], [1.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
+    right = torch.tensor([[0.1, 0.2, 0.3], [0.3, 0.2, 0.1]], dtype=torch.float64)
+    ones = torch.ones(3, 1, dtype=torch.float64)
+    mask = LowRankMask(left, right)
+    den0 = float(mask.matmul(ones)[0, 0])
+    assert den0 != 0.0 and abs(den0) < 1e-15  # pure round-off: an exact-zero test would divide by it
+    with pytest.raises(DenominatorError, match="round-off"):
+        masked_linear_attention(ones, ones, randn((3, 2), gen(7)), mask)

@@ -1,9 +1,11 @@
 """fast/masks/toeplitz.py: the FFT operators equal the dense reference masks, exactly up to round-off.
 
 The dense side is reference/masks/toeplitz.py (itself tested against coordinate loops). FFT
-convolution has a normwise error bound |fl(M x) - M x|_inf <= C u log2(n_fft) |table|_2 |x_col|_2
-(Higham Sec. 24.1), so comparisons scale by those norms: float64 to 1e-12, float32 to 1e-5
-(u = 1.1e-16 / 6e-8 times log2(n_fft) <= ~12 times a small constant, with a wide margin).
+convolution has a normwise error bound |fl(M x) - M x|_inf <= C u log2(n_fft) |table|_1 |x_col|_2
+(Higham Sec. 24.1; BlockToeplitzMask.roundoff_bound), so comparisons scale by such norms (with
+|table|_2 <= |table|_1, the tighter side): float64 to 1e-12, float32 to 1e-5 (u = 1.1e-16 / 6e-8
+times log2(n_fft) <= ~12 times a small constant, with a wide margin; float32 inputs transform in
+float64 by default, so their error is mostly the final rounding to float32).
 """
 from __future__ import annotations
 
@@ -222,32 +224,101 @@ def test_nonnegative_flag():
     assert not ToeplitzMask(torch.tensor([0.0, 1.0, -1e-30])).nonnegative
 
 
-# -------------------------------------------------------------------------- spectrum cache
+# ------------------------------------------------------------------- never a stale spectrum
 
 
-def test_spectrum_is_cached_per_device_and_dtype():
-    """Computed once per (device, dtype): later calls return one cached tensor (the first call's
-    result shares its storage: the cache holds its detached view)."""
-    mask = ToeplitzMask(torch.rand(9, generator=gen(0), dtype=torch.float64))
-    first = mask.spectrum(torch.device("cpu"), torch.float64)
-    s64 = mask.spectrum(torch.device("cpu"), torch.float64)
-    assert mask.spectrum("cpu", torch.float64) is s64 and s64.data_ptr() == first.data_ptr()
-    mask.matmul(torch.ones(5, 1, dtype=torch.float64))
-    assert mask.spectrum(torch.device("cpu"), torch.float64) is s64  # matmul used the cache too
-    s32 = mask.spectrum(torch.device("cpu"), torch.float32)
-    assert s32.dtype == torch.complex64 and s64.dtype == torch.complex128
-    assert mask.spectrum(torch.device("cpu"), torch.float32) is mask.spectrum(torch.device("cpu"), torch.float32)
-    assert {key[:2] for key in mask._spectra} == {("cpu", torch.float64), ("cpu", torch.float32)}
-    assert s64.shape == (mask.n_fft[0] // 2 + 1,)
+def _dense_now(mask):
+    return _dense(mask.grid_shape, mask.table.detach(), mask.cls_token)
 
 
-def test_spectrum_of_a_learnable_table_is_recomputed_and_carries_grad():
+def _change_in_place(table, how):
+    """Double the table in place without moving its version counter (``.data``, inference mode)
+    or through an ordinary in-place op (under no_grad, as an optimiser step does)."""
+    if how == "data":
+        table.data.mul_(2.0)
+    elif how == "inference_mode":
+        with torch.inference_mode():
+            table.mul_(2.0)
+    else:
+        with torch.no_grad():
+            table.mul_(2.0)
+
+
+@pytest.mark.parametrize("how", ["data", "inference_mode", "no_grad"])
+@pytest.mark.parametrize("shape, cls_token", [((6,), False), ((3, 4), True), ((2, 3, 2), False)])
+def test_products_follow_in_place_changes_of_the_table(how, shape, cls_token):
+    """``op.matmul(x); c.data.mul_(2); op.matmul(x)`` used to return the old product (a cached
+    spectrum keyed on the version counter, which ``.data`` and inference mode bypass)."""
+    g = gen(21)
+    if how == "inference_mode":
+        with torch.inference_mode():  # an inference tensor can only be changed in inference mode
+            table = _table(shape, g)
+    else:
+        table = _table(shape, g)
+    mask = BlockToeplitzMask(shape, table, cls_token=cls_token)
+    x = randn((2, mask.n, 3), g)
+    before = [mask.matmul(x), mask.rmatmul(x), mask.transposed().matmul(x), mask.abs_matmul(x)]
+    _change_in_place(table, how)
+    dense = _dense_now(mask)
+    after = [mask.matmul(x), mask.rmatmul(x), mask.transposed().matmul(x), mask.abs_matmul(x)]
+    for got, was, expected in zip(after, before, [dense @ x, dense.T @ x, dense.T @ x, dense.abs() @ x]):
+        assert not torch.allclose(got, was)  # the change is visible (it doubles the grid part)
+        assert_unchanged(got, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["data", "inference_mode"])
+def test_toeplitz_attention_follows_in_place_changes(how):
+    g = gen(22)
+    n = 9
+    if how == "inference_mode":
+        with torch.inference_mode():
+            coeffs = torch.rand(2 * n - 1, generator=g, dtype=torch.float64) + 0.1
+    else:
+        coeffs = torch.rand(2 * n - 1, generator=g, dtype=torch.float64) + 0.1
+    mask = ToeplitzMask(coeffs)
+    pq, pk, v = positive((n, 3), g), positive((n, 3), g), randn((n, 2), g)
+    masked_linear_attention(pq, pk, v, mask)
+    if how == "data":
+        coeffs.data[: n - 1] = 0.0  # a non-uniform change: the attention output moves
+    else:
+        with torch.inference_mode():
+            coeffs[: n - 1] = 0.0
+    out = masked_linear_attention(pq, pk, v, mask)
+    expected = masked_kernel_attention(np_(pq), np_(pk), np_(v), toeplitz_mask(np_(coeffs)))
+    assert rel_frobenius(out, expected) <= 1e-12
+    assert mask.nonnegative
+
+
+def test_nonnegative_is_read_from_the_current_table():
+    coeffs = torch.ones(5)
+    mask = ToeplitzMask(coeffs)
+    assert mask.nonnegative
+    coeffs.data[0] = -1.0
+    assert not mask.nonnegative
+
+
+def test_spectrum_is_the_current_tables_and_carries_grad_of_a_learnable_table():
     table = torch.rand(3, 5, generator=gen(1), dtype=torch.float64, requires_grad=True)
     mask = BlockToeplitzMask((2, 3), table)
     s1 = mask.spectrum(torch.device("cpu"), torch.float64)
+    assert s1.requires_grad and s1.dtype == torch.complex128 and s1.shape == (mask.n_fft[0], mask.n_fft[1] // 2 + 1)
+    assert mask.spectrum("cpu", torch.float32).dtype == torch.complex64
+    with torch.no_grad():
+        table.mul_(3.0)
     s2 = mask.spectrum(torch.device("cpu"), torch.float64)
-    assert s1 is not s2 and s1.requires_grad
-    assert mask._spectra == {}
+    torch.testing.assert_close(s2, 3.0 * s1.detach(), rtol=1e-13, atol=1e-13)
+
+
+def test_rmatmul_is_the_transpose_and_transposed_is_a_copy():
+    g = gen(23)
+    shape = (3, 4)
+    mask = BlockToeplitzMask(shape, _table(shape, g), cls_token=True)
+    x = randn((mask.n, 2), g)
+    dense = _dense_now(mask)
+    assert_unchanged(mask.rmatmul(x), dense.T @ x, rtol=1e-12)
+    t = mask.transposed()
+    assert t is not mask.transposed()  # built afresh: nothing cached
+    assert_unchanged(t.matmul(x), dense.T @ x, rtol=1e-12)
 
 
 @pytest.mark.parametrize("which", ["from_function", "from_distance"])
@@ -345,6 +416,8 @@ def test_attention_float32_and_favor_features():
 
 
 # ----------------------------------------------------------------------- denominator guard
+# The driver (fast.masked_linear_attention) guards the division; the operator gives it
+# ``nonnegative``, ``abs_matmul`` and ``roundoff_bound`` (contract C1/C2 of fast.masks.base).
 
 
 def test_exactly_zero_denominator_raises():
@@ -352,17 +425,19 @@ def test_exactly_zero_denominator_raises():
     mask = ToeplitzMask(torch.tensor([-1.0, 1.0, 1.0], dtype=torch.float64))
     assert not mask.nonnegative
     ones = torch.ones(2, 1, dtype=torch.float64)
-    with pytest.raises(DenominatorError, match="not positive"):
+    with pytest.raises(DenominatorError, match="round-off|zero"):
         masked_linear_attention(ones, ones, randn((2, 3), gen(0)), mask)
 
 
 @pytest.mark.parametrize("n", [3, 5, 16, 37])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_nearly_zero_denominator_raises_never_nan(n, dtype):
+def test_cancelling_denominator_raises_never_nan(n, dtype):
+    """Row 0 sums xi(0), xi(-1), ..., xi(-(N-1)) = coeffs[N-1], ..., coeffs[0]: dyadic coefficients
+    (exact in both dtypes) whose sum is exactly 0, so the computed den_0 is pure round-off."""
     g = gen(n)
-    coeffs = torch.rand(2 * n - 1, generator=g, dtype=torch.float64) + 0.5
-    coeffs[0] = -coeffs[1:n].sum()  # row 0 sums xi(0), xi(-1), ..., xi(-(N-1)) = coeffs[N-1], ..., coeffs[0]
-    mask = ToeplitzMask(coeffs.to(dtype), cls_token=False)
+    coeffs = (torch.randint(16, 64, (2 * n - 1,), generator=g) / 64.0).to(torch.float64)
+    coeffs[0] = -coeffs[1:n].sum()
+    mask = ToeplitzMask(coeffs.to(dtype))
     ones = torch.ones(2, n, 1, dtype=dtype)
     with pytest.raises(DenominatorError):
         masked_linear_attention(ones, ones, randn((2, n, 2), g, dtype=dtype), mask)
@@ -387,6 +462,130 @@ def test_positive_mask_never_raises(shape, seed, scale, dtype):
     out = masked_linear_attention(positive((n, 3), g, dtype, scale), positive((n, 3), g, dtype, scale),
                                   randn((n, 2), g, dtype), mask)
     assert bool(torch.isfinite(out).all())
+
+
+def _favor_draw(std, seed, n=256, d=64, m=128):
+    """float32 q, k (entries of std ``std``), v, and a Gaussian projection W (m, d)."""
+    g = gen(seed)
+    q, k = std * torch.randn(n, d, generator=g), std * torch.randn(n, d, generator=g)
+    v = torch.randn(n, d, generator=g)
+    return q, k, v, fast.gaussian_projection(m, d, generator=g)
+
+
+@pytest.mark.parametrize("std, seed", [(2.0, 1), (3.0, 0), (3.0, 1), (3.0, 2)])
+def test_realistic_float32_favor_attention_is_accepted_and_accurate(std, seed):
+    """d = 64, N = 256, q, k entries of std 2 and 3 with exp(-|i - j| / 10): these draws were
+    refused (DenominatorError at 1 to 3 of 256 queries) when the transforms ran in float32,
+    whose normwise round-off (~6e-8 of the column's largest key) swamped the denominators of
+    queries that see only small keys. float64 transforms: every row within 1e-3 relative of the
+    float64 run of the same estimator (same projection, inputs converted exactly)."""
+    n = 256
+    q, k, v, w = _favor_draw(std, seed, n)
+    mask32 = ToeplitzMask.from_function(lambda r: torch.exp(-0.1 * r), n)
+    out = fast.favor_attention(q, k, v, w, mask32)
+    assert out.dtype == torch.float32
+    mask64 = ToeplitzMask.from_function(lambda r: torch.exp(-0.1 * r), n, dtype=torch.float64)
+    ref = fast.favor_attention(q.double(), k.double(), v.double(), w.double(), mask64)
+    rel = (out.double() - ref).norm(dim=-1) / ref.norm(dim=-1)
+    assert float(rel.max()) <= 1e-3, float(rel.max())
+
+
+def test_float32_transforms_are_still_available_and_bounded():
+    """transform_dtype=torch.float32: the float32 transforms, with float32's unit round-off in the bound."""
+    g = gen(24)
+    coeffs = torch.rand(2 * 40 - 1, generator=g) + 0.1
+    fast32 = ToeplitzMask(coeffs, transform_dtype=torch.float32)
+    exact = ToeplitzMask(coeffs)
+    x = torch.rand(40, 3, generator=g)
+    assert fast32.transform_dtype == torch.float32 and exact.transform_dtype == torch.float64
+    ratio = fast32.roundoff_bound(x) / exact.roundoff_bound(x)
+    torch.testing.assert_close(ratio, torch.full((3,), 2.0**29), rtol=1e-5, atol=0)  # u32 / u64
+    dense = torch.as_tensor(toeplitz_mask(np_(coeffs)))
+    assert_fft_close(fast32.matmul(x), dense, coeffs, x)
+    # float64 inputs transform in float64 whatever transform_dtype says
+    x64 = x.double()
+    assert_unchanged(fast32.matmul(x64), dense @ x64, rtol=1e-13)
+
+
+def _spiky(n, c, g, dtype):
+    """Columns of 10^(-30..0) magnitudes: a few large entries and many tiny ones (FAVOR+ keys)."""
+    return torch.pow(10.0, -30 * torch.rand(n, c, generator=g, dtype=torch.float64)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype, transform", [(torch.float64, torch.float64), (torch.float32, torch.float64),
+                                              (torch.float32, torch.float32)])
+@pytest.mark.parametrize("shape, cls_token, signed", [((50,), False, False), ((50,), False, True),
+                                                      ((6, 7), True, False), ((3, 4, 5), False, True)])
+def test_roundoff_bound_covers_the_error(dtype, transform, shape, cls_token, signed):
+    """|fl(M x) - M x| <= roundoff_bound(x) (per column) + the final rounding to x's dtype
+    (u |M x| entrywise), with M x from a dense float64 product of the same (exact) inputs."""
+    g = gen(25)
+    table = (randn if signed else lambda sh, g: torch.rand(*sh, generator=g, dtype=torch.float64))(
+        tuple(2 * s - 1 for s in shape), g)
+    mask = BlockToeplitzMask(shape, table.to(dtype), cls_token=cls_token, transform_dtype=transform)
+    x = _spiky(mask.n, 4, g, dtype)
+    dense = _dense(shape, table.to(dtype), cls_token)
+    exact = dense @ x.double()
+    err = (mask.matmul(x).double() - exact).abs()
+    allowed = mask.roundoff_bound(x).double().unsqueeze(-2) + torch.finfo(dtype).eps * exact.abs()
+    assert bool((err <= allowed).all())
+    assert mask.roundoff_bound(x).dtype == dtype and mask.roundoff_bound(x).shape == (4,)
+    # the bound is not vacuous: within ~1e5 of the observed normwise error of the transforms
+    if transform == torch.float64:
+        assert float(mask.roundoff_bound(x).double().max()) <= 1e-9 * float(exact.abs().max())
+
+
+# ---------------------------------------------------------------------- rows that see no key
+
+
+def test_rows_that_see_no_key_are_exactly_zero_with_the_full_gradient():
+    """Strictly causal table (xi(delta) = 0 for delta <= 0): row 0 of M sees no key, its product is
+    exactly 0 (not FFT noise); d(row)/d(table) still reaches the zero entries (a learnable table)."""
+    n = 6
+    coeffs = torch.cat([torch.zeros(n, dtype=torch.float64),
+                        torch.rand(n - 1, generator=gen(26), dtype=torch.float64) + 0.5])
+    mask = ToeplitzMask(coeffs)
+    x = torch.rand(2, n, 3, generator=gen(27), dtype=torch.float64) + 1.0
+    out = mask.matmul(x)
+    assert bool((out[..., 0, :] == 0).all()) and bool((out[..., 1:, :] != 0).all())
+    assert bool((mask.rmatmul(x)[..., n - 1, :] == 0).all())  # the last column of M is empty
+    assert bool((mask.matmul(x.float())[..., 0, :] == 0).all())
+    learn = coeffs.clone().requires_grad_()
+    got = torch.autograd.grad(ToeplitzMask(learn).matmul(x).sum(), learn)[0]
+    ref_learn = learn.detach().clone().requires_grad_()
+    dense = torch.stack([torch.stack([ref_learn[i - j + n - 1] for j in range(n)]) for i in range(n)])
+    expected = torch.autograd.grad((dense @ x).sum(), ref_learn)[0]
+    assert_unchanged(got, expected, rtol=1e-12)
+    assert float(expected[n - 1]) != 0  # the gradient of xi(0), a zero entry, is not zero
+
+
+def test_attention_rows_that_see_no_key_follow_the_no_key_policy():
+    n = 6
+    coeffs = torch.cat([torch.zeros(n, dtype=torch.float64),
+                        torch.rand(n - 1, generator=gen(28), dtype=torch.float64) + 0.5])
+    g = gen(29)
+    pq, pk, v = positive((n, 2), g), positive((n, 2), g), randn((n, 3), g)
+    with pytest.raises(DenominatorError, match="no key"):
+        masked_linear_attention(pq, pk, v, ToeplitzMask(coeffs))
+    out = masked_linear_attention(pq, pk, v, ToeplitzMask(coeffs), no_key="zero")
+    assert bool((out[0] == 0).all())
+    dense = toeplitz_mask(np_(coeffs))
+    expected = masked_kernel_attention(np_(pq)[1:], np_(pk), np_(v), dense[1:])
+    assert rel_frobenius(out[1:], expected) <= 1e-12
+
+
+# ------------------------------------------------------------------------- many axes
+
+
+def test_eight_and_more_axes_work():
+    """MKL refuses transforms of 8 or more axes; they go in groups of 3 axes per call."""
+    g = gen(30)
+    for shape in [(2,) * 8, (1, 2, 1, 2, 1, 1, 2, 1, 2)]:
+        table = _table(shape, g)
+        mask = BlockToeplitzMask(shape, table)
+        x = randn((2, mask.n, 2), g)
+        assert_fft_close(mask.matmul(x), _dense(shape, table), table, x)
+        assert_unchanged(mask.rmatmul(x), _dense(shape, table).T @ x, rtol=1e-11)
 
 
 # ------------------------------------------------------------------------------- bad input
@@ -425,7 +624,7 @@ def test_positive_mask_never_raises(shape, seed, scale, dtype):
     (lambda: ToeplitzMask.from_function(lambda d: d * 1.0, 0), ValueError, "n must be a positive integer"),
     (lambda: ToeplitzMask.from_function(lambda d: d * 1.0, True), ValueError, "n must be a positive integer"),
     (lambda: ToeplitzMask.from_function(lambda d: d * 1.0, 2.5), ValueError, "n must be a positive integer"),
-    (lambda: ToeplitzMask.from_function(lambda d: 1.0 / d, 3), ValueError, "coeffs"),  # inf at distance 0
+    (lambda: ToeplitzMask.from_function(lambda d: 1.0 / d, 3), ValueError, "f returned non-finite"),  # inf at 0
 ])
 def test_bad_input_is_refused_naming_the_argument(make, exc, match):
     with pytest.raises(exc, match=match):
