@@ -108,13 +108,14 @@ def _packing_runs_init(self, segment_ids):
 
 
 def _spectrum(self, device, dtype, *, versioned=True, detach=False):
-    """BlockToeplitzMask.spectrum with a switch for each planted bug: versioned=False keys the cache
-    without the table's version (stale after an in-place update); detach=True cuts the table from
-    the graph (a learnable table gets no gradient)."""
+    """BlockToeplitzMask.spectrum with a cache (the real one has none: it recomputes) and a switch for
+    each planted bug: versioned=False keys the cache without the table's version (stale after an
+    in-place update); detach=True cuts the table from the graph (a learnable table gets no gradient)."""
+    cache = self.__dict__.setdefault("_planted_spectra", {})
     learnable = self.table.requires_grad and torch.is_grad_enabled()
-    key = (str(device), dtype, fast_toeplitz._version(self.table) if versioned else 0)
-    if not learnable and key in self._spectra:
-        return self._spectra[key]
+    key = (str(device), dtype, self.table._version if versioned else 0)
+    if not learnable and key in cache:
+        return cache[key]
     t = (self.table.detach() if detach else self.table).to(device=device, dtype=dtype)
     pad = []
     for w, nf in zip(reversed(t.shape), reversed(self.n_fft)):
@@ -123,7 +124,7 @@ def _spectrum(self, device, dtype, *, versioned=True, detach=False):
     first_col = torch.roll(first_col, shifts=[-(n - 1) for n in self.grid_shape], dims=list(range(len(self.n_fft))))
     spec = torch.fft.rfftn(first_col, s=self.n_fft)
     if not learnable:
-        self._spectra[key] = spec.detach()
+        cache[key] = spec.detach()
     return spec
 
 

@@ -112,23 +112,23 @@ def test_passes_on_the_real_code(mech_id):
 # ------------------------------------------------------------------------------ planted guards
 
 
-def _unguarded(num, den):
+def _unguarded(num, den, **_):  # the real divide also takes floor, no_key, policy
     return num / den.unsqueeze(-1)
 
 
-def _absolute(num, den):
+def _absolute(num, den, **_):
     if bool(((den == 0) | ~torch.isfinite(den) | (den.abs() < 1e-12)).any()):
         raise DenominatorError("den < 1e-12")
     return num / den.unsqueeze(-1)
 
 
-def _epsilon(num, den):
+def _epsilon(num, den, **_):
     if bool(((den == 0) | ~torch.isfinite(den)).any()):
         raise DenominatorError("den vanished")
     return num / (den + 1e-6).unsqueeze(-1)
 
 
-def _batch_relative(num, den):
+def _batch_relative(num, den, **_):
     if bool(((den == 0) | ~torch.isfinite(den) | (den.abs() < 1e-30 * den.abs().max())).any()):
         raise DenominatorError("den small relative to the batch's largest")
     return num / den.unsqueeze(-1)
@@ -162,7 +162,7 @@ def test_an_eager_guard_fails_the_silent_cases(monkeypatch, bug):
 
 def test_a_guard_that_raises_a_plain_error_fails_the_fire_case(monkeypatch):
     """A vanished den must be a DenominatorError (callers catch it by type), not any exception."""
-    def wrong_type(num, den):
+    def wrong_type(num, den, **_):
         if bool(((den == 0) | ~torch.isfinite(den)).any()):
             raise ZeroDivisionError("den")
         return num / den.unsqueeze(-1)
