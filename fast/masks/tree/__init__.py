@@ -11,8 +11,12 @@ One data structure and three algorithms, a module each:
                        of a SeparatorPlan (Lemma 6.1)
     select.py          tree_mask_operator: Lemma 6.2 or 6.1 by the diameter (Cor. 6.4)
 
-Entries between different trees of a forest are 0. The token input of every ``matmul`` is
-checked by fast.validation.check_tokens, as on the Toeplitz and generic paths.
+Entries between different trees of a forest are 0, so a query sees the keys of its own tree
+only: every tree mask's ``key_stabilizer`` is the max over each tree's keys
+(``Forest.key_stabilizer``), exact as trees never mix, and a quiet tree is never underflowed
+by a loud one. ``nonnegative``: TreeExpMask always; TreeDiamMask and TreeDCMask when f >= 0
+(read from f at each call). The token input of every ``matmul`` is checked by
+fast.validation.check_tokens, as on the Toeplitz and generic paths.
 """
 from fast.masks.tree.diam import TreeDiamMask
 from fast.masks.tree.exp import TreeExpMask

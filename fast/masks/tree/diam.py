@@ -62,13 +62,32 @@ class TreeDiamMask(SymmetricMaskOperator):
                 for k, lo, hi in f.levels()[1:]]
         return self._local_parents[key]
 
+    @property
+    def nonnegative(self) -> bool:
+        """True when f >= 0 (then every entry f(dist) is; entries between trees are 0). Read from
+        f at each call, so an in-place change of a learnable f is followed."""
+        return bool((self.f.detach() >= 0).all())
+
+    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-tree max of the FAVOR+ key exponents z (..., n, m) -> (..., n, 1) (Forest.key_stabilizer)."""
+        return self.forest.key_stabilizer(z)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the depths, O(n diam c) work."""
+        return self._product(x, self.f)
+
+    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """B @ x with B_ij = |f|(dist(i, j)) >= |M_ij| (0 across trees): the same product with |f|
+        (fast.masks.base: the guard's scale of the terms a denominator sums when f has both signs)."""
+        return self._product(x, self.f.detach().abs())
+
+    def _product(self, x: torch.Tensor, f_table: torch.Tensor) -> torch.Tensor:
+        """M @ x for the table f_table (n,) in place of f."""
         check_tokens("x", x, self.n)
         out_dtype, work = x.dtype, compute_dtype(x.dtype)
         lead, c = x.shape[:-2], x.shape[-1]
         xs = self.forest.to_level_order(x.to(work).reshape(-1, self.n, c))  # (B, n, c) in level order
-        f = self.f.to(device=x.device, dtype=work)
+        f = f_table.to(device=x.device, dtype=work)
         f = torch.nn.functional.pad(f, (0, max(0, 2 * self.height + 1 - self.n)))  # f(l) = 0 past n - 1
         per_col = xs.shape[0] * self.elems_per_column * xs.element_size()
         step = max(1, self.max_chunk_bytes // per_col)

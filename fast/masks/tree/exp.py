@@ -14,6 +14,7 @@ import numbers
 import numpy as np
 import torch
 
+from fast.algebra import default_block_cols, features_per_block, masked_products
 from fast.masks.base import SymmetricMaskOperator
 from fast.masks.tree.forest import Forest, check_forest
 from fast.validation import check_tokens, compute_dtype
@@ -25,16 +26,32 @@ class TreeExpMask(SymmetricMaskOperator):
     a, b: real numbers. a < 0 (decay with distance) is the stable case. For a > 0 the recursion
     multiplies by e^{a w} going down and subtracts (1 - e^{2 a w}) s_i: relative round-off grows
     like exp(2 a H) (H the weighted height), and e^{a H} overflows for large a H. The operator
-    refuses a > 0 when u exp(2 a H) > ``max_amplified_roundoff`` (default 1e-6, u the unit
-    round-off of float64; float32 inputs are computed in float64 then) rather than return noise.
+    refuses a > 0 when u exp(2 a H) > ``max_amplified_roundoff`` (a positive number, default
+    1e-6, u the unit round-off of float64; float32 inputs are computed in float64 then) rather
+    than return noise.
+
+    b only scales every entry by e^b. ``matmul`` returns M x itself: it applies e^b last, so the
+    result is inf only where M x itself overflows the dtype (e^b alone overflows float64 from
+    b ~ 709.8, float32 from b ~ 88.7). ``attend`` (what masked_linear_attention and
+    favor_attention use) leaves e^b out altogether: it cancels in num / den, so attention works
+    for every finite b.
     """
+
+    #: exp(...) > 0: every entry is positive (between trees 0).
+    nonnegative = True
 
     def __init__(self, forest: Forest, a: float, b: float = 0.0, *, max_amplified_roundoff: float = 1e-6):
         check_forest(forest)
-        for name, val in (("a", a), ("b", b)):
-            if isinstance(val, bool) or not isinstance(val, numbers.Real) or not math.isfinite(val):
+        for name, val in (("a", a), ("b", b), ("max_amplified_roundoff", max_amplified_roundoff)):
+            if isinstance(val, bool) or not isinstance(val, numbers.Real):
+                raise TypeError(f"{name} must be a finite real number, got {type(val).__name__} {val!r:.60}")
+            if not math.isfinite(val):
                 raise ValueError(f"{name} must be a finite real number, got {val!r}")
+        if not max_amplified_roundoff > 0:
+            raise ValueError(f"max_amplified_roundoff must be a positive number (the largest accepted relative "
+                             f"round-off u exp(2 a H) for a > 0), got {max_amplified_roundoff!r}")
         self.forest, self.a, self.b = forest, float(a), float(b)
+        self.max_amplified_roundoff = float(max_amplified_roundoff)
         self.n = forest.n
         amplification = 2 * self.a * forest.weighted_height
         if self.a > 0 and amplification + math.log(np.finfo(np.float64).eps / 2) > math.log(max_amplified_roundoff):
@@ -45,6 +62,10 @@ class TreeExpMask(SymmetricMaskOperator):
         self._factors: dict = {}
         # a > 0 needs float64 even for float32 inputs (see the class docstring)
         self._min_dtype = torch.float64 if self.a > 0 else None
+
+    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-tree max of the FAVOR+ key exponents z (..., n, m) -> (..., n, 1) (Forest.key_stabilizer)."""
+        return self.forest.key_stabilizer(z)
 
     def _edge_factors(self, device, dtype):
         key = (str(device), dtype)
@@ -62,7 +83,7 @@ class TreeExpMask(SymmetricMaskOperator):
         f = self.forest
         parent_pos = f.tensors(x.device)["parent_pos"]
         down, keep = self._edge_factors(x.device, work)
-        s = f.to_level_order(x.to(work)) * math.exp(self.b)  # phase I starts from e^b x_i
+        s = f.to_level_order(x.to(work))  # phase I on x; e^b is applied last
         levels = f.levels()
         for _, lo, hi in reversed(levels[1:]):  # deepest level first: children into parents
             s.index_add_(-2, parent_pos[lo:hi], s[..., lo:hi, :] * down[lo:hi])
@@ -71,4 +92,41 @@ class TreeExpMask(SymmetricMaskOperator):
         w[..., lo0:hi0, :] = s[..., lo0:hi0, :]  # roots: their subtree is their tree
         for _, lo, hi in levels[1:]:
             w[..., lo:hi, :] = down[lo:hi] * w.index_select(-2, parent_pos[lo:hi]) + keep[lo:hi] * s[..., lo:hi, :]
+        if abs(self.b) <= 80.0:  # e^b last; it fits every compute dtype (float32 to e^88.7)
+            w = w * math.exp(self.b) if self.b != 0.0 else w
+        else:  # inf (or 0) only where M x itself overflows (underflows)
+            w = _times_exp(w, self.b)
         return f.from_level_order(w).to(out_dtype)
+
+    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num (..., N, d), den (..., N)) of Algorithm 1 for exp(a dist) (b left out), i.e. the
+        products of M times the one positive constant e^-b, which cancels in num / den.
+
+        phi_q, phi_k: (..., N, m); v: (..., N, d). The generic blocked path
+        (fast.algebra.masked_products: memory-lean backward through rmatmul = matmul) with the
+        default block size, on the operator with b = 0, so that no b overflows or underflows.
+        """
+        unit = self if self.b == 0.0 else self._without_b()
+        return masked_products(phi_q, phi_k, v, unit, features_per_block(default_block_cols(v), v.shape[-1]))
+
+    def _without_b(self) -> "TreeExpMask":
+        """This mask with b = 0 (same forest, a and cached factors), built once."""
+        if getattr(self, "_unit", None) is None:
+            unit = object.__new__(TreeExpMask)
+            unit.__dict__.update(self.__dict__)
+            unit.b, unit._unit = 0.0, None
+            self._unit = unit
+        return self._unit
+
+
+def _times_exp(w: torch.Tensor, b: float) -> torch.Tensor:
+    """w e^b in w's dtype without forming e^b (which overflows float64 from b ~ 709.8): in float64,
+    by factors e^{+-700} (at most 3: a non-zero double times e^2100 overflows, times e^-2100 is 0),
+    so entries that are 0 stay 0 (never 0 * inf) and the rest overflow or underflow only as w e^b does."""
+    out = w.double()
+    step = 700.0 if b > 0 else -700.0
+    for _ in range(3):
+        if abs(b) <= 700.0:
+            break
+        out, b = out * math.exp(step), b - step
+    return (out * math.exp(max(-700.0, min(700.0, b)))).to(w.dtype)

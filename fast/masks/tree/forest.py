@@ -15,7 +15,7 @@ import scipy.sparse as sp
 import scipy.sparse.csgraph as csgraph
 import torch
 
-from fast.validation import check_positive_int
+from fast.validation import check_positive_int, check_tokens
 
 
 class Forest:
@@ -30,6 +30,8 @@ class Forest:
         weight (n,)  edge length to the parent in level order (0 for roots)
         level_starts (depth + 2,) positions where each depth level starts (and the end)
         height       max depth (edges); weighted_height: max root distance
+        tree_of (n,) the tree of each node id, 0 .. num_trees - 1 (trees numbered by their roots'
+                     level-order positions); num_trees: how many trees
     """
 
     def __init__(self, parent: np.ndarray, weight: np.ndarray):
@@ -48,9 +50,15 @@ class Forest:
         self.level_starts = np.concatenate([[0], np.cumsum(counts)])
         self.height = int(depth.max())
         root_dist = np.zeros(n)
+        tree_pos = np.zeros(n, dtype=np.int64)
+        self.num_trees = int(counts[0])
+        tree_pos[:self.num_trees] = np.arange(self.num_trees)
         for lo, hi in zip(self.level_starts[1:-1], self.level_starts[2:]):
             root_dist[lo:hi] = root_dist[self.parent_pos[lo:hi]] + self.weight[lo:hi]
+            tree_pos[lo:hi] = tree_pos[self.parent_pos[lo:hi]]
         self.weighted_height = float(root_dist.max()) if n else 0.0
+        self.tree_of = np.empty(n, dtype=np.int64)
+        self.tree_of[order] = tree_pos
         self._tensors: dict = {}
 
     # ----------------------------------------------------------------------- constructors
@@ -83,7 +91,13 @@ class Forest:
             raise ValueError(f"edge_index entries must lie in [0, n={n})")
         w = _weights(weights, e.shape[1], "weights (one per edge)")
         lo, hi = np.minimum(e[0], e[1]), np.maximum(e[0], e[1])
-        _, first = np.unique(lo * n + hi, return_index=True)  # both directions: one edge
+        _, first, which = np.unique(lo * n + hi, return_index=True, return_inverse=True)  # both directions: one edge
+        which = which.reshape(-1)
+        clash = np.flatnonzero(w != w[first][which])  # an edge listed again with another length
+        if clash.size:
+            i, j = int(clash[0]), int(first[which[clash[0]]])
+            raise ValueError(f"weights: edge {int(lo[i])}-{int(hi[i])} is listed twice (edge_index columns {j} and {i}) "
+                             f"with different lengths {float(w[j])!r} and {float(w[i])!r}; list it once, or both ways with one length")
         return cls.from_edges(lo[first], hi[first], w[first], n)
 
     @classmethod
@@ -92,6 +106,8 @@ class Forest:
         a = sp.csr_matrix(adjacency, dtype=np.float64)
         if a.shape[0] != a.shape[1] or a.shape[0] == 0:
             raise ValueError(f"adjacency must be square and non-empty, got shape {a.shape}")
+        if not np.isfinite(a.data).all():
+            raise ValueError("adjacency entries (edge lengths) must be finite, got NaN or inf")
         if (a != a.T).nnz:
             raise ValueError("adjacency must be symmetric (an undirected forest)")
         upper = sp.triu(a, k=1).tocoo()
@@ -105,8 +121,11 @@ class Forest:
         u, v, w = (np.asarray(a) for a in (u, v, w))
         if (u == v).any():
             raise ValueError("a forest has no self-loops")
+        if np.isnan(w).any():
+            raise ValueError(f"edge weights (lengths) must be finite and non-negative, got NaN at {int(np.isnan(w).sum())} edges")
         if not np.isfinite(w).all() or (w < 0).any():
-            raise ValueError("edge weights (lengths) must be finite and non-negative")
+            bad = w[~np.isfinite(w) | (w < 0)]
+            raise ValueError(f"edge weights (lengths) must be finite and non-negative, got {float(bad[0])!r}")
         pattern = sp.coo_matrix((np.ones(2 * u.size), (np.concatenate([u, v]), np.concatenate([v, u]))),
                                 shape=(n, n)).tocsr()
         components, labels = csgraph.connected_components(pattern, directed=False)
@@ -154,8 +173,24 @@ class Forest:
                 "order": torch.as_tensor(self.order, device=device),
                 "position": torch.as_tensor(self.position, device=device),
                 "parent_pos": torch.as_tensor(self.parent_pos, device=device),
+                "tree_of": torch.as_tensor(self.tree_of, device=device),
             }
         return self._tensors[key]
+
+    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-tree max of FAVOR+ key exponents z (..., n, m) by node id -> (..., n, 1).
+
+        Every tree mask has M_ij = 0 between trees, so a query sees the keys of its own tree only,
+        and one constant per tree cancels exactly in the attention ratio (like PackingMask's
+        per-segment max): a tree whose keys all lie far below another tree's can no longer
+        underflow (fast.favor_attention subtracts these constants before exp).
+        """
+        check_tokens("z", z, self.n)
+        row = z.amax(-1)  # (..., n)
+        idx = self.tensors(z.device)["tree_of"].expand(row.shape)
+        top = torch.full((*row.shape[:-1], self.num_trees), -torch.inf, dtype=row.dtype, device=row.device)
+        top = top.scatter_reduce(-1, idx, row, reduce="amax", include_self=True)
+        return top.gather(-1, idx).unsqueeze(-1)
 
     def levels(self):
         """(depth, start, stop) of each level in level order, roots (depth 0) first."""
@@ -174,9 +209,16 @@ class Forest:
 def _weights(weights, size: int, what: str) -> np.ndarray:
     if weights is None:
         return np.ones(size)
-    w = np.asarray(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights, dtype=np.float64)
+    raw = np.asarray(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights)
+    if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)):
+        raise TypeError(f"{what} must be real numbers (an int or float array of shape ({size},)), "
+                        f"got dtype {raw.dtype}: {weights!r:.60}")
+    w = raw.astype(np.float64)
     if w.shape != (size,):
         raise ValueError(f"{what} must have shape ({size},), got {w.shape}")
+    if np.isnan(w).any():
+        raise ValueError(f"{what} must be finite and non-negative, got NaN at {int(np.isnan(w).sum())} of {size} entries "
+                         f"(first at index {int(np.flatnonzero(np.isnan(w))[0])})")
     return w
 
 

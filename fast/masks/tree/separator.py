@@ -7,7 +7,7 @@ import torch
 
 from fast.masks.base import SymmetricMaskOperator
 from fast.masks.tree.forest import DEFAULT_MAX_CHUNK_BYTES, Forest, FTable, check_f, check_unweighted
-from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, SeparatorPlan
+from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, FFT_ROW, SeparatorPlan
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 
@@ -47,6 +47,18 @@ class TreeDCMask(SymmetricMaskOperator):
     Memory of a product: the plan, x and the output, plus buffers bounded by ``max_chunk_bytes``
     (without autograd; with it, every step's buffers are kept, O(n log n c) in all). Half
     precision inputs compute in float32.
+
+    Precision: the Hankel FFTs run in float64 for every input dtype (``_fft_dtype``). An FFT
+    correlation's error is ~u log N |f|_2 |y|_2, relative to norms rather than to each output,
+    so with a decaying f the far entries z[a] = sum_b f(a + b) y[b] of a row holding one loud key
+    drown in float32 round-off (rows of FAVOR+ attention off by 0.1-0.6% on 4096-node paths at
+    q, k std 4-8). In float64 the relative error of a row of M x with x >= 0 is below
+    ~1e-15 log2(N) depth |f|_2 N / f_min (f_min the smallest f(l) over the distances present):
+    < 3e-4 at N = 4096 for f(l) = (1 + l)^-1.5, the float32 round-off of the rest in practice.
+    An f that decays to below ~1e-13 |f|_2 over the tree's distances can still lose far rows to
+    FFT round-off in float64; use TreeDiamMask there. Cost of the float64 transforms for float32
+    inputs (one thread, 64 columns, min of 4): 1.47x the float32-FFT product on a 2^14-node path,
+    1.25x on a 2^16-node path (every row by FFT) and 1.24x on the 2^16-node mixed forest.
     """
 
     def __init__(self, forest: Forest, f: FTable, *, dense_threshold: int | None = None,
@@ -87,15 +99,34 @@ class TreeDCMask(SymmetricMaskOperator):
 
     # ----------------------------------------------------------------------- product
 
+    @property
+    def nonnegative(self) -> bool:
+        """True when f >= 0 (then every entry f(dist) is; entries between trees are 0). Read from
+        f at each call, so an in-place change of a learnable f is followed."""
+        return bool((self.f.detach() >= 0).all())
+
+    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-tree max of the FAVOR+ key exponents z (..., n, m) -> (..., n, 1) (Forest.key_stabilizer)."""
+        return self.forest.key_stabilizer(z)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): dense blocks, Hankel FFTs, the f(0) fix at the v's."""
+        return self._product(x, self.f)
+
+    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """B @ x with B_ij = |f|(dist(i, j)) >= |M_ij| (0 across trees): the same product with |f|
+        (fast.masks.base: the guard's scale of the terms a denominator sums when f has both signs)."""
+        return self._product(x, self.f.detach().abs())
+
+    def _product(self, x: torch.Tensor, f_table: torch.Tensor) -> torch.Tensor:
+        """M @ x for the table f_table (n,) in place of f."""
         check_tokens("x", x, self.n)
         out_dtype, work = x.dtype, compute_dtype(x.dtype)
         lead, c, n = x.shape[:-2], x.shape[-1], self.n
         plan = self._device_plan(x.device)
         # preorder: every subproblem is a few contiguous ranges, so the gathers below stay local
         xs = x.to(work).reshape(-1, n, c).index_select(1, plan["pre_node"])
-        f = self.f.to(device=x.device, dtype=work)
+        f = f_table.to(device=x.device, dtype=work)
         grad = torch.is_grad_enabled() and (xs.requires_grad or f.requires_grad)
         out = self._cross_terms(xs, f, self._dense_blocks(xs, f, plan), grad)[:, :n]
         out = out - f[0] * plan["splits"].to(work)[:, None] * xs  # v was in both halves of its split
@@ -127,11 +158,14 @@ class TreeDCMask(SymmetricMaskOperator):
         B, n, c = xs.shape
         p = self.plan
         plan = self._device_plan(xs.device)
-        budget = max(1, self.max_chunk_bytes // (6 * B * c * xs.element_size()))
+        fft_dtype = _fft_dtype(xs.dtype)
+        budgets = {DENSE_ROW: max(1, self.max_chunk_bytes // (6 * B * c * xs.element_size())),
+                   FFT_ROW: max(1, self.max_chunk_bytes // (6 * B * c * torch.finfo(fft_dtype).bits // 8))}
         ops: dict = {}  # per key: the Hankel matrix, or conj(rfft(f[:N])) as (N // 2 + 1, 1)
         rows, r0, change = len(p.row_key), 0, p.key_change
         while r0 < rows:
             kind, z_len, y_len = key = p.row_key[r0]
+            budget = budgets[kind]
             r1 = int(np.searchsorted(p.w_start, p.w_start[r0] + budget, side="right")) - 1
             nxt = change[np.searchsorted(change, r0, side="right"):]
             r1 = min(max(r1, r0 + 1), int(nxt[0]) if nxt.size else rows)
@@ -148,15 +182,21 @@ class TreeDCMask(SymmetricMaskOperator):
                     fp = torch.nn.functional.pad(f, (0, max(0, z_len + y_len + 1 - n)))
                     ops[key] = fp[a[:, None] + b[None, :]]  # H[a - 1, b - 1] = f(a + b)
                 else:
-                    spec = torch.fft.rfft(torch.nn.functional.pad(f[:z_len], (0, max(0, z_len - n))))
+                    spec = torch.fft.rfft(torch.nn.functional.pad(f[:z_len].to(fft_dtype), (0, max(0, z_len - n))))
                     ops[key] = spec.conj().resolve_conj()[:, None]
             if kind == DENSE_ROW:
                 z = torch.matmul(ops[key], y)
             else:
-                spec = torch.fft.rfft(y, dim=2)
+                spec = torch.fft.rfft(y.to(fft_dtype), dim=2)
                 spec = spec * ops[key] if grad else spec.mul_(ops[key])
-                z = torch.fft.irfft(spec, n=z_len, dim=2)
+                z = torch.fft.irfft(spec, n=z_len, dim=2).to(xs.dtype)
             z = z.reshape(B, (r1 - r0) * z_len, c).contiguous()
             out.index_add_(1, plan["tgt_node"][t0:t1], z.index_select(1, plan["tgt_bin"][t0:t1] - z0))
             r0 = r1
         return out
+
+
+def _fft_dtype(work: torch.dtype) -> torch.dtype:
+    """The dtype of the Hankel FFTs for products computed in ``work``: float64 always (see
+    TreeDCMask's docstring, "Precision": float32 transforms swamp far entries of decaying f)."""
+    return torch.float64

@@ -123,14 +123,18 @@ def test_fully_padded_sample_generic_path_raises_denominator_error(n, bad, seed)
 
 
 @given(n=st.integers(1, 20), bad=st.integers(0, 2), seed=seeds)
-def test_fully_padded_sample_attend_path_gives_zeros_there_and_leaves_others(n, bad, seed):
-    """PaddingMask.attend: every query of a fully padded sample is padded, so it gets output 0
-    (never NaN), and the other samples are exactly what they are without it."""
+def test_fully_padded_sample_attend_path_follows_the_no_key_policy(n, bad, seed):
+    """PaddingMask.attend: the queries of a fully padded sample see no key. By default that is a
+    DenominatorError naming no_key (it used to return 0 silently, against the docs); with
+    no_key="zero" they get output 0 (never NaN) and the other samples are exactly what they are
+    without it."""
     g = gen(seed)
     pq, pk, v = _inputs((3,), n, 3, 2, g)
     km = _key_mask((3,), n, g)
     km[bad] = False
-    out = masked_linear_attention(pq, pk, v, PaddingMask(km))
+    with pytest.raises(DenominatorError, match="no_key"):
+        masked_linear_attention(pq, pk, v, PaddingMask(km))
+    out = masked_linear_attention(pq, pk, v, PaddingMask(km), no_key="zero")
     assert torch.equal(out[bad], torch.zeros_like(out[bad]))
     others = [b for b in range(3) if b != bad]
     alone = masked_linear_attention(pq[others], pk[others], v[others], PaddingMask(km[others]))

@@ -501,3 +501,13 @@ def test_attention_gradient_of_f_matches_dense():
         f = f0.clone().requires_grad_()
         (masked_linear_attention(pq, pk, v, make(f)) * w).sum().backward()
         assert rel_frobenius(f.grad, f_ref.grad) < 1e-10
+
+
+def test_forest_tree_of_labels_the_components():
+    """tree_of (by node id) numbers the trees 0 .. num_trees - 1; two nodes share a label iff a path joins them."""
+    par = mixed_forest(90, 4)
+    fo = Forest.from_parent(par)
+    _, labels = sp.csgraph.connected_components(forest_adjacency(par), directed=False)
+    assert fo.num_trees == labels.max() + 1 == fo.level_starts[1]
+    assert sorted(set(fo.tree_of.tolist())) == list(range(fo.num_trees))
+    np.testing.assert_array_equal(fo.tree_of[:, None] == fo.tree_of[None, :], labels[:, None] == labels[None, :])
