@@ -3,8 +3,8 @@ patched into a COPY of a fast/ code path with monkeypatch (never left in the cod
 equivalence/<id> fail, and the real code passes the same check.
 
 Kind 1 (batch and head dims, verify.favor._batch_magnitudes): a key stabiliser taken across the
-batch (FAVOR+'s default, packing's, padding's) and a causal scan whose running state flows from
-one batch element into the next. Kind 2 (options and stateful paths): a packing mask that
+batch (FAVOR+'s default, causal's running max, packing's, padding's) and a causal scan whose
+running state flows from one batch element into the next. Kind 2 (options and stateful paths): a packing mask that
 compares runs instead of ids, a padding stabiliser that looks at padded keys, a spectrum cache
 that ignores the table's version (an in-place update is not seen), a learnable table whose
 spectrum is detached from it.
@@ -50,27 +50,28 @@ def _exp_across_batch(self, z, is_query, key_stabilizer=None):
     return torch.exp(z)
 
 
-def _default_stabilizer_across_batch(z):
-    """fast.masks.base.default_key_stabilizer over every slice at once."""
-    return z.amax(dim=_all_dims(z), keepdim=True)  # BUG
+_DECAYED_SCAN = fast_sequence._decayed_scan
 
 
-def _leaky_scan(self, phi_q, phi_k, v):
-    """CausalMask._scan whose chunk prefix runs over (batch, head, chunk) flattened: the last chunk
-    of one slice hands its state to the first chunk of the next (the batch seen as one sequence)."""
-    n = self.n
-    c, (q, k, vv) = self._chunks(phi_q, phi_k, v)
-    tri = self._triangle(c, q.device)
-    scores = (q @ k.transpose(-1, -2)).masked_fill(~tri, 0.0)
-    num = scores @ vv
-    den = scores.sum(-1)
-    kv = k.transpose(-1, -2) @ vv
-    ksum = k.sum(-2)
-    state = fast_sequence._exclusive_cumsum(kv.reshape(-1, *kv.shape[-2:]), dim=0).reshape(kv.shape)  # BUG
-    zstate = fast_sequence._exclusive_cumsum(ksum.reshape(-1, ksum.shape[-1]), dim=0).reshape(ksum.shape)  # BUG
-    num = num + q @ state
-    den = den + (q @ zstate.unsqueeze(-1)).squeeze(-1)
-    return num.flatten(-3, -2)[..., :n, :], den.flatten(-2)[..., :n]
+def _causal_stabilizer_across_batch(self, z):
+    """CausalMask.key_stabilizer whose running max is also taken over every slice at once."""
+    run = torch.cummax(z.amax(-1), dim=-1).values
+    lead = tuple(range(run.dim() - 1))
+    return run.amax(dim=lead, keepdim=True).expand_as(run).unsqueeze(-1)  # BUG: across batch and heads
+
+
+def _leaky_decayed_scan(x, level, reverse=False):
+    """fast.masks.sequence._decayed_scan whose forward states also carry the previous (batch, head)
+    slice's final state: the batch seen as one sequence, the last chunk of one slice handing its
+    state to the chunks of the next (decayed by the level difference, capped at 1)."""
+    s = _DECAYED_SCAN(x, level, reverse)
+    if reverse or s.dim() < 4:
+        return s
+    flat, lev = s.reshape(-1, *s.shape[-3:]), level.reshape(-1, level.shape[-1])
+    carry = torch.roll(flat[:, -1:], 1, dims=0)  # BUG: the previous slice's last state
+    carry[0] = 0
+    decay = torch.exp(torch.clamp(torch.roll(lev[:, -1:], 1, dims=0) - lev, max=0))[..., None, None]
+    return (flat + decay * carry).reshape(s.shape)
 
 
 def _packing_stabilizer_across_batch(self, z):
@@ -141,8 +142,8 @@ PLANTED = {
     "favor-stabiliser-across-batch/linear": (
         "linear", None, [(fast.features._Projected, "_exp", _exp_across_batch)]),
     "favor-stabiliser-across-batch/causal": (
-        "causal", None, [(fast.masks.base, "default_key_stabilizer", _default_stabilizer_across_batch)]),
-    "causal-state-leaks-across-batch": ("causal", None, [(fast.CausalMask, "_scan", _leaky_scan)]),
+        "causal", None, [(fast.CausalMask, "key_stabilizer", _causal_stabilizer_across_batch)]),
+    "causal-state-leaks-across-batch": ("causal", None, [(fast_sequence, "_decayed_scan", _leaky_decayed_scan)]),
     "packing-stabiliser-across-batch": (
         "packing", None, [(fast.PackingMask, "key_stabilizer", _packing_stabilizer_across_batch)]),
     "padding-stabiliser-across-batch": (
