@@ -23,8 +23,9 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from reports.asv_history import AsvSeries, MechanismHistory  # noqa: E402
 from reports.format import bytes_text, class_text, fit_text, pow2_text, seconds_text  # noqa: E402
+from verify.result import CheckResult  # noqa: E402
 from verify.schema import (FavorError, Gallery, MechanismInfo, MemoryCurve, Results,  # noqa: E402
-                           SweepResult)
+                           SweepResult, num)
 
 DPI = 110
 COLORS = {"fast": "tab:blue", "dense": "tab:red"}
@@ -495,6 +496,154 @@ def plot_gallery(gallery: Gallery | None, out_dir: Path, name: str = "mask_galle
         cb.ax.set_yticklabels(["0", f"{hi:.3g}"])
     fig.supxlabel("key j", fontsize=10)
     fig.supylabel("query i", fontsize=10)
+    return _save(fig, out_dir, name)
+
+
+# ------------------------------------------------------------------------------- numerics
+
+#: The counts of a numerics cell (verify/checks/numerics.py), summed by numerics_totals.
+NUMERICS_COUNTS = ("rows", "silent", "refusals", "disallowed", "errors", "unjudged", "reference_refusals",
+                   "reference_disallowed")
+#: Colours of the numerics heatmap: refusal rate in blues, silent-error rate in reds (a cell
+#: with any silent error or error is drawn in reds: those are the worse failure), on a power
+#: scale so that one row in 512 is already visible.
+NUMERICS_REFUSAL_CMAP = "Blues"
+NUMERICS_ERROR_CMAP = "Reds"
+NUMERICS_GAMMA = 0.3
+
+
+#: How the results JSON writes non-finite numbers (verify.schema).
+_NON_FINITE = ("inf", "-inf", "nan")
+
+
+def numerics_checks(results: Results) -> list[CheckResult]:
+    """The numerics/<mechanism> results (kind "numerics"), in the order the run recorded them."""
+    return [r for r in results.checks or [] if r.kind == "numerics"]
+
+
+def numerics_cells(check: CheckResult) -> list[dict]:
+    """The check's cells (details["cells"]) with numbers read back from JSON ("inf" -> inf); cells
+    that are not dicts with a dtype, std, d and N are dropped."""
+    d = check.details if isinstance(check.details, dict) else {}
+    out = []
+    for c in d.get("cells") or []:
+        if not isinstance(c, dict) or not all(k in c for k in ("dtype", "std", "d", "n")):
+            continue
+        cell = {k: num(v) if isinstance(v, str) and v in _NON_FINITE else v for k, v in c.items()}
+        for key in NUMERICS_COUNTS:
+            cell[key] = int(num(cell.get(key)) or 0)
+        out.append(cell)
+    return out
+
+
+def numerics_dtypes(cells: list[dict]) -> list[str]:
+    """The dtypes of the cells, float32 first, then bfloat16, then any other in first-seen order."""
+    seen = list(dict.fromkeys(str(c["dtype"]) for c in cells))
+    order = {"float32": 0, "bfloat16": 1}
+    return sorted(seen, key=lambda t: (order.get(t, 2), seen.index(t)))
+
+
+def numerics_totals(cells: list[dict]) -> dict[str, dict]:
+    """{dtype: the cells' counts summed, and "worst_row_error" their max} (dtypes in numerics_dtypes order)."""
+    out: dict[str, dict] = {}
+    for dtype in numerics_dtypes(cells):
+        mine = [c for c in cells if c["dtype"] == dtype]
+        t: dict = {k: sum(c[k] for c in mine) for k in NUMERICS_COUNTS}
+        worst = [float(c["worst_row_error"]) for c in mine if isinstance(c.get("worst_row_error"), (int, float))]
+        t["worst_row_error"] = max(worst) if worst else None
+        out[dtype] = t
+    return out
+
+
+def numerics_failing(cell: dict) -> bool:
+    """A cell that counts against its check: silent errors, disallowed refusals or errors."""
+    return bool(cell["silent"] or cell["disallowed"] or cell["reference_disallowed"] or cell["errors"])
+
+
+def _numerics_label(cell: dict) -> str:
+    """"0", or "r 512!" (refused rows, "!" when some were disallowed), "s 3" (silent errors),
+    "e 512" (rows of calls that raised), one per line."""
+    lines = []
+    if cell["refusals"]:
+        lines.append(f"r {cell['refusals']}" + ("!" if cell["disallowed"] else ""))
+    if cell["silent"]:
+        lines.append(f"s {cell['silent']}")
+    if cell["errors"]:
+        lines.append(f"e {cell['errors']}")
+    return "\n".join(lines) or "0"
+
+
+def plot_numerics(results: Results, out_dir: Path, name: str = "numerics.png") -> str | None:
+    """numerics/<id> as heatmaps: one panel per mechanism and dtype, rows the std of the q, k
+    entries, columns the head dimension d (and N, when the run had several). A cell is coloured by
+    its refusal rate (blues), or by its silent-error rate (reds) when it has silent errors or
+    errors; its text gives the counts (_numerics_label) and a red frame marks a cell that fails
+    (silent errors, disallowed refusals, errors). A check without cells shows its reason."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import PowerNorm
+    from matplotlib.patches import Rectangle
+
+    checks = numerics_checks(results)
+    if not checks:
+        return None
+    panels: list[tuple[CheckResult, str | None, list[dict]]] = []
+    for r in checks:
+        cells = numerics_cells(r)
+        dtypes = numerics_dtypes(cells)
+        panels += [(r, t, [c for c in cells if c["dtype"] == t]) for t in dtypes] or [(r, None, [])]
+    panels = panels[:MAX_PANELS]
+    fig, axes = _grid(len(panels), ncols=4, w=3.2, h=2.7)
+    norm = PowerNorm(NUMERICS_GAMMA, vmin=0.0, vmax=1.0)
+    blues, reds = plt.get_cmap(NUMERICS_REFUSAL_CMAP), plt.get_cmap(NUMERICS_ERROR_CMAP)
+    for ax, (r, dtype, cells) in zip(axes, panels):
+        mech = r.id.split("/", 1)[-1]
+        if not cells:
+            reasons = (r.details or {}).get("reasons") if isinstance(r.details, dict) else None
+            text = "; ".join(str(x) for x in reasons or []) or "no cells recorded"
+            _no_data(ax, text)
+            ax.set_xticks([]), ax.set_yticks([])
+            ax.set_title(f"{mech}: {r.status}", fontsize=9, color="tab:red" if r.status == "fail" else "black")
+            continue
+        stds = sorted({float(c["std"]) for c in cells})
+        sizes = sorted({int(c["n"]) for c in cells})
+        cols = sorted({(int(c["n"]), int(c["d"])) for c in cells})
+        at = {(float(c["std"]), int(c["n"]), int(c["d"])): c for c in cells}
+        rgba = np.ones((len(stds), len(cols), 4))
+        for i, s in enumerate(stds):
+            for j, (n, d) in enumerate(cols):
+                c = at.get((s, n, d))
+                if c is None or not c["rows"]:
+                    rgba[i, j] = (0.85, 0.85, 0.85, 1.0)
+                    continue
+                bad = c["silent"] + c["errors"]
+                rgba[i, j] = (reds(norm(bad / c["rows"])) if bad else blues(norm(c["refusals"] / c["rows"])))
+        ax.imshow(rgba, aspect="auto", interpolation="nearest", origin="upper")
+        for i, s in enumerate(stds):
+            for j, (n, d) in enumerate(cols):
+                c = at.get((s, n, d))
+                if c is None:
+                    continue
+                dark = sum(rgba[i, j, :3] * (0.299, 0.587, 0.114)) < 0.5
+                label = _numerics_label(c)
+                ax.text(j, i, label, ha="center", va="center", fontsize=6.5,
+                        color="white" if dark else ("0.55" if label == "0" else "black"))
+                if numerics_failing(c):
+                    ax.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, ec="tab:red", lw=1.8))
+        ax.set_xticks(range(len(cols)), [f"{d}" if len(sizes) == 1 else f"{d}\nN={pow2_text(n)}" for n, d in cols],
+                      fontsize=7)
+        ax.set_yticks(range(len(stds)), [f"{s:g}" for s in stds], fontsize=7)
+        ax.set_xlabel("head dimension d", fontsize=8)
+        ax.set_ylabel("std of q, k entries", fontsize=8)
+        failing = any(numerics_failing(c) for c in cells)
+        ax.set_title(f"{mech} · {dtype}" + (f"  (N = {pow2_text(sizes[0])})" if len(sizes) == 1 else ""),
+                     fontsize=9, color="tab:red" if failing else "black")
+    for cmap, label in ((blues, "refused rows / rows"),
+                        (reds, "silently wrong rows (and rows of calls that raised) / rows")):
+        cb = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, location="bottom", shrink=0.45, aspect=40,
+                          pad=0.02)
+        cb.set_label(label, fontsize=8)
+        cb.set_ticks([0, 0.002, 0.01, 0.1, 0.5, 1.0])
+        cb.ax.tick_params(labelsize=7)
     return _save(fig, out_dir, name)
 
 

@@ -18,13 +18,14 @@ import jinja2
 
 from reports import format as fmt
 from reports.asv_history import AsvHistory, MechanismHistory, mechanism_histories
-from reports.figures import default_sweep, has_variant_view, memory_curves, metric_panels, variant_sweeps
+from reports.figures import (default_sweep, has_variant_view, memory_curves, metric_panels, numerics_cells,
+                             numerics_checks, numerics_totals, variant_sweeps)
 from verify.result import CheckResult
 from verify.schema import Comparison, Fit, MechanismInfo, MemoryCurve, Results, SweepResult
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The single figures of the page (reports.render.make_figures); a missing one reads "no data".
-FIGURE_KEYS = ("gallery", "time", "crossover", "memory", "favor", "asv_history", "asv_track")
+FIGURE_KEYS = ("gallery", "time", "crossover", "memory", "favor", "numerics", "asv_history", "asv_track")
 
 
 # ------------------------------------------------------------------------------- rows
@@ -95,6 +96,41 @@ class VariantSection:
     metric_names: list[str]
     bounds: dict[str, str]
     not_swept: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NumericsDtype:
+    """One dtype of a numerics/<id> row: counts in rows, as text."""
+
+    dtype: str
+    rows: str
+    silent: str
+    refusals: str
+    disallowed: str
+    errors: str
+    worst: str
+    failing: bool
+
+
+@dataclass
+class NumericsRow:
+    id: str
+    mechanism: str
+    status: str
+    dtypes: list[NumericsDtype]
+    reasons: list[str]
+    #: one entry per NumericsView.dtypes, None where this check has no cells of that dtype
+    cells: list[NumericsDtype | None] = field(default_factory=list)
+
+
+@dataclass
+class NumericsView:
+    rows: list[NumericsRow]
+    dtypes: list[str]
+    sizes: str
+    dims: str
+    stds: str
+    tolerance: str
 
 
 @dataclass
@@ -303,6 +339,40 @@ def history_view(history: AsvHistory | None, histories: list[MechanismHistory], 
                        rows, notes, history.errors, figure, track_figure, track_benchmarks, len(histories))
 
 
+def numerics_view(results: Results) -> NumericsView | None:
+    """The numerics/<id> table: per check and dtype, rows, silent errors, refusals (disallowed),
+    errors and the worst row error, from the check's cells; None when the run has no such check."""
+    checks = numerics_checks(results)
+    if not checks:
+        return None
+    rows, all_dtypes, sizes, dims, stds, tol = [], [], set(), set(), set(), {}
+    for r in checks:
+        cells = numerics_cells(r)
+        sizes |= {int(c["n"]) for c in cells}
+        dims |= {int(c["d"]) for c in cells}
+        stds |= {float(c["std"]) for c in cells}
+        d = r.details if isinstance(r.details, dict) else {}
+        if isinstance(d.get("tolerance"), dict):
+            tol.update(d["tolerance"])
+        dts = []
+        for dtype, t in numerics_totals(cells).items():
+            if dtype not in all_dtypes:
+                all_dtypes.append(dtype)
+            dts.append(NumericsDtype(
+                dtype, fmt.count_text(t["rows"]), fmt.count_text(t["silent"]), fmt.count_text(t["refusals"]),
+                fmt.count_text(t["disallowed"] + t["reference_disallowed"]),
+                fmt.count_text(t["errors"]), fmt.number(t["worst_row_error"]),
+                bool(t["silent"] or t["disallowed"] or t["reference_disallowed"] or t["errors"])))
+        rows.append(NumericsRow(r.id, r.id.split("/", 1)[-1], r.status, dts,
+                                check_reasons(r) if r.status != "pass" else []))
+    for row in rows:
+        row.cells = [next((c for c in row.dtypes if c.dtype == dt), None) for dt in all_dtypes]
+    return NumericsView(rows, all_dtypes, ", ".join(fmt.pow2_text(n) for n in sorted(sizes)) or fmt.DASH,
+                        ", ".join(str(d) for d in sorted(dims)) or fmt.DASH,
+                        ", ".join(f"{s:g}" for s in sorted(stds)) or fmt.DASH,
+                        ", ".join(f"{k} {fmt.number(v)}" for k, v in tol.items()) or fmt.DASH)
+
+
 # ------------------------------------------------------------------------------- context
 
 
@@ -373,6 +443,7 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
     toc = [("summary", "Summary"), ("gallery", "What the masks look like"), ("time", "Time vs N"),
            ("crossover", "Speed-up and crossover"), ("memory", "Peak memory vs N"),
            ("variants", "Variants of a mechanism"), ("verification", "Verification"),
+           ("numerics", "Numerics: float32 and bfloat16 against float64"),
            ("favor", "FAVOR+ estimation error vs m"), ("history", "History across commits (asv)"),
            ("environment", "Environment")]
     return {
@@ -386,7 +457,7 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
         "history": history_view(history, histories, figures.get("asv_history"), figures.get("asv_track"),
                                 figures.get("track_benchmarks", [])),
         "sweep": _sweep_facts(results), "toc": toc, "schema": results.schema,
-        "has_variants": bool(sections),
+        "has_variants": bool(sections), "numerics": numerics_view(results),
     }
 
 

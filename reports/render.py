@@ -22,7 +22,8 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
                       ("time", lambda: fig.plot_time(results, out)),
                       ("crossover", lambda: fig.plot_crossover(results, out)),
                       ("memory", lambda: fig.plot_memory(results, out)),
-                      ("favor", lambda: fig.plot_favor(results.favor_error, out))):
+                      ("favor", lambda: fig.plot_favor(results.favor_error, out)),
+                      ("numerics", lambda: fig.plot_numerics(results, out))):
         note(f"figure: {key}")
         figures[key] = draw()
     figures["variants"] = {}

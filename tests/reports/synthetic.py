@@ -2,8 +2,10 @@
 
 Two mechanisms by default: "causal" (one variant, a dense twin) and "tree-x" (two swept variants
 "path" and "binary", a cost factor "diam", a metric "depth" with "depth bound", one variant that
-is not swept); checks with a failing one with reasons and one with a malicious detail; a load
-warning; a gallery with a matrix and a failed panel. ``extra`` adds plain mechanisms (for panels
+is not swept); checks with a failing one with reasons and one with a malicious detail; numerics
+checks (``numerics_check``: causal passing with allowed refusals, tree-x failing with silent
+errors, a disallowed refusal and a missing bfloat16 path); a load warning; a gallery with a
+matrix and a failed panel. ``extra`` adds plain mechanisms (for panels
 with more than ten lines). Nothing here measures: every number comes from a formula.
 """
 from __future__ import annotations
@@ -51,6 +53,45 @@ def sweep(mech: str, variant: str, impl: str, sizes, f, cost=None, metrics=None,
 def check(cid, kind, status, statistic, threshold, compare="", unit="", **details) -> CheckResult:
     return CheckResult(cid, f"title of {cid}", "paper Sec. 1", kind, status, statistic, threshold, 0.5, details,
                        compare=compare, unit=unit)
+
+
+NUMERICS_STDS = (0.5, 1.0, 2.0, 4.0, 8.0)
+NUMERICS_DIMS = (16, 64, 128)
+NUMERICS_ROWS = 512
+NUMERICS_REASON = "float32: 3 of 7680 rows silently off by more than 0.001 relative (worst 0.0123)"
+
+
+def numerics_check(mech: str, special: dict | None = None, status: str = "pass", reasons=()) -> CheckResult:
+    """numerics/<mech> with cells (float32, bfloat16) x NUMERICS_STDS x NUMERICS_DIMS at N = 256,
+    NUMERICS_ROWS rows each, all clean (worst row error std / 8 times 1e-6 in float32, 3e-3 in bfloat16) except
+    ``special``: {(dtype, std, d): {count: value}}. Statistic: silent + disallowed + errors."""
+    cells = []
+    for dtype, worst in (("float32", 1e-6), ("bfloat16", 3e-3)):
+        for d in NUMERICS_DIMS:
+            for std in NUMERICS_STDS:
+                c = {"dtype": dtype, "std": std, "d": d, "n": 256, "rows": NUMERICS_ROWS, "silent": 0, "refusals": 0,
+                     "disallowed": 0, "errors": 0, "unjudged": 0, "reference_refusals": 0,
+                     "reference_disallowed": 0, "worst_row_error": worst * std / 8, "min_log2_ratio_refused": None,
+                     "batch_dependent_refusals": 0}
+                c.update((special or {}).get((dtype, std, d), {}))
+                cells.append(c)
+    statistic = float(sum(c["silent"] + c["disallowed"] + c["reference_disallowed"] + c["errors"] for c in cells))
+    return check(f"numerics/{mech}", "numerics", status, statistic, 0.0, "<=", "count", cells=cells,
+                 tolerance={"float32": 1e-3, "bfloat16": 1e-2}, reasons=list(reasons))
+
+
+def numerics_checks() -> list[CheckResult]:
+    """numerics/causal (passes: refusals at std 8 where a row's ratio is below 2^-126, so allowed)
+    and numerics/tree-x (fails: 3 silent float32 rows at std 8, d 128; a disallowed float32
+    refusal at std 4, d 64; bfloat16 at d 16 raised a TypeError)."""
+    allowed = {"refusals": NUMERICS_ROWS, "min_log2_ratio_refused": "-inf"}
+    causal = numerics_check("causal", {("float32", 8.0, 128): allowed, ("bfloat16", 8.0, 128): allowed})
+    bad = {("float32", 8.0, 128): {"silent": 3, "worst_row_error": 0.0123},
+           ("float32", 4.0, 64): {"refusals": NUMERICS_ROWS, "disallowed": NUMERICS_ROWS,
+                                  "min_log2_ratio_refused": -40.5}}
+    bad.update({("bfloat16", s, 16): {"errors": NUMERICS_ROWS} for s in NUMERICS_STDS})
+    tree = numerics_check("tree-x", bad, "fail", [NUMERICS_REASON])
+    return [causal, tree]
 
 
 def make_results(extra: int = 0) -> Results:
@@ -108,6 +149,7 @@ def make_results(extra: int = 0) -> Results:
         check("performer/broken", "statistical", "fail", None, 0.01, "<=", "",
               error=MALICIOUS, traceback="Traceback <module>", reasons=[MALICIOUS]),
         check("tree/skipped", "bound", "skip", None, None, reason="no GPU"),
+        *numerics_checks(),
     ]
     for i in range(extra):
         mid = f"extra-{i:02d}"

@@ -16,11 +16,12 @@ from reports.__main__ import main
 from reports.asv_history import class_name, load_history, mechanism_histories
 from reports.format import bytes_text, compare_sign, seconds_text, with_unit
 from reports.page import render_page
-from tests.reports.synthetic import COMMITS, FAIL_REASON, LOAD_WARNING, MALICIOUS, make_asv, make_results
+from tests.reports.synthetic import (COMMITS, FAIL_REASON, LOAD_WARNING, MALICIOUS, NUMERICS_REASON, make_asv,
+                                     make_results)
 
 PNG = b"\x89PNG\r\n\x1a\n"
-TOC = ("summary", "gallery", "time", "crossover", "memory", "variants", "verification", "favor", "history",
-       "environment")
+TOC = ("summary", "gallery", "time", "crossover", "memory", "variants", "verification", "numerics", "favor",
+       "history", "environment")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_toc_anchors_in_order(rendered):
 def test_every_figure_is_a_png_and_on_the_page(rendered):
     root, page = rendered
     for name in ("mask_gallery.png", "time_vs_n.png", "crossover.png", "memory_vs_n.png", "favor_error.png",
-                 "variants_tree-x.png", "asv_history.png", "asv_track.png"):
+                 "variants_tree-x.png", "asv_history.png", "asv_track.png", "numerics.png"):
         assert _is_png(root / "out" / name), name
         assert f'src="{name}"' in page, name
     # causal has one variant and no cost factor or metric: no per-variant view of it
@@ -78,7 +79,8 @@ def test_verification_shows_direction_units_and_reasons(rendered):
     assert "1.62 <b>≤</b> 1.35" in table and "(exponent)" in table
     assert html.escape(FAIL_REASON) in table
     assert "no GPU" in table  # a skipped check's reason
-    assert "7 passed" not in table and "6 passed" in table and "2 failed" in table and "1 skipped" in table
+    # 6 + numerics/causal passed; complexity/tree-x, performer/broken and numerics/tree-x failed
+    assert "8 passed" not in table and "7 passed" in table and "3 failed" in table and "1 skipped" in table
 
 
 def test_malicious_detail_is_escaped(rendered):
@@ -185,3 +187,17 @@ def test_units_and_signs():
     assert seconds_text(0.00042) == "420 µs" and seconds_text(2.5) == "2.5 s" and seconds_text(0.012) == "12 ms"
     assert with_unit(2**20, "bytes") == "1 MiB" and with_unit(float("inf"), "seconds") == "∞"
     assert compare_sign("<=") == "≤" and compare_sign(">=") == "≥" and compare_sign("") is None
+
+
+def test_numerics_section_and_heatmap(rendered):
+    root, page = rendered
+    section = page[page.index('<section id="numerics"'):page.index('<section id="favor"')]
+    assert 'src="numerics.png"' in section and _is_png(root / "out" / "numerics.png")
+    assert "<code>numerics/causal</code>" in section and "<code>numerics/tree-x</code>" in section
+    # tree-x: float32 3 silent rows and 512 refused rows, all disallowed; bfloat16: 5 x 512 rows raised
+    for cell in ('<td class="num fail">3</td>', '<td class="num fail">512 (512)</td>',
+                 '<td class="num fail">2,560</td>'):
+        assert cell in section, cell
+    assert '<td class="num">512 (0)</td>' in section  # causal's allowed refusals
+    assert html.escape(NUMERICS_REASON) in section
+    assert "float32 0.001, bfloat16 0.01" in section and "N = 2⁸" in section

@@ -31,10 +31,17 @@ def _issue_9_ids() -> list[str]:
             + [f"reproducibility/{m.id}" for m in mechanisms() if m.draw is not None])
 
 
+def _issue_10_ids() -> list[str]:
+    """numerics/<id> for every registered mechanism."""
+    from verify.mechanisms import mechanisms
+
+    return [f"numerics/{m.id}" for m in mechanisms()]
+
+
 def test_ids_are_the_old_ones_plus_the_new_families():
     ids = [c.id for c in all_checks()]
     assert len(ids) == len(set(ids))
-    assert set(ids) == set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids())
+    assert set(ids) == set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids()) | set(_issue_10_ids())
     assert len(_issue_9_ids()) >= 2 * 11  # every masked mechanism is linear and random
     # the old ids keep their order (the scale family was regrouped by issue 8)
     old = set(OLD_IDS)
