@@ -114,6 +114,8 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
                          "or ELU + 1, a nonnegative mask, or float64)")
         raise DenominatorError(
             f"attention denominator refused at {_count(bad)} of {den.numel()} query positions: " + "; ".join(parts))
+    if rows is None or not bool(rows.any()):  # the fast test and the per-row one disagreed (flush-to-zero)
+        return num / den.unsqueeze(-1)
     keep = ~rows
     return torch.where(keep.unsqueeze(-1), num / torch.where(keep, den, torch.ones_like(den)).unsqueeze(-1),
                        torch.zeros_like(num))
