@@ -6,6 +6,17 @@ round (so slow drifts of the machine hit every N alike), and each point is the m
 rounds. asv runs every parameter in its own process, which here spreads by up to 2x: fit
 exponents from these sweeps.
 
+Two clocks. ``seconds`` / ``all_rounds`` are wall seconds per call (what a user waits; the report
+draws them). A sweep on the CPU with one torch thread also records ``cpu_rounds``: the CPU seconds
+per call of the whole process (user + system over all its threads, ``time.process_time``), read
+around the same measurements. The work of such a call is single-threaded, so its CPU seconds are
+its cost, and they do not count the time the thread waits for a core: on a loaded machine wall
+times rise and scatter with the load while CPU seconds stay close to the idle wall times.
+``Sweep.cpu_view`` gives the sweep on that clock with each point the MINIMUM over rounds (load only
+adds CPU time, through shared caches and memory bandwidth, so the least disturbed round is the
+best estimate of the cost); verify.checks.complexity judges on it. ``merge_rounds`` pools the
+rounds of a re-timed sweep with the first one (the checks' retry).
+
 The fit rule (``fit_points``, used by every timing fit: sweeps, comparisons, the complexity
 checks, the report): a point enters the fit when its time is at least MIN_FIT_S (faster points
 are dominated by fixed overheads), but the largest FIT_MIN_POINTS sizes always do (all points
@@ -18,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -28,9 +40,9 @@ from scipy import stats
 
 from verify.schema import Comparison, Fit, SweepResult
 
-__all__ = ["MIN_MEASURE_S", "MIN_FIT_S", "FIT_MIN_POINTS", "Fit", "Sweep", "pinned_threads", "measure", "sweep",
-           "sweep_key", "fit_points", "fit_exponent", "fit_times", "crossover", "crossover_interval", "compare",
-           "measured_crossover", "environment"]
+__all__ = ["MIN_MEASURE_S", "MIN_FIT_S", "FIT_MIN_POINTS", "CLOCKS", "Fit", "Sweep", "pinned_threads", "measure",
+           "cpu_clock_applies", "sweep", "sweep_key", "merge_rounds", "fit_points", "fit_exponent", "fit_times",
+           "crossover", "crossover_interval", "speedup_interval", "compare", "measured_crossover", "environment"]
 
 #: Minimum wall time of one measurement; calls are repeated until it is reached.
 MIN_MEASURE_S = 0.02
@@ -40,6 +52,8 @@ MIN_FIT_S = 1e-3
 FIT_MIN_POINTS = 4
 #: Bootstrap replicates of the crossover interval (``crossover_interval``).
 CROSSOVER_REPLICATES = 2000
+#: The clocks a Sweep's seconds can be on, and how a point summarises its rounds on each.
+CLOCKS = {"wall": "median", "cpu": "min"}
 
 
 @contextlib.contextmanager
@@ -62,7 +76,12 @@ def _sync(device: str) -> None:
 
 
 def measure(runner: Callable[[], Any], device: str = "cpu", min_time: float = MIN_MEASURE_S) -> float:
-    """Seconds per call of ``runner()``: repeat until ``min_time`` has passed, return the mean."""
+    """Wall seconds per call of ``runner()``: repeat until ``min_time`` has passed, return the mean.
+
+    ``sweep`` reads the process CPU time around this call as well (``cpu_clock_applies``), and
+    counts the calls through a wrapper of the runner, so a replacement of this function (tests)
+    needs only this signature.
+    """
     calls, start = 0, time.perf_counter()
     while True:
         runner()
@@ -71,6 +90,27 @@ def measure(runner: Callable[[], Any], device: str = "cpu", min_time: float = MI
         elapsed = time.perf_counter() - start
         if elapsed >= min_time:
             return elapsed / calls
+
+
+def cpu_clock_applies(device, threads: int | None) -> bool:
+    """Whether a sweep records CPU seconds (``Sweep.cpu_rounds``): on the CPU with one pinned torch
+    thread, where a call's work is single-threaded. Not on an accelerator (the host thread waits
+    for the device), nor with several threads (OpenMP threads that spin while they wait count as
+    CPU time)."""
+    return str(device).split(":")[0] == "cpu" and threads == 1
+
+
+class _Counted:
+    """``runner`` that counts its calls (CPU seconds per call = the CPU time of a measurement / calls)."""
+
+    __slots__ = ("runner", "calls")
+
+    def __init__(self, runner: Callable[[], Any]):
+        self.runner, self.calls = runner, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.runner()
 
 
 # ------------------------------------------------------------------------------ the fit rule
@@ -141,7 +181,10 @@ class Sweep:
     """Median seconds per call for each N of one (mechanism, variant, implementation).
 
     all_rounds[r][i]: round r at sizes[i] (NaN: skipped by a point budget; seconds = the median of
-    the rounds done). point_budget: the sweep's (None: every round at every N). cost_factors[i]:
+    the rounds done). cpu_rounds[r][i]: the same measurement in CPU seconds of the process per call
+    (``cpu_clock_applies``; None where not recorded). clock, summary: what seconds and all_rounds
+    hold ("wall" and "median" for a measured sweep; ``cpu_view`` gives "cpu" and "min").
+    point_budget: the sweep's (None: every round at every N). cost_factors[i]:
     mech.cost_factor of the problem at sizes[i] (None without one); metrics: {name: [value at
     each size]} from mech.metrics. error, error_n: the first exception ("N = n: Type: message")
     and its N; larger N were not tried, the points before it are kept.
@@ -163,9 +206,30 @@ class Sweep:
     error: str | None = None
     error_n: int | None = None
     point_budget: float | None = None
+    cpu_rounds: list[list[float]] | None = None
+    clock: str = "wall"
+    summary: str = "median"
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def cpu_view(self) -> "Sweep | None":
+        """This sweep on the CPU clock: all_rounds = cpu_rounds and each point the minimum over its
+        rounds (CLOCKS["cpu"]), the times verify.checks.complexity judges. None when CPU seconds
+        were not recorded, or some point has no positive CPU time (a replaced ``measure``)."""
+        if self.clock == "cpu":
+            return self
+        if not self.cpu_rounds or not self.sizes:
+            return None
+        table = np.asarray(self.cpu_rounds, float)
+        if table.ndim != 2 or table.shape[1] != len(self.sizes):
+            return None
+        done = np.isfinite(table)
+        if not done.any(axis=0).all() or not (table[done] > 0).all():
+            return None
+        mins = np.nanmin(table, axis=0)
+        return replace(self, seconds=[float(x) for x in mins], all_rounds=table.tolist(), clock="cpu",
+                       summary=CLOCKS["cpu"])
 
     def fitted(self) -> list[bool]:
         """Which points the fit uses (``fit_points``)."""
@@ -239,6 +303,9 @@ def sweep(
     one round each; its skipped rounds are NaN in ``all_rounds`` and ``seconds`` is the median of
     the rounds done). None: every N gets every round. Slow points are the least noisy, so this
     trades little precision for much time (verify.measure uses it for the non-default variants).
+    CPU seconds: where ``cpu_clock_applies(device, threads)``, every measurement also records the
+    process CPU seconds per call in ``cpu_rounds`` (``Sweep.cpu_view``); the wall times are
+    unchanged by it.
     """
     if impl not in ("fast", "dense"):
         raise ValueError(f"impl must be 'fast' or 'dense', got {impl!r}")
@@ -286,6 +353,8 @@ def sweep(
             cost.append(cf)
             metric_rows.append(mt)
         table = np.full((rounds, len(runners)), np.nan)
+        on_cpu = cpu_clock_applies(device, threads)
+        cpu_table = np.full((rounds, len(runners)), np.nan)
         spent = np.zeros(len(runners))  # seconds of timed measurements per N (point_budget)
         width = len(runners)
         for i in range(rounds):
@@ -293,11 +362,15 @@ def sweep(
                 if i > 0 and point_budget is not None and spent[j] >= point_budget:
                     continue  # this N has had its time; its later rounds stay NaN
                 try:
-                    t0 = time.perf_counter()
-                    t = measure(runners[j], device)
+                    counted = _Counted(runners[j])
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    t = measure(counted, device)
                     spent[j] += time.perf_counter() - t0
+                    cpu = time.process_time() - c0
                     if not (math.isfinite(t) and t > 0):
                         raise ValueError(f"timing gave {t} s")
+                    if on_cpu and counted.calls:
+                        cpu_table[i, j] = cpu / counted.calls
                 except Exception as exc:  # noqa: BLE001 - same as a setup failure at this N
                     error, error_n = f"N = {ok_sizes[j]:,}: {type(exc).__name__}: {exc}", ok_sizes[j]
                     width = j
@@ -310,6 +383,7 @@ def sweep(
     if progress is not None and done < total:
         progress.update(total - done)  # the points not measured after an error
     ok_sizes, cost, metric_rows, table = ok_sizes[:width], cost[:width], metric_rows[:width], table[:, :width]
+    cpu_table = cpu_table[:, :width]
     names = list(dict.fromkeys(k for row in metric_rows for k in row))
     metrics = {k: [None if row.get(k) is None else float(row[k]) for row in metric_rows] for k in names}
     result = Sweep(
@@ -317,10 +391,39 @@ def sweep(
         seconds=[float(x) for x in np.nanmedian(table, axis=0)] if width else [], rounds=rounds,
         all_rounds=table.tolist() if width else [], variant=v.name, seed=seed,
         cost_factors=None if mech.cost_factor is None else cost, metrics=metrics, error=error, error_n=error_n,
-        point_budget=point_budget)
+        point_budget=point_budget, cpu_rounds=cpu_table.tolist() if on_cpu and width else None)
     if cache is not None:
         cache[key] = result
     return result
+
+
+def merge_rounds(first: Sweep, again: Sweep) -> Sweep:
+    """``first`` with the rounds of ``again`` (the same mechanism, variant, impl, device, dtype,
+    threads and clock, re-timed) appended: rounds add up, each point is summarised over all of
+    them (median of wall seconds; ``cpu_view`` takes the minimum of the CPU ones). The sizes are
+    ``first``'s; a size ``again`` lacks (it stopped early) has NaN rounds there, and its error is
+    kept when ``first`` has none. cpu_rounds are pooled only when both have them."""
+    differ = {k: (getattr(first, k), getattr(again, k)) for k in
+              ("mechanism", "variant", "impl", "device", "dtype", "threads", "clock")
+              if getattr(first, k) != getattr(again, k)}
+    if differ:
+        raise ValueError(f"merge_rounds needs two sweeps of the same kind; (first, again) differ in {differ}")
+    if first.clock != "wall":
+        raise ValueError("merge_rounds pools measured sweeps (clock 'wall'); take cpu_view() of the result")
+    at = {n: i for i, n in enumerate(again.sizes)}
+
+    def aligned(rows) -> list[list[float]]:  # again's rounds on first's sizes
+        return [[float(row[at[n]]) if n in at else math.nan for n in first.sizes] for row in rows]
+
+    rows = [list(map(float, r)) for r in first.all_rounds] + aligned(again.all_rounds)
+    cpu = None
+    if first.cpu_rounds is not None and again.cpu_rounds is not None:
+        cpu = [list(map(float, r)) for r in first.cpu_rounds] + aligned(again.cpu_rounds)
+    table = np.asarray(rows, float).reshape(len(rows), len(first.sizes))
+    with np.errstate(all="ignore"):
+        seconds = [float(np.nanmedian(c)) if np.isfinite(c).any() else math.nan for c in table.T]
+    return replace(first, seconds=seconds, all_rounds=rows, rounds=first.rounds + again.rounds, cpu_rounds=cpu,
+                   error=first.error or again.error, error_n=first.error_n if first.error else again.error_n)
 
 
 # ------------------------------------------------------------------------------ crossover
@@ -336,10 +439,20 @@ def _line(sizes: np.ndarray, seconds: np.ndarray) -> tuple[float, float] | None:
     return slope, float(y.mean() - slope * x.mean())
 
 
+def _summarise(table: np.ndarray, summary: str, axis: int) -> np.ndarray:
+    """The point of each N from its rounds: Sweep.summary "min" (a cpu_view) or "median"."""
+    return np.min(table, axis=axis) if summary == "min" else np.median(table, axis=axis)
+
+
+#: log of the largest extrapolated crossover: beyond it (lines that are nearly parallel) "never".
+_MAX_LOG_N = math.log(sys.float_info.max) - 1.0
+
+
 def _crossover(nf, tf, keep_f, nd, td, keep_d) -> tuple[float | None, str]:
     """(estimate, how) from one pair of timing curves; how is "below" (fast wins at the smallest
     common N: the estimate is that N, an upper bound), "interpolated", "extrapolated" or "never"
-    (estimate None). keep_*: the points the extrapolation fits use (the fit rule)."""
+    (estimate None; also when nearly parallel lines would meet beyond the largest float).
+    keep_*: the points the extrapolation fits use (the fit rule)."""
     df, dd = dict(zip(nf, tf)), dict(zip(nd, td))
     common = sorted(set(df) & set(dd))
     ratio = [dd[n] / df[n] for n in common]
@@ -352,7 +465,10 @@ def _crossover(nf, tf, keep_f, nd, td, keep_d) -> tuple[float | None, str]:
     lf, ld = _line(nf[keep_f], tf[keep_f]), _line(nd[keep_d], td[keep_d])
     if lf is None or ld is None or ld[0] <= lf[0]:
         return None, "never"
-    return float(math.exp((lf[1] - ld[1]) / (ld[0] - lf[0]))), "extrapolated"
+    log_n = (lf[1] - ld[1]) / (ld[0] - lf[0])
+    if not log_n < _MAX_LOG_N:  # nearly parallel lines (a noisy bootstrap replicate): beyond any float N
+        return None, "never"
+    return float(math.exp(log_n)), "extrapolated"
 
 
 def _curves(fast: Sweep, dense: Sweep):
@@ -379,7 +495,8 @@ def crossover_interval(fast: Sweep, dense: Sweep, confidence: float = 0.95,
     """A ``confidence`` interval on ``crossover(fast, dense)`` by a percentile bootstrap over rounds.
 
     Method: each replicate redraws, independently for every N of both sweeps, ``rounds`` of that
-    N's per-round times with replacement and takes their median (as the sweep does), then
+    N's per-round times with replacement and takes their median (as the sweep does; the minimum
+    for a sweep whose summary is "min", ``Sweep.cpu_view``), then
     recomputes the crossover by the same rule (interpolation, or extrapolation of fits over the
     points the fit rule chose on the measured medians). A replicate where the lines never meet
     counts as +inf. The bounds are the lower (1 - confidence)/2 and upper (1 + confidence)/2
@@ -402,15 +519,15 @@ def crossover_interval(fast: Sweep, dense: Sweep, confidence: float = 0.95,
     point, how = _crossover(nf, tf, keep_f, nd, td, keep_d)
     rng = np.random.default_rng(seed)
 
-    def medians(table: np.ndarray) -> np.ndarray:  # (replicates, n): bootstrap medians per N
+    def medians(table: np.ndarray, summary: str) -> np.ndarray:  # (replicates, n): bootstrap summaries per N
         r, n = table.shape
         idx = rng.integers(0, r, size=(replicates, r, n))
-        return np.median(table[idx, np.arange(n)[None, None, :]], axis=1)
+        return _summarise(table[idx, np.arange(n)[None, None, :]], summary, axis=1)
 
-    # rounds a point budget skipped (NaN) count as that N's median of the rounds done
+    # rounds a point budget skipped (NaN) count as that N's summary of the rounds done
     rf = np.where(np.isnan(rf), np.asarray(tf)[None, :], rf)
     rd = np.where(np.isnan(rd), np.asarray(td)[None, :], rd)
-    bf, bd = medians(rf), medians(rd)
+    bf, bd = medians(rf, fast.summary), medians(rd, dense.summary)
     est = np.empty(replicates)
     for b in range(replicates):
         x = _crossover(nf, bf[b], keep_f, nd, bd[b], keep_d)[0]
@@ -421,6 +538,56 @@ def crossover_interval(fast: Sweep, dense: Sweep, confidence: float = 0.95,
     if how == "below":
         low = None
     return (None if low is None or not math.isfinite(low) else low), (high if math.isfinite(high) else None)
+
+
+def speedup_interval(fast: Sweep, dense: Sweep, confidence: float = 0.95, replicates: int = CROSSOVER_REPLICATES,
+                     seed: int = 0) -> tuple[float | None, float | None]:
+    """A ``confidence`` interval on the slope of ``compare``'s speed-up fit (log t_dense / t_fast vs
+    log N) from round-to-round timing noise, by a percentile bootstrap over rounds.
+
+    The points are the ones the speed-up fit uses (the common N where both times pass the fit
+    rule, on the measured summaries), fixed. Each replicate redraws, for every such N of both
+    sweeps, that N's rounds with replacement, summarises them as the sweep does (the median; the
+    minimum for a ``Sweep.cpu_view``) and refits the least-squares slope; the bounds are the
+    (1 -+ confidence)/2 empirical quantiles ("lower"/"higher" order statistics).
+
+    What it covers, and what not: the t-interval of the speed-up fit treats the curvature of the
+    speed-up curve over 4-5 points (overheads at small N, the dense twin's cache steps) as noise,
+    with 2-3 degrees of freedom, so it was wide even on an idle machine (tree-dc: slope 1.18,
+    [0.56, 1.80]) and a load shift at one end could push it below 0. This interval asks only whether
+    the speed-up grows across the measured grid beyond the scatter of the rounds; the curve's shape
+    is not noise for that question. (None, None) with fewer than 3 points or 2 rounds in a sweep.
+    """
+    if not (0 < confidence < 1):
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    tf, td = dict(zip(fast.sizes, fast.seconds)), dict(zip(dense.sizes, dense.seconds))
+    common = sorted(set(tf) & set(td))
+    if len(common) < 3:
+        return None, None
+    keep = fit_points(common, [min(tf[n], td[n]) for n in common])
+    sizes = [n for n, k in zip(common, keep) if k]
+    rf, rd = np.asarray(fast.all_rounds, float), np.asarray(dense.all_rounds, float)
+    if len(sizes) < 3 or rf.ndim != 2 or rd.ndim != 2 or min(rf.shape[0], rd.shape[0]) < 2 \
+            or rf.shape[1] != len(fast.sizes) or rd.shape[1] != len(dense.sizes):
+        return None, None
+    cf, cd = [fast.sizes.index(n) for n in sizes], [dense.sizes.index(n) for n in sizes]
+    # rounds a point budget skipped (NaN) count as that N's summary of the rounds done
+    rf = np.where(np.isnan(rf[:, cf]), np.asarray([tf[n] for n in sizes])[None, :], rf[:, cf])
+    rd = np.where(np.isnan(rd[:, cd]), np.asarray([td[n] for n in sizes])[None, :], rd[:, cd])
+    rng = np.random.default_rng(seed)
+
+    def redrawn(table: np.ndarray, summary: str) -> np.ndarray:  # (replicates, points)
+        r, n = table.shape
+        idx = rng.integers(0, r, size=(replicates, r, n))
+        return _summarise(table[idx, np.arange(n)[None, None, :]], summary, axis=1)
+
+    y = np.log(redrawn(rd, dense.summary)) - np.log(redrawn(rf, fast.summary))
+    dx = np.log(np.asarray(sizes, float))
+    dx = dx - dx.mean()
+    slopes = (y - y.mean(axis=1, keepdims=True)) @ dx / (dx @ dx)
+    alpha = 1.0 - confidence
+    return (float(np.quantile(slopes, alpha / 2, method="lower")),
+            float(np.quantile(slopes, 1 - alpha / 2, method="higher")))
 
 
 def measured_crossover(sizes, speedup) -> int | None:

@@ -457,3 +457,134 @@ def test_covering_sweep_answers_only_for_a_superset_with_enough_rounds():
     full.error = "N = 512: RuntimeError: boom"
     assert covering_sweep(cache, "m", "v", "fast", (128,), 3, "cpu", 0) is None  # never a failed sweep
     assert covering_sweep(None, "m", "v", "fast", (128,), 3, "cpu", 0) is None
+
+
+# ------------------------------------------------------------------------------ the CPU clock
+
+
+def test_cpu_clock_applies_to_one_thread_on_the_cpu_only():
+    assert timing.cpu_clock_applies("cpu", 1) and timing.cpu_clock_applies("cpu:0", 1)
+    assert not timing.cpu_clock_applies("cpu", None) and not timing.cpu_clock_applies("cpu", 2)
+    assert not timing.cpu_clock_applies("cuda", 1) and not timing.cpu_clock_applies("cuda:1", 1)
+    assert timing.CLOCKS == {"wall": "median", "cpu": "min"}
+
+
+def test_sweep_records_cpu_seconds_per_call_beside_the_wall_times(monkeypatch):
+    """A fake measurement makes 4 calls per measurement, each costing half its wall time in
+    process CPU seconds (a fake process_time): cpu_rounds holds CPU seconds per call, counted
+    through the runner, and the wall times are unchanged; with threads unpinned none are kept."""
+    cpu = {"t": 0.0}
+    monkeypatch.setattr(timing.time, "process_time", lambda: cpu["t"])
+    load = iter([1.0, 3.0, 2.0] * 8)  # a per-measurement factor on the CPU clock: rounds differ
+
+    def fake_measure(runner, device="cpu", min_time=0):
+        f = next(load)
+        for _ in range(4):
+            t = runner()
+            cpu["t"] += 0.5 * t * f
+        return t
+
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    s = timing.sweep(_record(cost=False), "fast", (16, 32, 64), rounds=2)
+    np.testing.assert_allclose(s.seconds, [1e-6 * n for n in (16, 32, 64)])  # wall: the runner's own 'time'
+    np.testing.assert_allclose(s.cpu_rounds, [[0.5e-6 * 16, 1.5e-6 * 32, 1e-6 * 64],
+                                              [0.5e-6 * 16, 1.5e-6 * 32, 1e-6 * 64]])
+    assert s.clock == "wall" and s.summary == "median"
+    v = s.cpu_view()
+    assert v.clock == "cpu" and v.summary == "min" and v.cpu_view() is v
+    np.testing.assert_allclose(v.seconds, np.min(s.cpu_rounds, axis=0))
+    assert v.all_rounds == s.cpu_rounds and v.sizes == s.sizes and v.rounds == 2
+    json.dumps(s.to_dict())
+    assert s.to_result().seconds == s.seconds  # the report's record: wall seconds, as before
+    unpinned = timing.sweep(_record(cost=False), "fast", (16, 32, 64), rounds=1, threads=None)
+    assert unpinned.cpu_rounds is None and unpinned.cpu_view() is None
+
+
+def test_cpu_view_takes_the_minimum_and_refuses_unusable_cpu_times():
+    s = Sweep("m", "fast", "cpu", "float32", 1, [8, 16, 32], [1.0, 2.0, 4.0], 3,
+              all_rounds=[[1.0, 2.0, 4.0]] * 3,
+              cpu_rounds=[[1.0, 2.5, math.nan], [0.9, 2.0, 4.5], [1.2, 3.0, 4.0]])
+    np.testing.assert_allclose(s.cpu_view().seconds, [0.9, 2.0, 4.0])  # NaN (a skipped round) ignored
+    assert _sweep([8, 16], [1.0, 2.0]).cpu_view() is None  # none recorded
+    s.cpu_rounds[0][0] = 0.0  # a replaced measure() that took no CPU time
+    assert s.cpu_view() is None
+    s.cpu_rounds = [[1.0, 2.0, math.nan]] * 3  # a point without any CPU time
+    assert s.cpu_view() is None
+
+
+def test_merge_rounds_pools_a_retry():
+    first = Sweep("mech", "fast", "cpu", "float32", 1, [8, 16, 32], [1.0, 2.0, 4.0], 3,
+                  all_rounds=[[1.0, 2.0, 4.0], [1.1, 2.2, 4.4], [0.9, 1.8, 9.0]],
+                  cpu_rounds=[[1.0, 2.0, 8.0], [1.0, 2.0, 8.0], [1.0, 2.0, 8.0]])
+    again = Sweep("mech", "fast", "cpu", "float32", 1, [8, 16, 32], [1.0, 2.0, 4.0], 2,
+                  all_rounds=[[1.2, 2.4, 4.0], [1.0, 2.0, 4.1]], cpu_rounds=[[0.9, 2.1, 4.0], [1.0, 2.0, 4.0]])
+    m = timing.merge_rounds(first, again)
+    assert m.rounds == 5 and len(m.all_rounds) == 5 and len(m.cpu_rounds) == 5 and m.sizes == [8, 16, 32]
+    np.testing.assert_allclose(m.seconds, np.median(first.all_rounds + again.all_rounds, axis=0))
+    np.testing.assert_allclose(m.cpu_view().seconds, [0.9, 2.0, 4.0])  # the burst at 32 is outvoted
+    assert first.rounds == 3 and len(first.all_rounds) == 3  # not modified
+    # a retry that stopped early: NaN where it has no size, and its error is kept
+    short = Sweep("mech", "fast", "cpu", "float32", 1, [8], [1.0], 1, all_rounds=[[1.0]], cpu_rounds=[[0.8]],
+                  error="N = 16: MemoryError: out", error_n=16)
+    m = timing.merge_rounds(first, short)
+    assert math.isnan(m.all_rounds[-1][1]) and m.cpu_view().seconds[0] == 0.8 and m.error_n == 16
+    np.testing.assert_allclose(m.seconds[1:], np.median(first.all_rounds, axis=0)[1:])
+    # no CPU times on one side: none pooled
+    assert timing.merge_rounds(first, _sweep([8, 16, 32], [1.0, 2.0, 4.0], all_rounds=[[1.0, 2.0, 4.0]])
+                               ).cpu_rounds is None
+    with pytest.raises(ValueError, match="same kind"):
+        timing.merge_rounds(first, _sweep([8, 16, 32], [1.0, 2.0, 4.0], "dense"))
+    with pytest.raises(ValueError, match="cpu_view"):
+        timing.merge_rounds(first.cpu_view(), first.cpu_view())
+
+
+def test_crossover_interval_bootstraps_the_minimum_on_the_cpu_clock():
+    """A view whose summary is the minimum resamples minima: with a point's rounds all at or above
+    the law, the interval still covers the crossover measured on the minima."""
+    sizes = [2**p for p in range(6, 14)]
+    tf, td = [1e-6 * n for n in sizes], [1e-9 * n * n for n in sizes]
+    up = lambda t, fs: [list(np.asarray(t) * f) for f in fs]  # noqa: E731
+    fast = Sweep("m", "fast", "cpu", "float32", 1, sizes, tf, 3, all_rounds=up(tf, (1.0, 1.3, 1.6)),
+                 cpu_rounds=up(tf, (1.0, 1.3, 1.6))).cpu_view()
+    dense = Sweep("m", "dense", "cpu", "float32", 1, sizes, td, 3, all_rounds=up(td, (1.0, 1.2, 2.0)),
+                  cpu_rounds=up(td, (1.0, 1.2, 2.0))).cpu_view()
+    assert crossover(fast, dense) == pytest.approx(1000.0)
+    low, high = crossover_interval(fast, dense)
+    assert low <= 1000.0 <= high
+
+
+def test_speedup_interval_covers_round_noise_not_the_curve_s_shape():
+    """The bootstrap interval of the speed-up slope: exact rounds give the fit's slope at both ends
+    even where the curve bends (the t-interval of the fit does not); scattered rounds widen it
+    around the truth; fewer than 2 rounds or 3 points give (None, None)."""
+    sizes = [2**p for p in range(6, 14)]
+    bend = {2048: 2.5, 4096: 0.6}
+    tf, td = [1e-6 * n for n in sizes], [1e-9 * n * n * bend.get(n, 1.0) for n in sizes]
+    fast, dense = _sweep(sizes, tf, all_rounds=[tf] * 3), _sweep(sizes, td, "dense", [td] * 3)
+    fit = compare(fast, dense).speedup_fit
+    assert fit.low < 0 < fit.slope  # the bend, read as noise by the t-interval
+    low, high = timing.speedup_interval(fast, dense)
+    assert low == pytest.approx(fit.slope) and high == pytest.approx(fit.slope)
+    rng = np.random.default_rng(8)
+    tf, rf = _noisy(sizes, lambda n: 1e-6 * n, 7, rng, 0.05)
+    td, rd = _noisy(sizes, lambda n: 1e-9 * n * n, 7, rng, 0.05)
+    low, high = timing.speedup_interval(_sweep(sizes, tf, all_rounds=rf), _sweep(sizes, td, "dense", rd))
+    assert low < 1.0 < high and high - low < 0.5
+    assert timing.speedup_interval(_sweep(sizes, tf, all_rounds=rf[:1]), _sweep(sizes, td, "dense", rd)) == (None, None)
+    assert timing.speedup_interval(_sweep(sizes[:2], tf[:2], all_rounds=[r[:2] for r in rf]),
+                                   _sweep(sizes[:2], td[:2], "dense", [r[:2] for r in rd])) == (None, None)
+    with pytest.raises(ValueError, match="confidence"):
+        timing.speedup_interval(fast, dense, confidence=0.0)
+
+
+def test_crossover_of_nearly_parallel_lines_is_never_not_an_overflow():
+    """A loaded run gave a bootstrap replicate whose two lines met beyond the largest float N
+    (math.exp overflowed and complexity/tree-diam raised): such a crossover is "never"."""
+    fast_n, dense_n = [2**p for p in range(11, 17)], [2**p for p in range(6, 10)]
+    fast = _sweep(fast_n, [1e-3 * n for n in fast_n], all_rounds=[[1e-3 * n for n in fast_n]] * 2)
+    dense = _sweep(dense_n, [1e-9 * n**1.0001 for n in dense_n], "dense",
+                   [[1e-9 * n**1.0001 for n in dense_n]] * 2)
+    assert crossover(fast, dense) is None
+    assert crossover_interval(fast, dense) == (None, None)
+    c = compare(fast, dense)
+    assert c.crossover is None and not c.extrapolated

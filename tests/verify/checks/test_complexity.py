@@ -133,3 +133,183 @@ def test_noisy_linear_times_pass(monkeypatch, noise_seed):
                                "dense": lambda n: 1e-9 * n * n * noise.setdefault(("d", n), rng.uniform(0.97, 1.03))})
     r = C.check_for(get("packing")).evaluate(Context())
     assert r.status == "pass" and 1.0 < r.statistic < r.threshold
+
+
+# ------------------------------------------------------------------------------ a loaded machine
+#
+# A fake verify.timing.sweep on a busy machine, deterministic: every measurement is the true cost
+# times a load factor, separately for the wall clock (waiting for a core counts) and the CPU clock
+# (it does not; cache and bandwidth contention still add a little). The decision logic is tested
+# on these numbers; no test times anything.
+
+
+def _loaded_sweeps(monkeypatch, laws: dict, wall_load, cpu_load, calls: list | None = None, cpu: bool = True):
+    """Replace verify.timing.sweep: round r of attempt a (0: the first sweep of an impl, 1: its
+    retry) at N measures laws[impl](N) * wall_load(a, impl, r, N) wall seconds and
+    laws[impl](N) * cpu_load(a, impl, r, N) CPU seconds (no cpu_rounds if not ``cpu``: an
+    accelerator's sweep). ``calls`` records (impl, rounds, cache is None) of every sweep."""
+    attempts: dict[str, int] = {}
+
+    def fake(mech, impl, sizes, *, variant=None, rounds=3, device="cpu", seed=0, cache=None, **kw):
+        a = attempts[impl] = attempts.get(impl, -1) + 1
+        if calls is not None:
+            calls.append((impl, rounds, cache is None))
+        sizes = list(sizes)
+        wall = [[laws[impl](n) * wall_load(a, impl, r, n) for n in sizes] for r in range(rounds)]
+        cpus = [[laws[impl](n) * cpu_load(a, impl, r, n) for n in sizes] for r in range(rounds)]
+        return Sweep(mech.id, impl, device, "float32", 1, sizes, list(np.median(wall, axis=0)), rounds,
+                     all_rounds=wall, variant=mech.variant(variant).name, seed=seed,
+                     cpu_rounds=cpus if cpu else None)
+
+    monkeypatch.setattr(C, "sweep", fake)
+
+
+def _draw(salt: int, a: int, impl: str, r: int, n: int) -> float:
+    """A uniform [0, 1) number fixed by the measurement (attempt, impl, round, N): no shared state."""
+    return float(np.random.default_rng([salt, a, impl == "dense", r, n]).random())
+
+
+def _busy_wall(a, impl, r, n, burst=(1024, 2048)):
+    """Wall clock on a loaded machine: every call waits 0.5-2x its cost for a core, and while the
+    dense twin timed its smaller N a burst of load made them 5x slower in every round (short calls
+    are hit hardest by time slicing): the wall speed-up curve flattens (causal's speed-up fit uses
+    N = 1024..8192)."""
+    return (1.5 + 1.5 * _draw(11, a, impl, r, n)) * (5.0 if impl == "dense" and n in burst else 1.0)
+
+
+def _busy_cpu(a, impl, r, n):
+    """CPU clock on the same machine: 0-3% contention on every measurement, and in round 0 a
+    cache-thrashing neighbour doubles it at every other N (the minimum over rounds drops it)."""
+    spike = 2.0 if r == 0 and (n.bit_length() % 2) else 1.0
+    return (1.0 + 0.03 * _draw(12, a, impl, r, n)) * spike
+
+
+QUADRATIC_FAST = {"fast": lambda n: 1e-9 * n * n, "dense": lambda n: 3e-9 * n * n}
+
+
+def test_a_loaded_machine_does_not_fail_a_correct_fast_path(monkeypatch):
+    """The same load judged on the wall clock fails causal's speed-up test; on the CPU clock, with
+    each point the minimum over rounds, it passes on the first attempt with slopes near the truth."""
+    calls = []
+    _loaded_sweeps(monkeypatch, LINEAR, _busy_wall, _busy_cpu, calls)
+    r = C.check_for(get("causal")).evaluate(Context())
+    assert r.status == "pass", r.details["reasons"]
+    assert r.details["clock"] == "cpu" and [c[0] for c in calls] == ["fast", "dense"]  # no retry
+    assert r.details["fast"]["fit"]["slope"] == pytest.approx(1.0, abs=0.03)
+    assert r.details["speedup"]["fit"]["slope"] == pytest.approx(1.0, abs=0.05)
+    assert r.details["fast"]["seconds"] != r.details["fast"]["cpu_seconds"]  # the wall medians are kept beside
+    assert len(r.details["attempts"]) == 1 and r.details["attempts"][0]["verdict"] == "pass"
+    # the same machine without CPU times (the wall clock, medians): the speed-up test fails, retry and all
+    _loaded_sweeps(monkeypatch, LINEAR, _busy_wall, _busy_cpu, cpu=False)
+    wall = C.check_for(get("causal")).evaluate(Context())
+    assert wall.status == "fail" and wall.details["clock"] == "wall" and len(wall.details["attempts"]) == 2
+    assert any("does not grow with N" in x for x in wall.reasons)
+
+
+def test_a_planted_quadratic_fails_under_the_same_load(monkeypatch):
+    """A quadratic fast path on the same loaded machine fails (after its retry), never inconclusive."""
+    calls = []
+    _loaded_sweeps(monkeypatch, QUADRATIC_FAST, _busy_wall, _busy_cpu, calls)
+    r = C.check_for(get("causal")).evaluate(Context())
+    assert r.status == "fail" and "inconclusive" not in r.details
+    assert r.statistic == pytest.approx(2.0, abs=0.05)
+    assert any("not < 1.35" in x for x in r.reasons) and any("does not grow with N" in x for x in r.reasons)
+    assert [c[0] for c in calls] == ["fast", "dense", "fast", "dense"]  # the retry, then the verdict
+    assert [a["verdict"] for a in r.details["attempts"]] == ["fail", "fail"]
+
+
+def test_a_burst_during_the_first_sweep_is_outvoted_by_the_retry(monkeypatch):
+    """Every round of the first fast sweep timed its two largest N during a burst (x3 CPU seconds,
+    as a memory-hungry neighbour can do): the first attempt fails (slope 1.34, upper CI 1.57), so
+    the check re-times (RETRY_ROUNDS more rounds, not cached) and decides on the pooled rounds,
+    whose minimum drops the burst: pass."""
+    calls = []
+
+    def burst(a, impl, r, n):
+        return 3.0 if a == 0 and impl == "fast" and n >= 2**14 else 1.0
+
+    _loaded_sweeps(monkeypatch, LINEAR, burst, burst, calls)
+    r = C.check_for(get("causal")).evaluate(Context(quick=True))
+    assert r.status == "pass", r.details["reasons"]
+    first, second = r.details["attempts"]
+    assert first["verdict"] != "pass" and first["fit"]["high"] >= C.CLASS_UPPER["N"]
+    assert second["verdict"] == "pass" and second["fit"]["slope"] == pytest.approx(1.0, abs=1e-9)
+    assert calls == [("fast", 3, False), ("dense", 3, False), ("fast", C.RETRY_ROUNDS[True], True),
+                     ("dense", C.RETRY_ROUNDS[True], True)]
+    assert r.details["rounds"] == 3 + C.RETRY_ROUNDS[True]
+
+
+def _zigzag(a, impl, r, n):
+    """Persistent scatter, the same in every round and attempt: exp(+-0.45) at alternate N."""
+    return math.exp(0.45 if n.bit_length() % 2 else -0.45) if impl == "fast" else 1.0
+
+
+def test_a_wide_interval_around_a_right_estimate_is_inconclusive_not_failed(monkeypatch):
+    """Scatter that no rounds remove leaves causal's slope estimate at 1.0 but its interval above
+    1.35: after the retry the check is skipped as inconclusive (never a new status), with a reason.
+    The same scatter on a quadratic fast path fails: an estimate on the wrong side is never
+    inconclusive."""
+    _loaded_sweeps(monkeypatch, LINEAR, _zigzag, _zigzag)
+    r = C.check_for(get("causal")).evaluate(Context())
+    fit = r.details["fast"]["fit"]
+    assert fit["slope"] == pytest.approx(1.0, abs=1e-9) and fit["high"] >= C.CLASS_UPPER["N"]
+    assert r.status == "skip" and r.details["inconclusive"] is True and r.reasons == []
+    assert "inconclusive" in r.details["reason"] and "not < 1.35" in r.details["reason"]
+    assert r.statistic == pytest.approx(fit["high"]) and len(r.details["attempts"]) == 2
+    _loaded_sweeps(monkeypatch, QUADRATIC_FAST, _zigzag, _zigzag)
+    q = C.check_for(get("causal")).evaluate(Context())
+    assert q.status == "fail" and "inconclusive" not in q.details and any("not < 1.35" in x for x in q.reasons)
+
+
+def test_an_estimate_within_the_margin_fails():
+    """The rule itself: inconclusive only with the estimate past the threshold by the margin."""
+    from verify.timing import Fit
+
+    assert C._one_sided(Fit(1.0, 0.6, 1.4, 0, 0.95, 0), "<", 1.35, C.SLOPE_MARGIN, "t", "")[0] == "unsure"
+    assert C._one_sided(Fit(1.2, 1.0, 1.4, 0, 0.95, 0), "<", 1.35, C.SLOPE_MARGIN, "t", "")[0] == "fail"
+    assert C._one_sided(Fit(1.4, 0.5, 2.3, 0, 0.95, 0), "<", 1.35, C.SLOPE_MARGIN, "t", "")[0] == "fail"
+    assert C._one_sided(Fit(1.0, 0.9, 1.3, 0, 0.95, 0), "<", 1.35, C.SLOPE_MARGIN, "t", "")[0] == "pass"
+    assert C._one_sided(Fit(2.1, 1.7, 2.5, 0, 0.95, 0), ">", 1.8, C.SLOPE_MARGIN, "t", "")[0] == "unsure"
+    assert C._one_sided(Fit(1.9, 1.7, 2.1, 0, 0.95, 0), ">", 1.8, C.SLOPE_MARGIN, "t", "")[0] == "fail"
+
+
+def test_the_speedup_curve_s_shape_is_not_noise(monkeypatch):
+    """A dense twin whose times bend around the power law the same way in every round (cache steps):
+    the t-interval of the speed-up fit reaches below 0, but the rounds agree, so the speed-up
+    grows beyond their scatter (timing.speedup_interval): pass on the first attempt."""
+    def shape(a, impl, r, n):
+        return {1024: 2.6, 2048: 0.7, 4096: 1.6}.get(n, 1.0) if impl == "dense" else 1.0
+
+    _loaded_sweeps(monkeypatch, LINEAR, shape, shape)
+    r = C.check_for(get("causal")).evaluate(Context())
+    sp = r.details["speedup"]
+    assert sp["fit"]["low"] <= 0 < C.SPEEDUP_MARGIN <= sp["fit"]["slope"], sp
+    assert r.status == "pass" and len(r.details["attempts"]) == 1
+    assert sp["interval"][0] == pytest.approx(sp["fit"]["slope"]) == pytest.approx(sp["interval"][1])
+    assert "bootstrap" in sp["interval_method"]
+
+
+def _slow_rounds(a, impl, r, n):
+    """In two of every three rounds the fast path at the largest common N (8192) ran 12x slower:
+    the minimum is right, but a bootstrap replicate that misses the quiet rounds sees a speed-up
+    that falls (its slope drops by ln 12 * 1.5 / (5 ln 2) = 1.08)."""
+    return 12.0 if impl == "fast" and n == 8192 and r % 3 else 1.0
+
+
+def test_a_speedup_scattered_by_rounds_is_inconclusive_unless_it_barely_grows(monkeypatch):
+    """Round-to-round scatter widens the speed-up interval below 0 in both attempts: with the
+    estimate at slope 1 (>= SPEEDUP_MARGIN) the check is inconclusive; with a dense twin that
+    grows like N^1.3 (speed-up slope 0.3, below the margin) the same scatter fails it."""
+    calls = []
+    _loaded_sweeps(monkeypatch, LINEAR, _slow_rounds, _slow_rounds, calls)
+    r = C.check_for(get("causal")).evaluate(Context())
+    sp = r.details["speedup"]
+    assert sp["fit"]["slope"] == pytest.approx(1.0, abs=1e-9) and sp["interval"][0] <= 0
+    assert r.status == "skip" and r.details["inconclusive"] and "does not grow" in r.details["reason"]
+    assert [a["verdict"] for a in r.details["attempts"]] == ["inconclusive", "inconclusive"] and len(calls) == 4
+    slow = {"fast": lambda n: 1e-6 * n, "dense": lambda n: 4e-5 * n**1.3}
+    _loaded_sweeps(monkeypatch, slow, _slow_rounds, _slow_rounds)
+    f = C.check_for(get("causal")).evaluate(Context())
+    sp = f.details["speedup"]
+    assert sp["fit"]["slope"] == pytest.approx(0.3, abs=1e-9) and sp["interval"][0] <= 0
+    assert f.status == "fail" and any("does not grow" in x for x in f.reasons)
