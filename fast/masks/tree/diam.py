@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fast.masks.base import SymmetricMaskOperator
-from fast.masks.tree.forest import DEFAULT_MAX_CHUNK_BYTES, Forest, FTable, check_f, check_unweighted, forest_diameter
+from fast.masks.tree.forest import (DEFAULT_MAX_CHUNK_BYTES, DistanceFunctionMask, Forest, FTable, check_f,
+                                   check_unweighted, forest_diameter)
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 
-class TreeDiamMask(SymmetricMaskOperator):
+class TreeDiamMask(DistanceFunctionMask):
     """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n diam c) (Lemma 6.2).
 
     forest: an unweighted ``Forest`` (all edge lengths 1, else ValueError); f: (n,) tensor (or
@@ -61,16 +61,6 @@ class TreeDiamMask(SymmetricMaskOperator):
                 torch.as_tensor(f.parent_pos[lo:hi] - f.level_starts[k - 1], device=device)
                 for k, lo, hi in f.levels()[1:]]
         return self._local_parents[key]
-
-    @property
-    def nonnegative(self) -> bool:
-        """True when f >= 0 (then every entry f(dist) is; entries between trees are 0). Read from
-        f at each call, so an in-place change of a learnable f is followed."""
-        return bool((self.f.detach() >= 0).all())
-
-    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-tree max of the FAVOR+ key exponents z (..., n, m) -> (..., n, 1) (Forest.key_stabilizer)."""
-        return self.forest.key_stabilizer(z)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the depths, O(n diam c) work."""

@@ -15,6 +15,7 @@ import scipy.sparse as sp
 import scipy.sparse.csgraph as csgraph
 import torch
 
+from fast.masks.base import SymmetricMaskOperator
 from fast.validation import check_positive_int, check_tokens
 
 
@@ -309,3 +310,21 @@ def check_f(f: FTable, n: int) -> torch.Tensor:
     if not bool(torch.isfinite(t.detach()).all()):
         raise ValueError("f contains non-finite values (NaN or inf)")
     return t
+
+
+class DistanceFunctionMask(SymmetricMaskOperator):
+    """Shared members of the masks M_ij = f(dist(i, j)) on an unweighted forest (0 across trees):
+    TreeDiamMask and TreeDCMask set ``forest`` and the table ``f`` (n,)."""
+
+    forest: Forest
+    f: torch.Tensor
+
+    @property
+    def nonnegative(self) -> bool:
+        """True when f >= 0 (then every entry f(dist) is; entries between trees are 0). Read from
+        f at each call, so an in-place change of a learnable f is followed."""
+        return bool((self.f.detach() >= 0).all())
+
+    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-tree max of the FAVOR+ key exponents z (..., n, m) -> (..., n, 1) (Forest.key_stabilizer)."""
+        return self.forest.key_stabilizer(z)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fast.masks.base import SymmetricMaskOperator
-from fast.masks.tree.forest import DEFAULT_MAX_CHUNK_BYTES, Forest, FTable, check_f, check_unweighted
+from fast.masks.tree.forest import (DEFAULT_MAX_CHUNK_BYTES, DistanceFunctionMask, Forest, FTable, check_f,
+                                   check_unweighted)
 from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, FFT_ROW, SeparatorPlan
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 
-class TreeDCMask(SymmetricMaskOperator):
+class TreeDCMask(DistanceFunctionMask):
     """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n log^2 n c) (Lemma 6.1).
 
     forest: an unweighted ``Forest``; f: (n,) tensor (or array) f(0), ..., f(n - 1), finite, any
@@ -98,16 +98,6 @@ class TreeDCMask(SymmetricMaskOperator):
         return self._tensors[key]
 
     # ----------------------------------------------------------------------- product
-
-    @property
-    def nonnegative(self) -> bool:
-        """True when f >= 0 (then every entry f(dist) is; entries between trees are 0). Read from
-        f at each call, so an in-place change of a learnable f is followed."""
-        return bool((self.f.detach() >= 0).all())
-
-    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-tree max of the FAVOR+ key exponents z (..., n, m) -> (..., n, 1) (Forest.key_stabilizer)."""
-        return self.forest.key_stabilizer(z)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): dense blocks, Hankel FFTs, the f(0) fix at the v's."""
