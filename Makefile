@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: report test verify bench bench-history bench-continuous bench-compare publish bench-preview clean
+.PHONY: report test verify bench-ops bench bench-history bench-continuous bench-compare publish bench-preview clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,18 @@ test: $(STAMP)
 
 verify: $(STAMP)
 	$(PY) -m verify $(ARGS)
+
+# The peer suite (docs/benchmarks.md, "Peer benchmarks"): each operation of maskbench beside torch
+# SDPA and, when installed, performer-pytorch and pytorch-fast-transformers (missing peers skip
+# with a message), then the peers summary (ratio = peer / maskbench median time, with a bootstrap
+# interval) and its markdown table. ARGS go to pytest, e.g. ARGS=--quick (N in {2^10, 2^12}),
+# ARGS="--device cuda", ARGS="--threads 1 --benchmark-min-rounds=20".
+bench-ops: $(STAMP)
+	mkdir -p benchmarks/out
+	$(PY) -m pytest benchmarks --benchmark-enable --benchmark-group-by=group \
+	    --benchmark-sort=name --benchmark-columns=median,iqr,min,rounds --benchmark-min-rounds=10 \
+	    --benchmark-json benchmarks/out/peers.json $(ARGS)
+	$(PY) benchmarks/summary.py benchmarks/out/peers.json --out benchmarks/out/peers-summary.json
 
 # asv (docs/benchmarks.md). Every target records under one machine name, so that `make bench`,
 # per-commit runs and `asv compare` see the same history.
