@@ -21,6 +21,10 @@ A record declares, besides its problem generator and implementations:
   sparse graphs): time / cost_factor is fitted against the class without it.
 - metrics: structural numbers of a problem worth charting against N (e.g. a recursion depth and
   the bound it must stay under), recorded by the sweeps beside the times.
+- roofline: what perf/<id> times and against which roofline (``Roofline``; verify.roofline,
+  verify.checks.perf): the fp32 matmul rate with a FLOP count, or a bare primitive of the same
+  size (the batched rfft/irfft of the same columns, one scatter over the tree), and the issue's
+  benchmark target (reported, never judged).
 """
 from __future__ import annotations
 
@@ -43,6 +47,9 @@ EQUIVALENCE_BATCH = (2, 2)
 
 #: runner() -> Tensor: the timed part of one (problem, implementation); set-up happens before.
 Runner = Callable[[], Any]
+#: Rooflines a perf/<id> check compares with (verify.roofline): the measured fp32 matmul rate
+#: (achieved GFLOP/s of the useful FLOPs), or a bare primitive of the same size timed beside it.
+ROOFLINE_BASELINES = ("matmul", "fft", "scatter")
 
 
 def _pow2_grid(lo: int, hi: int) -> tuple[int, ...]:
@@ -82,6 +89,47 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Roofline:
+    """How perf/<id> measures a mechanism's speed against what the machine can do (verify.roofline).
+
+    baseline: "matmul" (the fast path's useful FLOPs per second as a fraction of the fp32 GEMM
+        rate measured in the same run), "fft" (the bare batched rfft/irfft of the same columns at
+        the mask's n_fft and transform dtype, over the mask product's time) or "scatter" (one bare
+        index_add_ of N x c rows into the tree's parents, over the mask product's time).
+    case(mech, n, device, seed) -> verify.roofline.PerfCase: builds the timed kernel (and the bare
+        primitive, or the FLOP counts) untimed; verify.roofline has the factories (favor_case,
+        softmax_case, mask_product_case).
+    target: the issue's benchmark target for the fraction (linear 0.70, causal 0.50, FFT masks
+        1 / 1.5), or None (reported only). A benchmark target, never a pass/fail threshold.
+    target_n: the N the target is stated at (the issue's 2^16), or None.
+    quick_n / n: the N timed in --quick and in the full run (the mechanism's size_rule applies).
+    """
+
+    baseline: str
+    case: Callable[..., Any]
+    target: float | None = None
+    target_n: int | None = None
+    quick_n: int = 2**14
+    n: int = 2**16
+
+    def __post_init__(self):
+        if self.baseline not in ROOFLINE_BASELINES:
+            raise ValueError(f"roofline baseline must be one of {ROOFLINE_BASELINES}, got {self.baseline!r}")
+        if not callable(self.case):
+            raise ValueError(f"roofline case must be callable (mech, n, device, seed) -> PerfCase, got {self.case!r}")
+        if self.target is not None and not (isinstance(self.target, (int, float)) and 0 < self.target <= 1):
+            raise ValueError(f"roofline target must be a fraction in (0, 1] or None, got {self.target!r}")
+        for name in ("quick_n", "n") + (("target_n",) if self.target_n is not None else ()):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"roofline {name} must be a positive int, got {value!r}")
+
+    def size(self, quick: bool) -> int:
+        """The N of the mode (before the mechanism's size_rule)."""
+        return self.quick_n if quick else self.n
+
+
+@dataclass(frozen=True)
 class Mechanism:
     """One mechanism: how to make inputs, the dense truth, the fast path and its dense twin.
 
@@ -117,6 +165,8 @@ class Mechanism:
     draw(problem, generator) -> the problem with its random parts (the FAVOR+ projection, an RPE
         projection, ...) drawn by fast/'s own samplers from the torch.Generator ``generator``
         (reproducibility/<id>); None for a deterministic mechanism.
+    roofline: what perf/<id> times and against which roofline (``Roofline``); None: perf/<id>
+        is skipped with that reason (every registered mechanism declares one).
     """
 
     id: str
@@ -146,6 +196,7 @@ class Mechanism:
     fast_mask: Callable | None = None
     mask_params: tuple[str, ...] = ()
     draw: Callable | None = None
+    roofline: Roofline | None = None
 
     def __post_init__(self):
         if self.complexity not in COMPLEXITY_CLASSES:
@@ -165,6 +216,8 @@ class Mechanism:
             raise ValueError(f"{self.id!r}: fast_mask is the operator of a linear mechanism (set linear=True)")
         if self.scale_train and not self.scale:
             raise ValueError("scale_train needs scale (scale/<id>-train sits beside scale/<id>)")
+        if self.roofline is not None and not isinstance(self.roofline, Roofline):
+            raise ValueError(f"{self.id!r}: roofline must be a verify.registry.Roofline or None, got {self.roofline!r}")
 
     # ------------------------------------------------------------------ variants and sizes
 

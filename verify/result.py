@@ -15,9 +15,12 @@ from typing import Any, Callable
 
 #: "guard": a library guard fires where it must and stays silent where it must not (guard/<id>);
 #: "reproducibility": same generator seed, same output; the global RNG untouched;
-#: "numerics": float32 / bfloat16 rows against the float64 run of the same estimator (numerics/<id>).
+#: "numerics": float32 / bfloat16 rows against the float64 run of the same estimator (numerics/<id>);
+#: "perf": the fast path's speed as a fraction of a roofline measured in the same run (perf/<id>:
+#: the fp32 matmul rate, or a bare FFT / scatter of the same size); fails only on an invalid
+#: measurement, the issue's speed targets are reported in its details.
 KINDS = ("equivalence", "statistical", "bound", "complexity", "scale", "erratum", "guard", "reproducibility",
-         "numerics")
+         "numerics", "perf")
 STATUSES = ("pass", "fail", "skip")
 #: How a statistic is compared with its threshold for a pass ("<=": statistic <= threshold);
 #: "" where the check is not one comparison (or has no threshold).

@@ -21,7 +21,7 @@ def _result(**kw):
 
 def test_kinds_and_statuses_are_the_design_ones():
     assert set(KINDS) == {"equivalence", "statistical", "bound", "complexity", "scale", "erratum", "guard",
-                         "reproducibility", "numerics"}
+                         "reproducibility", "numerics", "perf"}
     assert set(STATUSES) == {"pass", "fail", "skip"}
     assert set(COMPARES) == {"<=", ">=", "<", ">", ""}
     assert {"", "bytes", "seconds", "relative", "ratio", "slope", "exponent", "absolute", "count"} <= set(UNITS)

@@ -26,12 +26,14 @@ import torch
 
 import fast
 from fast.fft import fast_fft_size
+from fast.masks.hypercube import GROUP_BITS
 from reference.masks import hypercube as ref_hypercube
 from reference.masks import lowrank as ref_lowrank
 from reference.masks import toeplitz as ref_toeplitz
+from verify import roofline
 from verify.favor import favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import Problem, rng_for
-from verify.registry import Mechanism, Variant, register
+from verify.registry import Mechanism, Roofline, Variant, register
 
 #: Relative-position decay length as a fraction of the sequence (grid side): the mask is neither
 #: near-diagonal nor near-constant at any N, so both near and far offsets matter.
@@ -223,6 +225,32 @@ def _power_of_two_at_most(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
 
 
+# ---------------------------------------------------------------------------------- rooflines
+
+
+def low_rank_flops(op, n: int, c: int) -> tuple[float, float]:
+    """(useful, executed) FLOPs of LowRankMask.matmul on x (N, c): left (right x), two GEMMs of
+    2 N r c each (r = op.rank): 4 N r c, executed as counted."""
+    flops = 4.0 * n * int(op.rank) * c
+    return flops, flops
+
+
+def hypercube_flops(op, n: int, c: int) -> tuple[float, float]:
+    """(useful, executed) FLOPs of HypercubeDiffusionMask.matmul on x (N, c), N = 2^k.
+
+    useful: one 2 x 2 factor [[1, t], [t, 1]] per bit, 3 FLOPs per entry (x0 + t x1: two
+    multiply-adds share the 1): 3 N c k. executed: the passes of GROUP_BITS bits, a batched GEMM
+    with the 2^g x 2^g factor each, 2^(g + 1) FLOPs per entry: sum over passes of 2^(g + 1) N c.
+    """
+    k = int(op.k)
+    passes = [min(GROUP_BITS, k - b) for b in range(0, k, GROUP_BITS)]
+    return 3.0 * n * c * k, float(sum(2.0 ** (g + 1) for g in passes)) * n * c
+
+
+#: perf/<id> of the FFT masks: the product on (N, 64) columns vs the bare batched transforms of the
+#: same columns; the issue's target: within 1.5x of them (fraction >= 1 / 1.5).
+FFT_ROOFLINE = Roofline("fft", roofline.mask_product_case("fft"), target=1 / 1.5)
+
 # ------------------------------------------------------------------------------------ records
 
 
@@ -243,7 +271,7 @@ def _register(id, title, source, complexity, problem, dense_mask, fast_mask, **k
 _register(
     "toeplitz-1d", "1-D relative-position (Toeplitz) mask, FFT", "choromanski22 Sec. 3.2", "N log N",
     toeplitz_problem, _toeplitz_dense, _toeplitz_fast,
-    mask_params=("coeffs",),
+    mask_params=("coeffs",), roofline=FFT_ROOFLINE,
     variants=(
         Variant("default", "ToeplitzMask(coeffs), coeffs = exp(b) asymmetric"),
         Variant("from-log-coefficients", "ToeplitzMask.from_log_coefficients(log coeffs)",
@@ -260,7 +288,7 @@ _register(
     # 2-D circulant embedding transforms 4N points per column: 2^15 keeps the quick sweep short
     quick_fast_sizes=tuple(2**p for p in range(7, 16)),
     scale=True, scale_train=True,
-    mask_params=("table",),
+    mask_params=("table",), roofline=FFT_ROOFLINE,
     variants=(
         Variant("default", "BlockToeplitzMask(grid_shape(N), table) on the near-square 2-D grid"),
         Variant("cls-token", "cls_token=True: a CLS token and a grid of N - 1 tokens", params={"cls_token": True},
@@ -281,6 +309,7 @@ _register(
     # the factors phi(P) are computed once, at construction: an in-place change of P or W does not
     # reach them (no "update" variant); gradients do flow through them ("learnable")
     mask_params=("encodings", "rpe_projection"), draw=low_rank_draw,
+    roofline=Roofline("matmul", roofline.mask_product_case("matmul", flops=low_rank_flops)),
     variants=(Variant("default", f"r = {RPE_FEATURES} FAVOR+ features of sinusoidal encodings"),
               *protocol_variants("the encodings and the RPE projection", update=False)),
     notes=f"M = phi(P) phi(P)^T, r = {RPE_FEATURES}, unbiased for exp(p_i . p_j) (sinusoidal P).",
@@ -290,6 +319,7 @@ _register(
     hypercube_problem, _hypercube_dense, _hypercube_fast,
     size_rule=_power_of_two_at_most,
     mask_params=("lam",),
+    roofline=Roofline("matmul", roofline.mask_product_case("matmul", flops=hypercube_flops)),
     variants=(Variant("default", f"lambda = {HYPERCUBE_LAMBDA}"), *protocol_variants("the diffusion time lam")),
     notes=f"M_ij = tanh(lambda)^dist(i, j), lambda = {HYPERCUBE_LAMBDA}; N = 2^k only.",
 )

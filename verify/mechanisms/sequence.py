@@ -7,9 +7,14 @@ import torch
 import fast
 import reference.attention as ref_attention
 from reference.masks import sequence as ref_masks
+from verify import roofline
 from verify.favor import favor_mechanism, favor_problem, favor_tensors
 from verify.problems import Problem, rng_for
-from verify.registry import Mechanism, Variant, register
+from verify.registry import Mechanism, Roofline, Variant, register
+
+#: perf/<id> of the linear family: fast.favor_attention at d = m = 64 against the matmul rate;
+#: the issue's targets (linear >= 0.70, causal >= 0.50) are stated at N = 2^16 (the full run).
+TARGET_N = 2**16
 
 # ----------------------------------------------------------------------------------- softmax
 
@@ -32,6 +37,8 @@ register(
         fast_sizes=tuple(2**p for p in range(9, 15)),
         quick_fast_sizes=tuple(2**p for p in range(9, 15)),
         notes="The quadratic baseline (torch scaled_dot_product_attention); no dense twin.",
+        # O(N^2): a smaller N than the linear family's (2^11: ~0.1 s per call on one thread here)
+        roofline=Roofline("matmul", roofline.softmax_case, quick_n=2**11, n=2**13),
     )
 )
 
@@ -40,6 +47,7 @@ register(
 register(favor_mechanism(
     "linear", "Unmasked linear attention, FAVOR+", "choromanski22 Eq. 3", "N",
     dense_mask=None, fast_mask=None, scale=True, scale_train=True,
+    roofline=Roofline("matmul", roofline.favor_case(None), target=0.70, target_n=TARGET_N),
 ))
 
 #: CausalMask's default chunk (the scan's block size C): 37 < C, 300 = 4 C + 44.
@@ -57,6 +65,9 @@ register(favor_mechanism(
     dense_mask=lambda p: ref_masks.causal_mask(p.n),
     fast_mask=lambda p, device: fast.CausalMask(p.n, chunk=int(p.extras["chunk"])),
     scale=True, scale_train=True,
+    # perf times the operator a user gets: fast.CausalMask(N) with its default chunk
+    roofline=Roofline("matmul", roofline.favor_case(lambda n, device: fast.CausalMask(n), executed="causal"),
+                      target=0.50, target_n=TARGET_N),
     # the chunk changes constants, not the class: the options are equivalence-only. 7 divides
     # none of equivalence's N (1, 2, 37, 64, 300, 1000), so the last chunk is always ragged
     variants=(
@@ -131,6 +142,9 @@ register(favor_mechanism(
     problem=packing_problem,
     dense_mask=lambda p: ref_masks.packing_mask(p.extras["segment_ids"]),
     fast_mask=lambda p, device: fast.PackingMask(torch.as_tensor(p.extras["segment_ids"], device=device)),
+    # the generic blocked path (segment sums of the N x m d blocks of phi_k v^T, ~60x the two GEMMs'
+    # time at d = m = 64): executed FLOPs not counted, and a smaller N to stay within --quick's time
+    roofline=Roofline("matmul", roofline.favor_case("registry", executed="unknown"), quick_n=2**12, n=2**14),
     variants=(
         Variant("default", "contiguous segments labelled 0, 1, 2, ..."),
         Variant("scattered-ids", "arbitrary int64 labels reappearing in non-adjacent runs",
@@ -183,6 +197,7 @@ register(favor_mechanism(
     problem=padding_problem,
     dense_mask=lambda p: ref_masks.padding_mask(p.extras["key_mask"]),
     fast_mask=lambda p, device: fast.PaddingMask(torch.as_tensor(p.extras["key_mask"], device=device)),
+    roofline=Roofline("matmul", roofline.favor_case("registry", executed="padding")),
     variants=(
         Variant("default", "padded tokens hold ordinary draws"),
         Variant("hostile-padding", "padded keys as loud as FAVOR+ allows or huge, padded values x 1e4",

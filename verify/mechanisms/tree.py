@@ -25,8 +25,13 @@ from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask, fores
 from reference.masks import tree as ref_tree
 from verify.favor import favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify import problems  # the tree generators, used as problems.<name>: one import path for them
+from verify import roofline
 from verify.problems import TREE_FAMILIES, Problem, rng_for
-from verify.registry import Variant, register
+from verify.registry import Roofline, Variant, register
+
+#: perf/<id> of the tree masks: the mask product on (N, 64) columns of the default variant's forest
+#: against one bare scatter of those rows into their parents (reported only: no target).
+SCATTER_ROOFLINE = Roofline("scatter", roofline.mask_product_case("scatter"))
 
 TREE_A = -0.3  # f(z) = exp(a z + b): decay with distance (the stable sign, Lemma 3.5)
 TREE_B = 0.2
@@ -106,7 +111,7 @@ register(favor_mechanism(
                       params={"family": RANDOM}),
               *(Variant(f, f"one {f} tree, unit edges, a = {FAMILY_A}, b = {FAMILY_B}",
                         params={"family": f, "a": FAMILY_A, "b": FAMILY_B}, **FAMILY_SIZES) for f in TREE_FAMILIES)),
-    scale=True,
+    scale=True, roofline=SCATTER_ROOFLINE,
     notes=f"Weighted random recursive forest, a = {TREE_A}, b = {TREE_B}; corrected Eqs. 11, 15, 16.",
 ))
 
@@ -203,7 +208,7 @@ register(favor_mechanism(
               Variant("chunked", "mixed forest, dense_threshold=4, max_chunk_bytes=16 KiB: many product steps",
                       params=DC_CHUNK, sweep=False),
               *_protocol_variants()),
-    metrics=tree_dc_metrics, mask_params=("f",),
+    metrics=tree_dc_metrics, mask_params=("f",), roofline=SCATTER_ROOFLINE,
     notes="Mixed forest (path, star, caterpillar, binary, random trees), f(l) = (1 + l)^-1.5.",
 ))
 register(favor_mechanism(
@@ -217,6 +222,6 @@ register(favor_mechanism(
                       params={"chunked": True}, sweep=False),
               *_protocol_variants()),
     mask_params=("f",),
-    cost_factor=tree_diameter, cost_factor_name="diam",
+    cost_factor=tree_diameter, cost_factor_name="diam", roofline=SCATTER_ROOFLINE,
     notes=f"Mixed forest with path and caterpillar capped at {DIAM_CHAIN} nodes (diam O(log N)), f(l) = (1 + l)^-1.5.",
 ))

@@ -38,10 +38,17 @@ def _issue_10_ids() -> list[str]:
     return [f"numerics/{m.id}" for m in mechanisms()]
 
 
+def _issue_11_ids() -> list[str]:
+    """perf/<id> for every registered mechanism."""
+    from verify.mechanisms import mechanisms
+
+    return [f"perf/{m.id}" for m in mechanisms()]
+
+
 def test_ids_are_the_old_ones_plus_the_new_families():
     ids = [c.id for c in all_checks()]
     assert len(ids) == len(set(ids))
-    assert set(ids) == set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids()) | set(_issue_10_ids())
+    assert set(ids) == set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids()) | set(_issue_10_ids()) | set(_issue_11_ids())
     assert len(_issue_9_ids()) >= 2 * 11  # every masked mechanism is linear and random
     # the old ids keep their order (the scale family was regrouped by issue 8)
     old = set(OLD_IDS)
@@ -52,7 +59,9 @@ def test_every_check_declares_how_it_is_judged():
     for c in all_checks():
         assert c.kind in KINDS and c.title and c.source, c.id
         assert c.compare in COMPARES and c.compare, c.id  # every check today is one main comparison
-        assert c.threshold is not None, c.id
+        # perf/<id>'s threshold (the validity ceiling) follows the run's round-to-round spread
+        assert (c.threshold is None) == (c.kind == "perf"), c.id
         assert c.unit in UNITS and c.unit, c.id
     units = {c.id.split("/")[0]: c.unit for c in all_checks()}
     assert units["scale"] == "ratio" and units["complexity"] == "exponent" and units["equivalence"] == "ratio"
+    assert units["perf"] == "ratio"
