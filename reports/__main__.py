@@ -3,7 +3,9 @@
 The work is split in two. ``python -m verify.measure --out FILE`` measures (timing sweeps, peak
 memory in child processes, the FAVOR+ experiment, the mask gallery, the checks) and writes one
 results JSON (verify/schema.py). ``python -m reports`` only draws: it reads that file and the asv
-results folder (re-read on every render) and writes the page; it never times or runs anything.
+results folder (re-read on every render) and, for the peers section, the peer suite's summary
+(``make bench-ops`` writes benchmarks/out/peers-summary.json; ``--peers-json`` names another), and
+writes the page; it never times or runs anything.
 ``make report`` does both. Exit status 0 when the page was written, even if checks failed (the
 page shows them; ``python -m verify`` is the gate); 2 on bad arguments or an unreadable file.
 """
@@ -17,6 +19,8 @@ from pathlib import Path
 
 DEFAULT_OUT = Path("reports") / "out"
 DEFAULT_ASV_RESULTS = Path(".asv") / "results"
+#: The peer suite's summary (``make bench-ops`` writes it; reports.peers reads it).
+DEFAULT_PEERS_JSON = Path("benchmarks") / "out" / "peers-summary.json"
 #: Options of the old all-in-one report that now belong to the measuring step.
 MEASURING_FLAGS = ("--quick", "--device", "--skip-verify", "--verify-full", "--verify-json", "--skip-memory",
                    "--skip-trees", "--rounds")
@@ -41,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--asv-results", default=str(DEFAULT_ASV_RESULTS), metavar="DIR",
                     help=f"asv results folder for the history section, re-read on every render "
                          f"(default {DEFAULT_ASV_RESULTS})")
+    ap.add_argument("--peers-json", default=str(DEFAULT_PEERS_JSON), metavar="PATH",
+                    help=f"peer-suite summary for the peers section (default {DEFAULT_PEERS_JSON}, relative to "
+                         f"the working directory; written by `make bench-ops`); a missing file makes the section "
+                         f"say so")
     ap.add_argument("--no-progress", action="store_true", help="print only the final line, not each figure")
     args, unknown = ap.parse_known_args(argv)
     if unknown:
@@ -67,6 +75,7 @@ def _source_name(path: Path, out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
+    from reports.peers import load_peers
     from reports.render import write_report
     from verify.schema import Results
 
@@ -82,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m reports: error: cannot read {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     note = (lambda msg: None) if args.no_progress else _status
-    index = write_report(results, out, args.asv_results, source=_source_name(path, out), note=note)
+    peers = load_peers(args.peers_json)
+    if peers.error:
+        _status(f"peers summary {args.peers_json} not readable ({peers.error}); the page says so")
+    index = write_report(results, out, args.asv_results, source=_source_name(path, out), note=note, peers=peers)
     failed = [r for r in results.checks or [] if r.status == "fail"]
     if failed:
         _status(f"{len(failed)} check(s) failed: {', '.join(r.id for r in failed)} (reasons on the page)")

@@ -20,12 +20,15 @@ from reports import format as fmt
 from reports.asv_history import AsvHistory, MechanismHistory, mechanism_histories
 from reports.figures import (default_sweep, has_variant_view, memory_curves, metric_panels, numerics_cells,
                              numerics_checks, numerics_totals, variant_sweeps)
+from reports.peers import PeersSummary, peers_view
+from reports.roofline import roofline_view
 from verify.result import CheckResult
 from verify.schema import Comparison, Fit, MechanismInfo, MemoryCurve, Results, SweepResult
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The single figures of the page (reports.render.make_figures); a missing one reads "no data".
-FIGURE_KEYS = ("gallery", "time", "crossover", "memory", "favor", "numerics", "asv_history", "asv_track")
+FIGURE_KEYS = ("gallery", "time", "crossover", "memory", "peers", "roofline", "favor", "numerics", "asv_history",
+               "asv_track")
 
 
 # ------------------------------------------------------------------------------- rows
@@ -387,9 +390,10 @@ def _sweep_facts(results: Results) -> dict[str, str]:
 
 
 def page_context(results: Results, figures: dict[str, Any], history: AsvHistory | None,
-                 histories: list[MechanismHistory], source: str) -> dict[str, Any]:
+                 histories: list[MechanismHistory], source: str, peers: PeersSummary | None = None) -> dict[str, Any]:
     """Everything the template reads. ``figures``: {key: file name or None}; key "variants" maps
-    mechanism id -> file name. ``source``: how the page names the results file it was made from."""
+    mechanism id -> file name. ``source``: how the page names the results file it was made from.
+    ``peers``: the peers summary (reports.peers.load_peers; None reads as "no peer run found")."""
     env = results.environment or {}
     figures = {**{k: None for k in FIGURE_KEYS}, "variants": {}, "track_benchmarks": [], **figures}
     variant_figs = figures["variants"]
@@ -442,6 +446,7 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
     load_warning = env.get("load_warning")
     toc = [("summary", "Summary"), ("gallery", "What the masks look like"), ("time", "Time vs N"),
            ("crossover", "Speed-up and crossover"), ("memory", "Peak memory vs N"),
+           ("peers", "Peers: maskbench beside other libraries"), ("roofline", "Roofline: fraction of this machine"),
            ("variants", "Variants of a mechanism"), ("verification", "Verification"),
            ("numerics", "Numerics: float32 and bfloat16 against float64"),
            ("favor", "FAVOR+ estimation error vs m"), ("history", "History across commits (asv)"),
@@ -458,6 +463,7 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
                                 figures.get("track_benchmarks", [])),
         "sweep": _sweep_facts(results), "toc": toc, "schema": results.schema,
         "has_variants": bool(sections), "numerics": numerics_view(results),
+        "peers": peers_view(peers), "roofline": roofline_view(results),
     }
 
 
@@ -474,9 +480,10 @@ def environment() -> jinja2.Environment:
 
 
 def render_page(results: Results, figures: dict[str, Any], history: AsvHistory | None = None,
-                histories: list[MechanismHistory] | None = None, source: str = "results.json") -> str:
+                histories: list[MechanismHistory] | None = None, source: str = "results.json",
+                peers: PeersSummary | None = None) -> str:
     """index.html as a string (``histories`` default: mechanism_histories of ``history``)."""
     if histories is None:
         histories = mechanism_histories(history, [m.id for m in results.mechanisms]) if history is not None else []
-    ctx = page_context(results, figures, history, histories, source)
+    ctx = page_context(results, figures, history, histories, source, peers)
     return environment().get_template("index.html.j2").render(**ctx)

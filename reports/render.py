@@ -7,14 +7,18 @@ from typing import Any, Callable
 from reports import figures as fig
 from reports.asv_history import AsvHistory, MechanismHistory, load_history, mechanism_histories, other_track_series
 from reports.page import render_page
+from reports.peers import PeersSummary, plot_peers
+from reports.roofline import plot_roofline
 from verify.schema import Results
 
 
 def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | None = None,
                  histories: list[MechanismHistory] | None = None,
-                 note: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
+                 note: Callable[[str], None] = lambda msg: None,
+                 peers: PeersSummary | None = None) -> dict[str, Any]:
     """Write every figure into ``out_dir``; returns {key: file name or None}, with "variants":
-    {mechanism id: file name} and "track_benchmarks": the asv track_ benchmarks drawn."""
+    {mechanism id: file name} and "track_benchmarks": the asv track_ benchmarks drawn.
+    ``peers``: the peers summary (reports.peers.load_peers), drawn when it has rows."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {}
@@ -23,6 +27,8 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
                       ("crossover", lambda: fig.plot_crossover(results, out)),
                       ("memory", lambda: fig.plot_memory(results, out)),
                       ("favor", lambda: fig.plot_favor(results.favor_error, out)),
+                      ("peers", lambda: plot_peers(peers, out)),
+                      ("roofline", lambda: plot_roofline(results, out)),
                       ("numerics", lambda: fig.plot_numerics(results, out))):
         note(f"figure: {key}")
         figures[key] = draw()
@@ -52,15 +58,17 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
 
 
 def write_report(results: Results, out_dir: str | Path, asv_results: str | Path | None = None,
-                 source: str = "results.json", note: Callable[[str], None] = lambda msg: None) -> Path:
+                 source: str = "results.json", note: Callable[[str], None] = lambda msg: None,
+                 peers: PeersSummary | None = None) -> Path:
     """Figures and index.html into ``out_dir`` (asv results re-read from ``asv_results`` when
-    given); returns the index.html path. ``source``: how the page names the results file."""
+    given); returns the index.html path. ``source``: how the page names the results file;
+    ``peers``: the peers summary (None: the peers section says no peer run was found)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     history = load_history(asv_results) if asv_results is not None else None
     histories = (mechanism_histories(history, [m.id for m in results.mechanisms])
                  if history is not None else [])
-    figures = make_figures(results, out, history, histories, note)
+    figures = make_figures(results, out, history, histories, note, peers)
     index = out / "index.html"
-    index.write_text(render_page(results, figures, history, histories, source), encoding="utf-8")
+    index.write_text(render_page(results, figures, history, histories, source, peers), encoding="utf-8")
     return index

@@ -5,8 +5,10 @@ Two mechanisms by default: "causal" (one variant, a dense twin) and "tree-x" (tw
 is not swept); checks with a failing one with reasons and one with a malicious detail; numerics
 checks (``numerics_check``: causal passing with allowed refusals, tree-x failing with silent
 errors, a disallowed refusal and a missing bfloat16 path); a load warning; a gallery with a
-matrix and a failed panel. ``extra`` adds plain mechanisms (for panels
-with more than ten lines). Nothing here measures: every number comes from a formula.
+matrix and a failed panel; perf checks (``perf_checks``: the roofline section). ``extra`` adds
+plain mechanisms (for panels with more than ten lines). ``peers_summary`` builds a peer-suite
+summary (schema maskbench-peers/1, the peers section). Nothing here measures: every number comes
+from a formula.
 """
 from __future__ import annotations
 
@@ -94,7 +96,98 @@ def numerics_checks() -> list[CheckResult]:
     return [causal, tree]
 
 
-def make_results(extra: int = 0) -> Results:
+PERF_CEILING = 1.25
+PERF_FAIL_REASON = "fraction 1.8 > validity ceiling 1.25: the FLOP count or the <baseline> is wrong"
+PERF_SKIP_REASON = "no scatter baseline for this mask"
+
+
+def perf_check(mech: str, baseline: str, fraction: float | None, target: float | None = None, status: str = "pass",
+               reasons=(), n: int = 2**16, **extra) -> CheckResult:
+    """perf/<mech> as Schema B (verify/checks/perf.py): fraction of the roofline in details and as
+    the statistic, compared "<=" with the validity ceiling PERF_CEILING. Matmul baselines get
+    GFLOP/s against a 50 GFLOP/s peak; fft / scatter baselines a baseline time instead."""
+    seconds = 0.02
+    matmul = baseline == "matmul" and fraction is not None
+    details = {"baseline": baseline, "fraction": fraction, "target": target,
+               "meets_target": None if target is None or fraction is None else fraction >= target,
+               "N": n, "d": 64, "m": 64, "dtype": "float32", "threads": 1, "clock": "cpu", "seconds": seconds,
+               "baseline_seconds": None if matmul or fraction is None else seconds * fraction,
+               "gflops": 50.0 * fraction if matmul else None,
+               "gflops_executed": 50.0 * fraction * 1.1 if matmul else None,
+               "peak_gflops": 50.0 if matmul else None,
+               "flops_useful": 50e9 * fraction * seconds if matmul else None,
+               "flops_executed": 55e9 * fraction * seconds if matmul else None,
+               "what": f"{mech} fast path at N = {n} against the {baseline} roofline", "reasons": list(reasons)}
+    details.update(extra)
+    return check(f"perf/{mech}", "perf", status, fraction, PERF_CEILING, "<=", "ratio", **details)
+
+
+def perf_checks() -> list[CheckResult]:
+    """Six perf/<id> checks: linear (matmul, 0.62, target 0.70 missed), causal (matmul, 0.55 at
+    N = 2^14, target 0.50 stated at N = 2^16, met), toeplitz-1d (fft, 0.8, target 1/1.5 met),
+    tree-x (scatter, 0.12, no target), broken (matmul, 1.8 above the ceiling: fails) and skipped
+    (no fraction)."""
+    return [perf_check("linear", "matmul", 0.62, 0.70, target_n=2**16),
+            perf_check("causal", "matmul", 0.55, 0.50, n=2**14, target_n=2**16,
+                       target_note="quick run timed N = 16,384; the target is stated at N = 65,536 (the full run)"),
+            perf_check("toeplitz-1d", "fft", 0.8, 1 / 1.5, n=2**14),
+            perf_check("tree-x", "scatter", 0.12),
+            perf_check("broken", "matmul", 1.8, 0.70, "fail", [PERF_FAIL_REASON]),
+            perf_check("skipped", "scatter", None, None, "skip", reason=PERF_SKIP_REASON)]
+
+
+PEER_SIZES = (2**10, 2**12, 2**14, 2**16)
+PEER_OF_OP = {"favor": "performer-pytorch", "favor-causal": "performer-pytorch", "elu": "pytorch-fast-transformers",
+              "elu-causal": "pytorch-fast-transformers", "softmax": "torch-sdpa"}
+#: ratio at N = 2^10, d = m = 64, per (op, pass); it grows by 4% per factor 4 in N, d = m = 16 has 0.8 of it.
+PEER_BASE = {("favor", "forward"): 0.55, ("favor", "forward+backward"): 1.3,
+             ("favor-causal", "forward"): 0.76, ("favor-causal", "forward+backward"): 0.95,
+             ("elu", "forward"): 0.67, ("elu", "forward+backward"): 1.4,
+             ("elu-causal", "forward"): 0.9, ("elu-causal", "forward+backward"): 1.1,
+             ("softmax", "forward"): 1.0, ("softmax", "forward+backward"): 1.05}
+PEER_SKIP = "pytorch-fast-transformers not installed: pip install pytorch-fast-transformers (docs/benchmarks.md)"
+PEER_ENV = {"torch": "2.13.0+cpu", "threads": 2, "device": "cpu", "dtype": "float32",
+            "machine": "Synthetic CPU @ 2.0GHz", "datetime": "2026-01-01T12:00:00", "commit": "abc1234"}
+
+
+def peer_ratio(op: str, phase: str, n: int, d: int) -> float:
+    return PEER_BASE[op, phase] * (1.04 ** math.log(n / 2**10, 4)) * (1.0 if d == 64 else 0.8)
+
+
+def peers_summary(skip_fast_transformers: bool = False) -> dict:
+    """A peers summary (schema maskbench-peers/1): every op x pass x d = m in {16, 64} x PEER_SIZES
+    against its peer (PEER_OF_OP), B = 1, H = 4, maskbench at 1 ms x N / 2^10, ratio peer_ratio
+    with a +-6% interval (none for softmax forward+backward at d = 16, N = 2^10). With
+    ``skip_fast_transformers`` the elu rows are missing and "skipped" says why."""
+    rows = []
+    for (op, phase) in PEER_BASE:
+        peer = PEER_OF_OP[op]
+        if skip_fast_transformers and peer == "pytorch-fast-transformers":
+            continue
+        for d in (16, 64):
+            for n in PEER_SIZES:
+                ratio = peer_ratio(op, phase, n, d)
+                mb = 1e-3 * n / 2**10
+                no_interval = (op, phase, d, n) == ("softmax", "forward+backward", 16, 2**10)
+                rows.append({"op": op, "pass": phase, "peer": peer, "B": 1, "H": 4, "N": n, "d": d, "m": d,
+                             "maskbench_s": mb, "peer_s": mb * ratio, "ratio": ratio,
+                             "ratio_low": None if no_interval else ratio * 0.94,
+                             "ratio_high": None if no_interval else ratio * 1.06,
+                             "rounds": [25, 25], "max_rel_diff": 3e-7 * (d / 16)})
+    return {"schema": "maskbench-peers/1", "environment": dict(PEER_ENV),
+            "peers": {"performer-pytorch": "1.1.4",
+                      "pytorch-fast-transformers": None if skip_fast_transformers else "0.4.0"},
+            "skipped": [PEER_SKIP] if skip_fast_transformers else [], "rows": rows}
+
+
+def write_peers(path: Path, summary: dict | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(peers_summary() if summary is None else summary, indent=1))
+    return path
+
+
+def make_results(extra: int = 0, perf: bool = True) -> Results:
     env = {"mode": "quick", "date": "2026-01-01 12:00:00 UTC", "git_commit": "abc1234", "threads": 2, "cpus": 2,
            "load": {"sweeps": {"start": [3.4, 2.0, 1.0], "end": [3.1, 2.1, 1.0]}}, "load_warning": LOAD_WARNING}
     depth = {"depth": lambda n: math.floor(math.log(n, 1.5)) - 3, "depth bound": lambda n: math.log(n) / math.log(1.5)}
@@ -150,6 +243,7 @@ def make_results(extra: int = 0) -> Results:
               error=MALICIOUS, traceback="Traceback <module>", reasons=[MALICIOUS]),
         check("tree/skipped", "bound", "skip", None, None, reason="no GPU"),
         *numerics_checks(),
+        *(perf_checks() if perf else []),
     ]
     for i in range(extra):
         mid = f"extra-{i:02d}"

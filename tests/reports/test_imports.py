@@ -54,7 +54,8 @@ FILES = sorted(REPORTS.rglob("*.py"))
 
 
 def test_there_are_files_to_check():
-    assert {"__main__.py", "figures.py", "page.py", "render.py", "asv_history.py"} <= {p.name for p in FILES}
+    assert {"__main__.py", "figures.py", "page.py", "render.py", "asv_history.py", "peers.py",
+            "roofline.py"} <= {p.name for p in FILES}
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -78,7 +79,8 @@ def test_the_rule_itself(tmp_path, source, ok):
 
 def test_rendering_loads_no_measuring_module():
     """Importing and running the renderer's modules pulls in no torch, fast/ or reference/."""
-    code = ("import sys, reports.__main__, reports.render, reports.page, reports.figures; "
+    code = ("import sys, reports.__main__, reports.render, reports.page, reports.figures, reports.peers, "
+            "reports.roofline; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'fast', 'reference', 'scipy') "
             "or m in ('verify.timing', 'verify.measure', 'verify.memory', 'verify.mechanisms', 'verify.registry')); "
             "print(bad); sys.exit(1 if bad else 0)")

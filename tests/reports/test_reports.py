@@ -17,11 +17,11 @@ from reports.asv_history import class_name, load_history, mechanism_histories
 from reports.format import bytes_text, compare_sign, seconds_text, with_unit
 from reports.page import render_page
 from tests.reports.synthetic import (COMMITS, FAIL_REASON, LOAD_WARNING, MALICIOUS, NUMERICS_REASON, make_asv,
-                                     make_results)
+                                     make_results, write_peers)
 
 PNG = b"\x89PNG\r\n\x1a\n"
-TOC = ("summary", "gallery", "time", "crossover", "memory", "variants", "verification", "numerics", "favor",
-       "history", "environment")
+TOC = ("summary", "gallery", "time", "crossover", "memory", "peers", "roofline", "variants", "verification",
+       "numerics", "favor", "history", "environment")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,9 @@ def rendered(tmp_path_factory):
     results = make_results()
     results.write(root / "out" / "results.json")
     asv = make_asv(root / "asv")
-    assert main(["--out", str(root / "out"), "--asv-results", str(asv), "--no-progress"]) == 0
+    peers = write_peers(root / "peers-summary.json")
+    assert main(["--out", str(root / "out"), "--asv-results", str(asv), "--peers-json", str(peers),
+                 "--no-progress"]) == 0
     return root, (root / "out" / "index.html").read_text(encoding="utf-8")
 
 
@@ -52,7 +54,8 @@ def test_toc_anchors_in_order(rendered):
 def test_every_figure_is_a_png_and_on_the_page(rendered):
     root, page = rendered
     for name in ("mask_gallery.png", "time_vs_n.png", "crossover.png", "memory_vs_n.png", "favor_error.png",
-                 "variants_tree-x.png", "asv_history.png", "asv_track.png", "numerics.png"):
+                 "variants_tree-x.png", "asv_history.png", "asv_track.png", "numerics.png", "peers.png",
+                 "roofline.png"):
         assert _is_png(root / "out" / name), name
         assert f'src="{name}"' in page, name
     # causal has one variant and no cost factor or metric: no per-variant view of it
@@ -79,8 +82,9 @@ def test_verification_shows_direction_units_and_reasons(rendered):
     assert "1.62 <b>≤</b> 1.35" in table and "(exponent)" in table
     assert html.escape(FAIL_REASON) in table
     assert "no GPU" in table  # a skipped check's reason
-    # 6 + numerics/causal passed; complexity/tree-x, performer/broken and numerics/tree-x failed
-    assert "8 passed" not in table and "7 passed" in table and "3 failed" in table and "1 skipped" in table
+    # 6 + numerics/causal + 4 perf/ passed; complexity/tree-x, performer/broken, numerics/tree-x and
+    # perf/broken failed; tree/skipped and perf/skipped skipped
+    assert "12 passed" not in table and "11 passed" in table and "4 failed" in table and "2 skipped" in table
 
 
 def test_malicious_detail_is_escaped(rendered):
@@ -125,7 +129,7 @@ def test_from_json_rerender_equals_first_render(rendered, tmp_path):
     root, first = rendered
     again = tmp_path / "again"
     args = ["--from-json", str(root / "out" / "results.json"), "--out", str(again),
-            "--asv-results", str(root / "asv"), "--no-progress"]
+            "--asv-results", str(root / "asv"), "--peers-json", str(root / "peers-summary.json"), "--no-progress"]
     assert main(args) == 0
     second = (again / "index.html").read_text(encoding="utf-8")
     src = re.compile(r'<code>[^<]*results\.json</code>')  # the page names its source file
