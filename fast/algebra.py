@@ -50,9 +50,27 @@ def _count(mask: torch.Tensor) -> int:
     return int(mask.sum())
 
 
+def guard_flag(den: torch.Tensor, floor: torch.Tensor | None = None, *, positive: bool = False) -> torch.Tensor:
+    """The guard's common case as a 0-dim bool tensor on den's device, nothing synchronised: True
+    when every den_i is finite, |den_i| >= finfo.tiny, |den_i| <= finfo.max and (with ``floor``)
+    |den_i| > floor_i. ``positive``: den_i itself must be >= finfo.tiny (for nonnegative features
+    and mask a negative den is impossible, so it is refused here and sorted out by ``divide``).
+    One read pass over den (aminmax: a bool tensor's .all() costs ~10x a float amin on CPU); NaN
+    fails every comparison. ``divide`` decides the failing cases."""
+    info = torch.finfo(den.dtype)
+    with torch.no_grad():
+        den = den.detach()
+        mag = den if positive else den.abs()
+        lo, hi = torch.aminmax(mag)
+        ok = (lo >= info.tiny) & (hi <= info.max)
+        if floor is not None:
+            ok = ok & ((mag - floor).amin() > 0)
+    return ok
+
+
 def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None = None,
            no_key: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
-           policy: str = "raise") -> torch.Tensor:
+           policy: str = "raise", verified: bool = False) -> torch.Tensor:
     """num (..., N, d) / den (..., N), guarded: DenominatorError instead of dividing by a den_i that
 
     - is not finite (NaN or inf: the terms overflowed);
@@ -69,19 +87,19 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
     them (DenominatorError saying they see no key and naming no_key="zero"); "zero" makes their
     output exactly 0 (the gradient through those rows is 0, never NaN). The other failing rows
     raise DenominatorError whatever the policy. The checks are O(N) elementwise on den.
+
+    ``verified=True``: the caller has already read ``guard_flag(den, floor)`` as True (in the one
+    host read of its call, fast.attention), so divide only divides: no check, no host read.
+    Otherwise the common case is ``guard_flag`` (one host read), and the per-row analysis below
+    runs only when it fails.
     """
+    if verified or den.numel() == 0:
+        return quotient(num, den)
     mag = den.abs()
     info = torch.finfo(den.dtype)
-    if den.numel() == 0:
-        return num / den.unsqueeze(-1)
-    # the common case in reductions (a bool tensor's .all() costs ~10x a float amin on CPU): NaN fails
-    # every comparison, so a NaN den (or floor) takes the slow path below, which sorts the cases out
-    lo, hi = torch.aminmax(mag)
-    ok = (lo >= info.tiny) & (hi <= info.max)
-    if floor is not None:
-        ok = ok & ((mag - floor).amin() > 0)
-    if bool(ok):
-        return num / den.unsqueeze(-1)
+    # NaN fails every comparison, so a NaN den (or floor) takes the slow path, which sorts the cases out
+    if bool(guard_flag(den, floor)):
+        return quotient(num, den)
     bad = ~torch.isfinite(den) | (mag < info.tiny)
     if floor is not None:
         bad = bad | ~(mag > floor)
@@ -115,10 +133,100 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
         raise DenominatorError(
             f"attention denominator refused at {_count(bad)} of {den.numel()} query positions: " + "; ".join(parts))
     if rows is None or not bool(rows.any()):  # the fast test and the per-row one disagreed (flush-to-zero)
-        return num / den.unsqueeze(-1)
+        return quotient(num, den)
     keep = ~rows
     return torch.where(keep.unsqueeze(-1), num / torch.where(keep, den, torch.ones_like(den)).unsqueeze(-1),
                        torch.zeros_like(num))
+
+
+class _Quotient(torch.autograd.Function):
+    """out = num / den[..., None] with a backward of two passes: for upstream g,
+    d num = g / den and d den_i = -(g_i . out_i) / den_i (torch's division backward forms
+    g * num / den^2 in full, ~3 more passes over (N, d)). Saves out and den."""
+
+    @staticmethod
+    def forward(ctx, num, den):
+        out = num / den.unsqueeze(-1)
+        ctx.save_for_backward(out, den)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out, den = ctx.saved_tensors
+        r = den.reciprocal()
+        g_num = g * r.unsqueeze(-1) if ctx.needs_input_grad[0] else None
+        g_den = None
+        if ctx.needs_input_grad[1]:
+            g_den = torch.einsum("...nd,...nd->...n", g, out).mul_(r).neg_() if not torch.is_grad_enabled() else \
+                -torch.einsum("...nd,...nd->...n", g, out) * r
+        return g_num, g_den
+
+
+def quotient(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num (..., N, d) / den (..., N) (no guard): under autograd with a two-pass backward
+    (``_Quotient``), else the plain division."""
+    if torch.is_grad_enabled() and (num.requires_grad or den.requires_grad) and num.shape[:-1] == den.shape:
+        return _Quotient.apply(num, den)
+    return num / den.unsqueeze(-1)
+
+
+class _LinearProducts(torch.autograd.Function):
+    """(num, den, kv) of unmasked linear attention: kv = phi_k^T v (..., m, d), num = phi_q kv,
+    den = phi_q (phi_k^T 1); kv is returned for the driver's finiteness check (no gradient).
+
+    Backward in four GEMMs and two rank-one updates, every gradient contiguous (autograd through
+    ``phi_k.transpose(-1, -2) @ v`` hands phi_k a transposed gradient, and an elementwise
+    backward above it, e.g. ELU's, runs ~2x slower on such strides):
+        d phi_q = g_num kv^T + g_den ks^T,   d kv = phi_q^T g_num,   d ks = phi_q^T g_den,
+        d phi_k = v d kv^T + 1 d ks^T,       d v = phi_k d kv       (ks = phi_k^T 1).
+    Saves phi_q, phi_k, v (and kv, ks: m (d + 1) numbers); double backward forms kv and ks again
+    from the saved inputs so that they carry their graph."""
+
+    @staticmethod
+    def forward(ctx, phi_q, phi_k, v):
+        kv = phi_k.transpose(-1, -2) @ v
+        ks = phi_k.sum(dim=-2)
+        num = phi_q @ kv
+        den = torch.einsum("...nm,...m->...n", phi_q, ks)  # a GEMV (bmm with one column: ~2.5x slower)
+        ctx.save_for_backward(phi_q, phi_k, v, kv, ks)
+        ctx.mark_non_differentiable(kv)
+        return num, den, kv
+
+    @staticmethod
+    def backward(ctx, g_num, g_den, _):
+        phi_q, phi_k, v, kv, ks = ctx.saved_tensors
+        create = torch.is_grad_enabled()
+        if create:  # double backward: kv and ks must carry their dependence on phi_k and v
+            kv, ks = phi_k.transpose(-1, -2) @ v, phi_k.sum(dim=-2)
+        need_q, need_k, need_v = ctx.needs_input_grad
+        if g_num is None:
+            g_num = torch.zeros(*phi_q.shape[:-1], v.shape[-1], dtype=phi_q.dtype, device=phi_q.device)
+        if g_den is None:
+            g_den = torch.zeros(phi_q.shape[:-1], dtype=phi_q.dtype, device=phi_q.device)
+        dq = dk = dv = None
+        if need_q:
+            dq = g_num @ kv.transpose(-1, -2)
+            rank_one = g_den.unsqueeze(-1) * ks.unsqueeze(-2)
+            dq = dq + rank_one if create else dq.add_(rank_one)
+        if need_k or need_v:
+            dkv = phi_q.transpose(-1, -2) @ g_num  # (..., m, d)
+            if need_k:
+                dks = torch.einsum("...nm,...n->...m", phi_q, g_den)
+                dk = v @ dkv.transpose(-1, -2)
+                dk = dk + dks.unsqueeze(-2) if create else dk.add_(dks.unsqueeze(-2))
+            if need_v:
+                dv = phi_k @ dkv
+        return dq, dk, dv
+
+
+def linear_products(phi_q: torch.Tensor, phi_k: torch.Tensor,
+                    v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(num (..., N_q, d), den (..., N_q), kv (..., m, d)) of unmasked linear attention, phi_q and
+    phi_k with the same leading dims, v with phi_k's; under autograd through ``_LinearProducts``."""
+    if torch.is_grad_enabled() and (phi_q.requires_grad or phi_k.requires_grad or v.requires_grad):
+        return _LinearProducts.apply(phi_q, phi_k, v)
+    kv = phi_k.transpose(-1, -2) @ v
+    return phi_q @ kv, torch.einsum("...nm,...m->...n", phi_q, phi_k.sum(dim=-2)), kv
 
 
 def _broadcasts_to(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:

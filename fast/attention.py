@@ -14,8 +14,7 @@ within round-off of zero relative to the terms it sums (fast.algebra.divide):
   all ones): no term can cancel another, den_i is accurate to a few units of round-off
   relative, and the floor is only the mask's ``roundoff_bound`` contribution
   |phi_q_i| . roundoff_bound(phi_k) (an FFT's normwise error), if it offers one. This costs no
-  extra mask product: O(N) elementwise on den (plus the sign test of the features, O(N m),
-  which favor_attention skips: its features are exponentials).
+  extra mask product: O(N) elementwise on den (plus the sign test of the features, below).
 - otherwise (signed features, a signed mask, or a mask of unknown sign) the floor is
   8 u sqrt(N m) S_i plus that contribution, with u the unit round-off of the compute dtype and
   S_i = |phi_q_i| . (B |phi_k|)_i the sum of the absolute terms, B = M for a nonnegative mask,
@@ -31,6 +30,42 @@ Rows that see no key (every M_ij = 0: a fully padded sample) have an undefined o
 "zero": exactly 0, with gradient 0). They are detected only when some denominator fails the
 guard (rows with (M 1)_i == 0 for a nonnegative mask, (B 1)_i == 0 with abs_matmul; a mask of
 unknown sign without abs_matmul reports them as a vanished denominator).
+
+The sign of the features (``features_nonnegative`` of masked_linear_attention and
+linear_attention). None (default): tested, by amin over phi_q and phi_k (a read pass each, no
+temporary; on masked paths phi_k's is shared with its finiteness check), folded into the call's
+one host read below; signed features then take the rare path, which computes the floor above and
+divides as before. True: the caller promises phi_q >= 0 and phi_k >= 0 entrywise, which
+EluPlusOne, ReLU, FavorPlus and Hyperbolic guarantee (pass their outputs unmodified), and the
+test is skipped. A broken promise is detected only when it shows: a negative, zero, subnormal or
+non-finite denominator sends the call to the rare path, which tests the sign and raises
+ValueError naming features_nonnegative; signed features whose every denominator stays positive
+and normal are NOT detected, and a denominator that cancelled to round-off is then divided by
+(the promise is exactly what lets the guard skip that floor). False: signed features (the floor
+is computed, no test). favor_attention passes True itself: its features are exponentials.
+
+What is checked when (issue 11: validation never makes an extra pass over the data on the fast
+path). Before anything is computed: metadata only (types, dtypes, shapes, devices, the mask's N,
+the keywords). On the way, from reductions the call forms anyway or from one allocation-free read
+pass (torch.aminmax), into 0-dim device flags:
+- every driver of Algorithm 1: den (guard_flag: finite, normal, above the floor; a NaN or inf in
+  phi_q reaches den_i through phi_q_i . (M phi_k)_i in every form);
+- no mask: the m x d state kv = phi_k^T v (a NaN or inf anywhere in phi_k or v reaches it; den
+  sees phi_k as well);
+- a mask (attend or generic path): one aminmax pass over phi_k (a key hidden from every query,
+  e.g. a zero column of a SparseMask, reaches no product) and one over v (v reaches no den);
+- the sign test (features_nonnegative None): amin of phi_q and phi_k;
+- favor_attention / favor_features: the keys' squared norms |k_j|^2 (N numbers, formed for the
+  features anyway), the projection (m d numbers) and, for favor_features, the queries' squared
+  norms; favor_attention's queries reach den.
+softmax_attention: the output (one read pass; any NaN or inf in q, k or v reaches it).
+The flags are combined on the device and read ONCE per call (one host sync on CUDA; a
+CausalMask's attend with key constants gets no read of its own from favor_attention), after
+the products are queued. Only when that read fails (the rare path) are the arguments scanned
+(isfinite) to raise ValueError naming the first non-finite one ("q contains non-finite values
+(NaN or inf)"), then the sign retested and fast.algebra.divide's per-row analysis run (more host
+reads: DenominatorError with its cases, or the no-key policy). Finite inputs whose products
+overflow are not a ValueError: their denominator is refused (DenominatorError, "not finite").
 """
 from __future__ import annotations
 
@@ -40,14 +75,15 @@ import torch
 import torch.nn.functional as F
 
 from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, apply_mask, blocked_numerator, default_block_cols,
-                          divide, features_per_block, masked_products)
+                          divide, features_per_block, guard_flag, linear_products, masked_products)
 from fast.errors import DenominatorError
-from fast.features import FavorPlus
-from fast.masks.base import (abs_matmul_of, attend_of, key_stabilizer_of, nonnegative_of, rescales_keys_of,
-                             roundoff_bound_of)
+from fast.features import favor_exponentials
+from fast.masks.base import (MaskOperator, abs_matmul_of, attend_of, key_stabilizer_of, nonnegative_of,
+                             rescales_keys_of, roundoff_bound_of)
 from fast.masks.explicit import as_mask_operator
+from fast.masks.sequence import CausalMask
 from fast.validation import (broadcast_shape, check_no_key, check_positive_int, check_same_device, check_tensor,
-                             compute_dtype)
+                             compute_dtype, finite_flag, raise_if_non_finite)
 
 # DenominatorError, DEFAULT_BLOCK_COLS, DEFAULT_BLOCK_BYTES and blocked_numerator are re-exported:
 # they used to live here
@@ -88,7 +124,7 @@ def softmax_attention(
     DenominatorError; no_key="zero" gives it output 0 (gradient 0), as torch's SDPA does on CPU.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
+        check_tensor(name, t, check_finite=False)
     check_same_device(q=q, k=k, v=v)
     check_no_key(no_key)
     if q.shape[-1] != k.shape[-1]:
@@ -97,7 +133,7 @@ def softmax_attention(
         raise ValueError(f"k and v must have the same N, got {k.shape[-2]} and {v.shape[-2]}")
     lead = _lead_of(("q", "k", "v"), q, k, v)
     if logits_mask is None:
-        return F.scaled_dot_product_attention(q, k, v)
+        return _finite_output(F.scaled_dot_product_attention(q, k, v), q, k, v)
     if not isinstance(logits_mask, torch.Tensor) or not logits_mask.is_floating_point():
         got = logits_mask.dtype if isinstance(logits_mask, torch.Tensor) else type(logits_mask).__name__
         raise TypeError(f"logits_mask must be a floating tensor of additive logits (use -inf to exclude), got {got}")
@@ -112,21 +148,33 @@ def softmax_attention(
         raise ValueError("logits_mask must hold finite logits or -inf, got NaN or +inf")
     unseen = logits_mask.amax(-1) == -torch.inf  # (..., N_q): rows that exclude every key
     if not bool(unseen.any()):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=logits_mask)
+        return _finite_output(F.scaled_dot_product_attention(q, k, v, attn_mask=logits_mask), q, k, v)
     count = int(unseen.expand(target[:-1]).sum())
     if no_key == "raise":
         raise DenominatorError(
             f"{count} of {math.prod(target[:-1])} queries see no key (their logits_mask row is all -inf), so their "
             'attention is undefined; pass no_key="zero" to output 0 for them, or give every query a key')
     safe = logits_mask.masked_fill(unseen.unsqueeze(-1), 0.0)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe)
+    out = _finite_output(F.scaled_dot_product_attention(q, k, v, attn_mask=safe), q, k, v)
     return torch.where(unseen.unsqueeze(-1), torch.zeros_like(out), out)
 
 
+def _finite_output(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax_attention's input check, on its output: a NaN or inf anywhere in q, k or v reaches
+    every output row that sees it (a NaN or infinite logit makes its softmax row NaN, a value
+    enters with weight exp(.) >= 0 and 0 * NaN is NaN), so one read pass over the output and one
+    sync replace three scans of the inputs. On a failure the inputs are scanned to name the
+    argument (ValueError); finite inputs whose output is not finite are returned as they are."""
+    if not bool(finite_flag(out)):
+        raise_if_non_finite(q=q, k=k, v=v)
+    return out
+
+
 def _check_features(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> None:
-    check_tensor("phi_q", phi_q)
-    check_tensor("phi_k", phi_k)
-    check_tensor("v", v)
+    """Shapes, dtypes and devices only (metadata): finiteness is checked on the way (module doc)."""
+    check_tensor("phi_q", phi_q, check_finite=False)
+    check_tensor("phi_k", phi_k, check_finite=False)
+    check_tensor("v", v, check_finite=False)
     check_same_device(phi_q=phi_q, phi_k=phi_k, v=v)
     if phi_q.shape[-1] != phi_k.shape[-1]:
         raise ValueError(f"phi_q and phi_k must have the same feature width m, got {phi_q.shape[-1]} and {phi_k.shape[-1]}")
@@ -151,6 +199,7 @@ def masked_linear_attention(
     *,
     block_cols: int | None = None,
     no_key: str = "raise",
+    features_nonnegative: bool | None = None,
 ) -> torch.Tensor:
     """Masked linear attention, choromanski22 Algorithm 1.
 
@@ -176,50 +225,118 @@ def masked_linear_attention(
     no_key: what a query that sees no key (its mask row is all zero) gets: "raise" (default,
     DenominatorError) or "zero" (output 0, gradient 0); anything else is a ValueError.
 
+    features_nonnegative: what the guard may assume about the features' sign (module doc, "The
+    sign of the features"). None (default): tested, by a read pass over phi_q (and over phi_k
+    without a mask) folded into the call's one check. True: the caller promises that every entry
+    of phi_q and phi_k is >= 0 (as EluPlusOne, ReLU, FavorPlus and Hyperbolic return them), and
+    the test is skipped; a broken promise is caught when it makes some denominator negative,
+    zero, subnormal or not finite (ValueError naming features_nonnegative), but NOT when every
+    denominator stays positive: then denominators that cancelled to round-off are divided by.
+    False: the features are signed (the relative floor is computed, no test). Anything else is a
+    ValueError naming features_nonnegative.
+
     float16/bfloat16 inputs accumulate in float32 and are cast back.
 
     Raises:
         DenominatorError: a denominator refused by the guard (reported, never divided by), or a
             query that sees no key with no_key="raise".
-        TypeError / ValueError: bad inputs, naming the argument (``mask`` for the mask).
+        TypeError / ValueError: bad inputs, naming the argument (``mask`` for the mask; NaN or
+            inf in phi_q, phi_k or v: "<name> contains non-finite values").
     """
     _check_features(phi_q, phi_k, v)
     if block_cols is not None:
         block_cols = check_positive_int("block_cols", block_cols)
     check_no_key(no_key)
+    _check_sign_promise(features_nonnegative)
     op = None if mask is None else as_mask_operator(mask)
     if op is not None:
         _check_mask_n(op, phi_q.shape[-2], phi_k.shape[-2], "phi_q, phi_k")
-    return _attention(phi_q, phi_k, v, op, block_cols=block_cols, no_key=no_key)
+    return _attention(phi_q, phi_k, v, op, block_cols=block_cols, no_key=no_key,
+                      features_nonnegative=features_nonnegative,
+                      diagnose=lambda: raise_if_non_finite(phi_q=phi_q, phi_k=phi_k, v=v))
+
+
+def _check_sign_promise(value: object) -> None:
+    if not (value is None or value is True or value is False):
+        raise ValueError("features_nonnegative must be None (the features' sign is tested), True (the caller "
+                         "promises phi_q >= 0 and phi_k >= 0 entrywise) or False (signed features), got "
+                         f"{value!r}")
+
+
+def _all(flags: list[torch.Tensor]) -> torch.Tensor:
+    out = flags[0]
+    for f in flags[1:]:
+        out = out & f
+    return out
 
 
 def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: object, *, block_cols: int | None,
-               no_key: str, key_log_scale: torch.Tensor | None = None,
-               features_nonnegative: bool | None = None) -> torch.Tensor:
+               no_key: str, key_log_scale: torch.Tensor | None = None, features_nonnegative: bool | None = None,
+               flags: tuple[torch.Tensor, ...] = (), diagnose=None) -> torch.Tensor:
     """Algorithm 1 on checked inputs and operator (or None): products, guard, division.
 
     key_log_scale: passed to ``op.attend`` (an operator with rescales_keys) when not None.
-    features_nonnegative: True when the caller knows phi_q, phi_k >= 0 (FAVOR+); None: tested.
+    features_nonnegative: None (tested), True (promised, or known: FAVOR+), False (signed).
+    flags: the caller's 0-dim bool checks (finite reductions of its own inputs), combined with
+    this function's into the one host read of the call; ``diagnose()`` is called only when that
+    read fails, and raises ValueError naming a non-finite argument (module doc, "What is checked
+    when").
     """
     out_dtype = v.dtype
     work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
-    phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
-
+    phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)  # no copy when the dtype is already right
+    checks = list(flags)
+    k_min = None
     if op is None:
-        kv = phi_k.transpose(-1, -2) @ v  # (..., m, d)
-        num = phi_q @ kv
-        den = (phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)).squeeze(-1)
+        num, den, kv = linear_products(phi_q, phi_k, v)  # kv (..., m, d)
+        checks.append(finite_flag(kv))  # every entry of phi_k and v reaches kv; of phi_q (and phi_k), den
     else:
+        # a key the mask hides from every query may reach no product (a sparse matmul skips it), and
+        # v reaches no denominator: one read pass over each (phi_q reaches den_i in every form)
+        k_min, k_max = torch.aminmax(phi_k.detach())
+        checks += [(k_min > -torch.inf) & (k_max < torch.inf), finite_flag(v)]
         attend = attend_of(op)
         if attend is not None:
-            result = (attend(phi_q, phi_k, v) if key_log_scale is None
-                      else attend(phi_q, phi_k, v, key_log_scale=key_log_scale))
+            if key_log_scale is None:
+                result = attend(phi_q, phi_k, v)
+            else:
+                scaled = getattr(op, "_attend_scaled", None)  # CausalMask: no host read of its own
+                result = (scaled(phi_q, phi_k, v, key_log_scale) if scaled is not None
+                          else attend(phi_q, phi_k, v, key_log_scale=key_log_scale))
             num, den = _check_attend(op, result, v)
         else:
             fpb = features_per_block(default_block_cols(v) if block_cols is None else block_cols, v.shape[-1])
             num, den = masked_products(phi_q, phi_k, v, op, fpb)
-    floor = _guard_floor(phi_q, phi_k, op, features_nonnegative)
-    return divide(num, den, floor=floor, no_key=lambda: _no_key_rows(op, phi_k), policy=no_key).to(out_dtype)
+
+    mask_nonnegative = op is None or nonnegative_of(op)  # read once (a property may compute it)
+    optimistic = features_nonnegative is not False and mask_nonnegative
+    if optimistic:  # features (assumed and tested below, promised, or known) >= 0 and a nonnegative mask
+        if features_nonnegative is None:
+            with torch.no_grad():
+                q_min = phi_q.detach().amin()
+                k_min = phi_k.detach().amin() if k_min is None else k_min
+                checks.append((q_min >= 0) & (k_min >= 0))  # NaN fails
+        floor = _guard_floor(phi_q, phi_k, op, True, True)  # only a mask's roundoff_bound, if any
+    else:  # signed or unknown: the relative floor, from |phi| unless the features are promised >= 0
+        floor = _guard_floor(phi_q, phi_k, op, features_nonnegative is True, mask_nonnegative)
+    checks.append(guard_flag(den, floor, positive=optimistic))  # den cannot be negative when optimistic
+
+    def no_key_rows() -> torch.Tensor | None:  # called by divide on a failure only
+        return _no_key_rows(op, phi_k)
+
+    if bool(_all(checks)):  # the call's one host read
+        return divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key, verified=True).to(out_dtype)
+    # the rare path: name a non-finite argument, or redo the guard with the features' actual sign
+    if diagnose is not None:
+        diagnose()
+    if optimistic:
+        with torch.no_grad():
+            negative = bool(phi_q.detach().amin() < 0) or bool(phi_k.detach().amin() < 0)
+        if negative and features_nonnegative is True:
+            raise ValueError("features_nonnegative=True promised phi_q >= 0 and phi_k >= 0, but they have negative "
+                             "entries: pass features_nonnegative=None (tested) or False (signed features)")
+        floor = _guard_floor(phi_q, phi_k, op, not negative, True)
+    return divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key).to(out_dtype)
 
 
 def _check_columns(what: str, op: object, got: object, want: tuple[int, ...]) -> torch.Tensor:
@@ -231,22 +348,20 @@ def _check_columns(what: str, op: object, got: object, want: tuple[int, ...]) ->
     return got
 
 
-def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: object,
-                 features_nonnegative: bool | None) -> torch.Tensor | None:
+def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: object, features_nonnegative: bool,
+                 mask_nonnegative: bool) -> torch.Tensor | None:
     """The guard's floor (..., N_q) on |den| (module doc), or None when only the dtype's normal range
-    applies (nonnegative features and mask, no roundoff_bound): then nothing is computed."""
+    applies (nonnegative features and mask, no roundoff_bound): then nothing is computed.
+    features_nonnegative False means "not known to be": |phi| is formed (equal to phi when it is
+    >= 0, so the floor is the same either way; only an abs pass is saved by knowing)."""
     with torch.no_grad():
         pq, pk = phi_q.detach(), phi_k.detach()
-        if features_nonnegative is None:
-            # amin, not (x >= 0).all(): ~10x cheaper on CPU (a NaN feature was refused by the checks)
-            features_nonnegative = bool(pq.amin() >= 0) and bool(pk.amin() >= 0)
         bound = None if op is None else roundoff_bound_of(op)
         extra = None
         if bound is not None:
             per_column = _check_columns("mask.roundoff_bound(x)", op, bound(pk), (*pk.shape[:-2], pk.shape[-1]))
             per_column = per_column.to(pk.dtype)
             extra = ((pq if features_nonnegative else pq.abs()) @ per_column.unsqueeze(-1)).squeeze(-1)
-        mask_nonnegative = op is None or nonnegative_of(op)
         if features_nonnegative and mask_nonnegative:
             return extra
         apq = pq if features_nonnegative else pq.abs()
@@ -303,12 +418,13 @@ def _check_attend(op: object, result: object, v: torch.Tensor) -> tuple[torch.Te
     return result
 
 
-def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
+                     features_nonnegative: bool | None = None) -> torch.Tensor:
     """Unmasked linear attention D^-1 (Q' (K'^T V)) (choromanski22 Eq. 3), O(N m d).
 
     Every query sees every key (no ``no_key`` argument); the denominators are guarded as in
-    masked_linear_attention (module doc)."""
-    return masked_linear_attention(phi_q, phi_k, v, mask=None)
+    masked_linear_attention (module doc), features_nonnegative as there."""
+    return masked_linear_attention(phi_q, phi_k, v, mask=None, features_nonnegative=features_nonnegative)
 
 
 def favor_features(
@@ -325,7 +441,9 @@ def favor_features(
     from the mask operator's ``key_stabilizer`` (fast.masks.base: the per-(batch, head) max by
     default; padding and packing override it so that keys the mask hides never set the scale);
     mask=None: FavorPlus's own per-(batch, head) max. The mask is only read for its stabiliser
-    here (the masking is masked_linear_attention's), and must be for q's and k's N.
+    here (the masking is masked_linear_attention's), and must be for q's and k's N. The scale
+    d_qk^(-1/4) is folded into the (m, d_qk) projection and the squared-norm term (in the compute
+    dtype: float32 for half precisions), so q and k are never rescaled (fast.features.favor_exponentials).
 
     An operator with ``rescales_keys`` (CausalMask: a running max per key) gets the default
     per-(batch, head) max here instead of its own stabiliser: its per-key constants cancel only
@@ -338,63 +456,112 @@ def favor_features(
     ``fast.as_mask_operator`` accepts -> phi_q (..., N_q, m), phi_k (..., N, m), in q's / k's
     dtype (float32 for half precisions). Differentiable in q and k. favor_attention computes the
     same features times sqrt(m) (the factor cancels in attention; module doc of fast.attention).
+    NaN or inf in q, k or projection: ValueError naming it (found from the rows' squared norms and
+    the projection, both small: module doc).
     """
     _check_favor_inputs(q, k, projection)
     op = None if mask is None else as_mask_operator(mask)
     if op is not None:
         _check_mask_n(op, q.shape[-2], k.shape[-2], "q, k")
-    phi_q, phi_k, _ = _favor_features(q, k, projection, op, in_driver=False)
-    return phi_q, phi_k
+    phi_q, phi_k, _, flags = _favor_features(q, k, projection, op, in_driver=False)
+    if not bool(_all(flags)):
+        raise_if_non_finite(q=q, k=k, projection=projection)
+    root = math.sqrt(projection.shape[0])
+    return phi_q / root, phi_k / root
 
 
 def _check_favor_inputs(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor) -> None:
-    check_tensor("q", q)
-    check_tensor("k", k)
-    check_tensor("projection", projection)
+    """Shapes, dtypes and devices of q, k and the projection (metadata only)."""
+    check_tensor("q", q, check_finite=False)
+    check_tensor("k", k, check_finite=False)
+    check_tensor("projection", projection, check_finite=False)
+    if projection.dim() != 2:
+        raise ValueError(f"projection must have shape (m, d), got {tuple(projection.shape)}")
     check_same_device(q=q, k=k, projection=projection)
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[-1] != projection.shape[1]:
+            raise ValueError(f"{name} has feature width {x.shape[-1]} but projection expects d={projection.shape[1]} "
+                             f"(projection is (m, d) = {tuple(projection.shape)})")
+
+
+def _running_max(rows: torch.Tensor) -> torch.Tensor:
+    """CausalMask.key_stabilizer from the row maxima r (..., N, 1) of z: the running max of r."""
+    return torch.cummax(rows.squeeze(-1), dim=-1).values.unsqueeze(-1)
+
+
+#: The key stabilisers known to be functions of the row maxima of z (as defined when fast was
+#: imported: one replaced later, e.g. patched, is called on z like any other).
+_ROW_STABILIZERS = {MaskOperator.key_stabilizer: None, CausalMask.key_stabilizer: _running_max}
+
+
+def _row_stabilizer(op: object):
+    """For a key_stabilizer that is a function of the row maxima of z: (True, that function of
+    the rows (..., N, 1), or None for the per-slice max); (False, None) for any other, which
+    then sees z itself."""
+    own = getattr(op, "key_stabilizer", None)
+    if own is None:
+        return True, None
+    fn = getattr(own, "__func__", None)
+    if fn in _ROW_STABILIZERS:
+        return True, _ROW_STABILIZERS[fn]
+    return False, None
 
 
 def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, op: object,
-                    in_driver: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(phi_q, phi_k, key_log_scale) on checked inputs and an operator (or None): one place for the
-    construction. in_driver (favor_attention): features without 1/sqrt(m), and for an operator with
-    rescales_keys its own stabiliser and key_log_scale (its constants, detached, (..., N, 1));
-    otherwise FavorPlus's features and key_log_scale None."""
-    fmap = FavorPlus(projection, stabilize=True)
-    scale = q.shape[-1] ** -0.25
+                    in_driver: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    """(phi_q, phi_k, key_log_scale, flags) on checked inputs and an operator (or None): one place
+    for the construction. Features without 1/sqrt(m). in_driver (favor_attention): for an
+    operator with rescales_keys its own stabiliser and key_log_scale (its constants, detached,
+    (..., N, 1)), and the queries' norm term is never formed (a per-query factor cancels in
+    attention); otherwise the default stabiliser for such operators and key_log_scale None.
+    flags: 0-dim bool checks that every entry of k's squared norms, of the projection and (not
+    in_driver) of q's squared norms is finite: NaN or inf in q, k or projection fails one of
+    them (in the driver, q's reach the denominators instead)."""
     rescales = op is not None and rescales_keys_of(op)
     captured: list[torch.Tensor] = []
+    row_fn, by_rows = None, True
     if op is None or (bool(getattr(op, "rescales_keys", False)) and not (in_driver and rescales)):
         stabilizer = None  # FavorPlus's own per-(batch, head) max
     else:
-        own = key_stabilizer_of(op)
+        by_rows, row_fn = _row_stabilizer(op)
+        stabilizer = None
+        if not by_rows:
+            own = key_stabilizer_of(op)
 
-        def stabilizer(z: torch.Tensor) -> torch.Tensor:
-            c = own(z)
-            if not isinstance(c, torch.Tensor) or not _broadcasts_to(tuple(c.shape), tuple(z.shape)):
-                got = tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__
-                raise ValueError(
-                    f"mask.key_stabilizer(z) must return constants broadcastable to z {tuple(z.shape)} (k's leading "
-                    f"dims and N, then m), got {got} (mask is {type(op).__name__}; a batched mask needs k with its "
-                    "leading dims)")
-            captured.append(c.detach())
-            return c
+            def stabilizer(z: torch.Tensor) -> torch.Tensor:
+                c = own(z)
+                if not isinstance(c, torch.Tensor) or not _broadcasts_to(tuple(c.shape), tuple(z.shape)):
+                    got = tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__
+                    raise ValueError(
+                        f"mask.key_stabilizer(z) must return constants broadcastable to z {tuple(z.shape)} (k's "
+                        f"leading dims and N, then m), got {got} (mask is {type(op).__name__}; a batched mask needs "
+                        "k with its leading dims)")
+                captured.append(c.detach())
+                return c
 
-    features = fmap.exponentials if in_driver else fmap
-    # scale in the compute dtype: q * d^(-1/4) rounded to bfloat16 moves each FAVOR+ exponent by
-    # ~2^-9 |w . q| (about 0.1 at std 8), a ~10% error in every kernel value
+    # the scale d^(-1/4) of q and k folds into W (m x d) and the norm term, in the compute dtype:
+    # q * d^(-1/4) rounded to bfloat16 would move each exponent by ~2^-9 |w . q| (issue 10)
+    d = projection.shape[1]
+    scale, half = d ** -0.25, 0.5 * d ** -0.5
     q, k = q.to(compute_dtype(q.dtype)), k.to(compute_dtype(k.dtype))
-    phi_q = features(q * scale, is_query=True)
-    phi_k = features(k * scale, is_query=False, key_stabilizer=stabilizer)
+    w_q = projection.to(q.dtype) * scale
+    w_k = w_q if k.dtype == q.dtype else projection.to(k.dtype) * scale
+    phi_q, _, n_q = favor_exponentials(q, w_q, half, is_query=True, query_norm=not in_driver)
+    phi_k, c, n_k = favor_exponentials(k, w_k, half, is_query=False, key_stabilizer=stabilizer,
+                                       row_stabilizer=row_fn)
+    flags = [finite_flag(n_k, projection)]
+    if n_q is not None:
+        flags.append(finite_flag(n_q))
     key_log_scale = None
-    if in_driver and rescales and captured:
-        c = captured[0]
+    if in_driver and rescales:
+        if stabilizer is not None:
+            c = captured[0]
         z_shape = (*phi_k.shape[:-1], 1)
         if not _broadcasts_to(tuple(c.shape), z_shape):
             raise ValueError(f"mask.key_stabilizer(z) of a mask with rescales_keys must return one constant per key, "
                              f"broadcastable to {z_shape}, got {tuple(c.shape)} (mask is {type(op).__name__})")
         key_log_scale = c.expand(z_shape)
-    return phi_q, phi_k, key_log_scale
+    return phi_q, phi_k, key_log_scale, flags
 
 
 def favor_attention(
@@ -423,13 +590,15 @@ def favor_attention(
     query feature times the largest visible key feature, and the guard (module doc) refuses
     only what falls out of the dtype's normal range relative to those, or is not finite. For an
     operator without rescales_keys this equals masked_linear_attention(*favor_features(q, k,
-    projection, mask), v, mask) up to round-off (bit for bit when m is a power of 4).
+    projection, mask), v, mask) up to round-off (bit for bit when m is a power of 4). The
+    features cost one GEMM and about one elementwise pass each (fast.features.favor_exponentials).
 
     q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d). no_key: as in masked_linear_attention
     ("raise" or "zero", for queries whose mask row is all zero, e.g. a fully padded sample).
+    NaN or inf in q, k, v or projection: ValueError naming it (module doc, "What is checked when").
     """
     _check_favor_inputs(q, k, projection)  # once: favor_features would check them again
-    check_tensor("v", v)
+    check_tensor("v", v, check_finite=False)
     check_same_device(q=q, v=v)
     if v.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"k (..., N, d_qk) and v (..., N, d) must share leading dims and N, got {tuple(k.shape)} "
@@ -440,7 +609,8 @@ def favor_attention(
     op = None if mask is None else as_mask_operator(mask)
     if op is not None:
         _check_mask_n(op, q.shape[-2], k.shape[-2], "q, k")
-    # the features are exponentials of finite exponents (a non-finite one reaches den: the guard)
-    phi_q, phi_k, key_log_scale = _favor_features(q, k, projection, op, in_driver=True)
+    # the features are exponentials: >= 0 by construction (no sign test)
+    phi_q, phi_k, key_log_scale, flags = _favor_features(q, k, projection, op, in_driver=True)
     return _attention(phi_q, phi_k, v, op, block_cols=None, no_key=no_key, key_log_scale=key_log_scale,
-                      features_nonnegative=True)
+                      features_nonnegative=True, flags=tuple(flags),
+                      diagnose=lambda: raise_if_non_finite(q=q, k=k, projection=projection, v=v))

@@ -17,6 +17,12 @@ see different key sets (causal prefixes) may return per-key constants that its `
 ``FavorPlus.exponentials`` gives the features without their 1/sqrt(m) (largest stabilised entry
 exactly 1), which fast.favor_attention feeds to its guard.
 Half-precision inputs are projected and exponentiated in float32 (features come out float32).
+
+Cost (issue 11): FAVOR+ is one GEMM and about one elementwise pass over the (N, m) exponents
+(``favor_exponentials``): the stabiliser is taken from the row maxima of the projection (the
+squared-norm term is constant along a row), and the shift and the exponential run in place on
+the GEMM's output. EluPlusOne is exp(min(x, 0)) + max(x, 0) with a backward that reads only its
+output (torch's ELU goes through a scalar expm1 on CPU: ~1.7x slower than the vectorised exp).
 """
 from __future__ import annotations
 
@@ -69,6 +75,73 @@ def gaussian_projection(
     return g.to(device=device, dtype=dtype)
 
 
+def _half_sq_norm(x: torch.Tensor, half: float) -> torch.Tensor:
+    """half * |x|^2 per row, (..., N, d) -> (..., N, 1): one read pass (vector_norm), no (N, d) temporary."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    if x.requires_grad and torch.is_grad_enabled():
+        return norm.square() * half  # vector_norm's backward reads its result: no in-place step
+    return norm.square_().mul_(half)
+
+
+def _slice_max(rows: torch.Tensor) -> torch.Tensor:
+    """The keys' default constant from their row maxima (..., N, 1): the max over ONE (batch, head)
+    slice, (..., 1, 1) (never across the batch: module doc)."""
+    return rows.amax(-2, keepdim=True)
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def favor_exponentials(
+    x: torch.Tensor, w: torch.Tensor, half: float, *, is_query: bool, stabilize: bool = True,
+    key_stabilizer=None, row_stabilizer=None, query_norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The stabilised FAVOR+ exponentials exp(x w^T - half |x|^2 - c) in one GEMM and ~one pass.
+
+    x: (..., N, d) and w: (m, d) in one compute dtype (a scale of x folds into w and ``half``:
+    fast.favor_attention passes w = d^(-1/4) W and half = d^(-1/2) / 2). Returns
+    (features (..., N, m), c or None, the norm term half |x|^2 (..., N, 1) or None), c detached.
+
+    - queries (``is_query``, stabilised): c_i = max_a (x_i w_a) - half |x_i|^2 per row, so the
+      exponent is x_i w_a - max_a x_i w_a: the norm term cancels in the value (the largest entry
+      is exactly 1). With ``query_norm`` its gradient is kept (the features are
+      exp(-c_i) times the unstabilised ones, c_i constant, as without this shortcut); without
+      it the norm is never formed (fast.favor_attention: a per-query factor cancels in attention).
+    - keys, ``key_stabilizer`` None: c from the row maxima r_j = max_a (x_j w_a) - half |x_j|^2
+      (equal to the row maxima of the exponents, rounding being monotone): the per-slice max of r
+      (FavorPlus's default), or ``row_stabilizer(r)`` (..., N, 1) (CausalMask's running max, whose
+      key_stabilizer is a function of the row maxima). The shift n_j + c_j and the exp run in
+      place on the GEMM's output: the largest entry is 1 up to round-off.
+    - keys with ``key_stabilizer(z)`` (a mask's): z is formed in place, the constants taken from
+      it (detached), then shift and exp in place.
+    - stabilize=False: exp(x w^T - half |x|^2).
+    The in-place steps touch only the GEMM's fresh output (mm saves its inputs, not its output);
+    exp_'s result is what autograd keeps, so the features must not be modified in place after.
+    """
+    p = x @ w.transpose(-1, -2)  # (..., N, m)
+    if is_query and stabilize:
+        c = p.detach().amax(-1, keepdim=True)
+        n = None
+        shift = c
+        if query_norm:
+            n = _half_sq_norm(x, half)
+            shift = c + (n - n.detach())  # the value is c exactly; the gradient is that of n
+        return p.sub_(shift).exp_(), c, n
+    n = _half_sq_norm(x, half)
+    if not stabilize:
+        return p.sub_(n).exp_(), None, n
+    if key_stabilizer is None:
+        rows = p.detach().amax(-1, keepdim=True) - n.detach()  # (..., N, 1)
+        c = _slice_max(rows) if row_stabilizer is None else row_stabilizer(rows)
+        return p.sub_(n + c).exp_(), c, n
+    z = p.sub_(n)
+    c = key_stabilizer(z.detach()).detach()
+    if _shares_memory(c, z):  # a stabiliser that returns a view of z: keep its values
+        c = c.clone()
+    return z.sub_(c).exp_(), c, n
+
+
 class FeatureMap(nn.Module):
     """Base class: ``forward(x, is_query)`` maps (..., N, d) to (..., N, m).
 
@@ -94,14 +167,18 @@ class _Projected(FeatureMap):
     def m(self) -> int:
         return self.projection.shape[0]
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x in its compute dtype, x W^T): half precisions work in float32."""
+    def _checked(self, x: torch.Tensor) -> torch.Tensor:
+        """x in its compute dtype (half precisions work in float32; no copy otherwise), its width checked."""
         check_tensor("x", x, min_dim=2, check_finite=False)
         if x.shape[-1] != self.projection.shape[1]:
             raise ValueError(
                 f"x has feature width {x.shape[-1]} but projection expects d={self.projection.shape[1]}"
             )
-        x = x.to(compute_dtype(x.dtype))
+        return x.to(compute_dtype(x.dtype))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x in its compute dtype, x W^T): half precisions work in float32."""
+        x = self._checked(x)
         return x, x @ self.projection.to(x.dtype).T
 
     def _exp(self, z: torch.Tensor, is_query: bool, key_stabilizer=None) -> torch.Tensor:
@@ -129,14 +206,16 @@ class FavorPlus(_Projected):
     def exponentials(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
         """sqrt(m) phi(x) = exp(W x - |x|^2/2 - c): the features without their 1/sqrt(m), (..., N, d) -> (..., N, m).
 
-        Stabilised, the largest entry of each query row (and of each key slice, or of the keys
-        sharing one constant of ``key_stabilizer``) is exactly 1. fast.favor_attention uses these:
-        the factor 1/sqrt(m) cancels in attention's ratio, and without it the denominator is
-        measured against the largest features (its guard refuses a den below float's normal range).
+        Stabilised, the largest entry of each query row is exactly 1, and that of each key slice
+        (or of the keys sharing one constant of ``key_stabilizer``) is 1 up to round-off.
+        fast.favor_attention uses these: the factor 1/sqrt(m) cancels in attention's ratio, and
+        without it the denominator is measured against the largest features (its guard refuses a
+        den below float's normal range). One GEMM and about one elementwise pass (``favor_exponentials``).
         """
-        x, p = self._project(x)
-        z = p - 0.5 * (x * x).sum(-1, keepdim=True)
-        return self._exp(z, is_query, key_stabilizer)
+        x = self._checked(x)
+        w = self.projection.to(x.dtype)
+        return favor_exponentials(x, w, 0.5, is_query=is_query, stabilize=self.stabilize,
+                                  key_stabilizer=key_stabilizer)[0]
 
 
 class Hyperbolic(_Projected):
@@ -176,14 +255,68 @@ class ReLU(FeatureMap):
         return torch.relu(x)
 
 
+class _EluPlusOneFn(torch.autograd.Function):
+    """y = ELU(x) + 1 = exp(min(x, 0)) + max(x, 0); dy/dx = min(y, 1) (1 for x > 0, exp(x) = y
+    otherwise), so backward reads only the output. Forward: two clamps, an in-place exp and add
+    (torch's ELU runs a scalar expm1 on CPU)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.clamp(x, max=0.0).exp_().add_(torch.clamp(x, min=0.0))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y.clamp(max=1.0)
+
+
+def _elu_plus_one(x: torch.Tensor) -> torch.Tensor:
+    """ELU(x) + 1 written for torch.compile (one fused kernel, forward and backward); the
+    derivative at 0 is exp(0) = 1, as ELU's."""
+    return torch.where(x > 0, x + 1.0, torch.exp(x))
+
+
+_compiled_elu_plus_one = None
+
+
+def _compiled() -> object:
+    global _compiled_elu_plus_one
+    if _compiled_elu_plus_one is None:
+        _compiled_elu_plus_one = torch.compile(_elu_plus_one)
+    return _compiled_elu_plus_one
+
+
 class EluPlusOne(FeatureMap):
-    """phi(x) = ELU(x) + 1 > 0, m = d (Katharopoulos et al. 2020)."""
+    """phi(x) = ELU(x) + 1 >= 0 (> 0 where exp(x) does not underflow), m = d (Katharopoulos et al. 2020).
+
+    Computed as exp(min(x, 0)) + max(x, 0) (the same function, equal to torch's elu(x) + 1 up to
+    round-off; exact exp(x) for x <= 0 where expm1(x) + 1 cancels), ~1.7x faster on CPU than
+    torch.nn.functional.elu(x) + 1, with a backward that keeps only the output.
+
+    compiled=True (opt-in, never required): torch.compile of the map, one fused elementwise
+    kernel forward and backward. Measured (CPU, float32, one thread, CPU seconds, (4, 2^14, d),
+    median of 5): forward 2.6 vs 3.9 ms at d = 16 and 9.3 vs 15.7 ms at d = 64 against the eager
+    map above (inference); forward + backward no faster (8.3 vs 8.2 ms, 31 vs 28 ms). The first
+    call compiles (4-10 s here, once per process and shape family), and it needs torch.compile's
+    toolchain (a C++ compiler on CPU). (Compiling the FAVOR+ map gained 0-15% of the map, a GEMM
+    dominates it; compiling the causal scan took 13-200 s and ran 2.6-3x slower at N = 2^14:
+    neither is offered.)"""
 
     positive = True
 
+    def __init__(self, compiled: bool = False):
+        super().__init__()
+        if not isinstance(compiled, bool):
+            raise TypeError(f"compiled must be a bool, got {type(compiled).__name__}")
+        self.compiled = compiled
+
     def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
         check_floating("x", x)
-        return torch.nn.functional.elu(x) + 1.0
+        if self.compiled:
+            return _compiled()(x)
+        return _EluPlusOneFn.apply(x)
 
 
 class Identity(FeatureMap):

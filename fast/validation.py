@@ -27,6 +27,30 @@ def check_tensor(name: str, x: object, min_dim: int = 2, check_finite: bool = Tr
     return x
 
 
+def finite_flag(*tensors: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor, on the tensors' device: True when every entry of every tensor is finite.
+
+    One read pass per tensor (torch.aminmax: no temporary of the tensor's size, unlike
+    isfinite(x).all(), which is ~10x slower on CPU); NaN fails both comparisons. Nothing is
+    synchronised: the caller combines flags and reads them once (``bool``)."""
+    flag = None
+    for t in tensors:
+        lo, hi = torch.aminmax(t.detach())
+        ok = (lo > -torch.inf) & (hi < torch.inf)
+        flag = ok if flag is None else flag & ok
+    return flag
+
+
+def raise_if_non_finite(**tensors: torch.Tensor | None) -> None:
+    """ValueError naming the first of the named tensors that holds NaN or inf (None entries are skipped).
+
+    The drivers' rare path: they check finiteness on reductions they compute anyway, and only
+    when such a check fails do they come here to say which argument was at fault."""
+    for name, t in tensors.items():
+        if t is not None and not bool(torch.isfinite(t.detach()).all()):
+            raise ValueError(f"{name} contains non-finite values (NaN or inf)")
+
+
 def check_floating(name: str, x: object) -> torch.Tensor:
     """A floating torch.Tensor of any shape (the input of an elementwise feature map)."""
     if not isinstance(x, torch.Tensor):

@@ -184,10 +184,14 @@ def test_favor_attention_samples_and_heads_are_independent(kind, b, h, n, j_raw,
 
 def test_batch_independence_test_detects_a_cross_batch_max(monkeypatch):
     """Power check: with the stabiliser max planted across the batch, the comparison above fails."""
-    from fast import features
+    from fast import attention
 
-    def cross_batch_exp(self, z, is_query, key_stabilizer=None):
-        return torch.exp(z - z.amax().detach()) if self.stabilize else torch.exp(z)
+    def cross_batch_exp(x, w, half, *, is_query, stabilize=True, key_stabilizer=None, row_stabilizer=None,
+                        query_norm=True):
+        n = half * (x * x).sum(-1, keepdim=True)
+        z = x @ w.T - n
+        c = z.amax().detach()  # the planted bug: one max over the whole batch
+        return torch.exp(z - c), c, n
 
     g = gen(1)
     w = _big_row_projection(g)
@@ -196,7 +200,7 @@ def test_batch_independence_test_detects_a_cross_batch_max(monkeypatch):
     q[1] = _aligned_tokens(w, (1, 5))
     good = favor_attention(q, k, v, w)
     assert torch.isfinite(good).all()
-    monkeypatch.setattr(features._Projected, "_exp", cross_batch_exp)
+    monkeypatch.setattr(attention, "favor_exponentials", cross_batch_exp)
     with pytest.raises(DenominatorError):
         favor_attention(q, k, v, w)
 
