@@ -429,8 +429,13 @@ def _slices(batch: tuple[int, ...]) -> int:
     return int(np.prod(batch, dtype=np.int64))
 
 
-def chunk_of(op: object) -> int | None:
-    """The chunk C a causal operator scans with: its ``chunk`` attribute when it is a positive int."""
+def chunk_of(op: object, m: int | None = None, d: int | None = None) -> int | None:
+    """The chunk C a causal operator scans with for features of width m and values of width d: its
+    ``chunk_for(m, d)`` when it has one (fast.CausalMask: chunk=None, the default, picks C from
+    m and d), else its ``chunk`` attribute when it is a positive int."""
+    pick = getattr(op, "chunk_for", None)
+    if callable(pick) and m is not None and d is not None:
+        return int(pick(m, d))
     c = getattr(op, "chunk", None)
     return int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c > 0 else None
 
@@ -464,7 +469,7 @@ def favor_case(mask: str | Callable[[int, Any], Any] | None = None, executed: st
         elif executed == "padding":
             done = useful + slices * float(n) * M
         elif executed == "causal":
-            chunk = chunk_of(op)
+            chunk = chunk_of(op, M, D)
             info["chunk"] = chunk
             done = None if chunk is None else causal_scan_flops(n, D, M, chunk, D, slices)
         else:

@@ -50,20 +50,22 @@ register(favor_mechanism(
     roofline=Roofline("matmul", roofline.favor_case(None), target=0.70, target_n=TARGET_N),
 ))
 
-#: CausalMask's default chunk (the scan's block size C): 37 < C, 300 = 4 C + 44.
-CAUSAL_CHUNK = 64
+#: The default variant's chunk: None, CausalMask's own rule (chunk_for(m, d): C = 16 at the
+#: registry's m = d = 16, so equivalence's N = 37, 300, 1000 end in a ragged chunk).
+CAUSAL_CHUNK = None
 
 
-def causal_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), chunk: int = CAUSAL_CHUNK) -> Problem:
-    """FAVOR+ inputs; extras["chunk"]: the scan's chunk C (the variants' option)."""
-    return favor_problem(n, seed, batch=batch, chunk=int(chunk))
+def causal_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), chunk: int | None = CAUSAL_CHUNK) -> Problem:
+    """FAVOR+ inputs; extras["chunk"]: the scan's chunk C (the variants' option; None: the mask's rule)."""
+    return favor_problem(n, seed, batch=batch, chunk=None if chunk is None else int(chunk))
 
 
 register(favor_mechanism(
     "causal", "Causal mask, chunked scan", "choromanski22 Sec. 3.1", "N",
     problem=causal_problem,
     dense_mask=lambda p: ref_masks.causal_mask(p.n),
-    fast_mask=lambda p, device: fast.CausalMask(p.n, chunk=int(p.extras["chunk"])),
+    fast_mask=lambda p, device: fast.CausalMask(
+        p.n, chunk=None if p.extras["chunk"] is None else int(p.extras["chunk"])),
     scale=True, scale_train=True,
     # perf times the operator a user gets: fast.CausalMask(N) with its default chunk
     roofline=Roofline("matmul", roofline.favor_case(lambda n, device: fast.CausalMask(n), executed="causal"),
@@ -71,7 +73,9 @@ register(favor_mechanism(
     # the chunk changes constants, not the class: the options are equivalence-only. 7 divides
     # none of equivalence's N (1, 2, 37, 64, 300, 1000), so the last chunk is always ragged
     variants=(
-        Variant("default", f"chunk C = {CAUSAL_CHUNK}"),
+        Variant("default", "chunk C chosen by CausalMask from m and d (16 here)"),
+        Variant("chunk-64", "chunk C = 64 (the default before issue 11): 37 < C, 300 = 4 C + 44",
+                params={"chunk": 64}, sweep=False),
         Variant("chunk-1", "chunk C = 1: every token its own chunk (no intra-chunk block)",
                 params={"chunk": 1}, sweep=False),
         Variant("chunk-7", "chunk C = 7: N never a multiple of C (a zero-padded last chunk)",

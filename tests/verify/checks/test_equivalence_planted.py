@@ -37,17 +37,10 @@ def _all_dims(z: torch.Tensor) -> tuple[int, ...]:
 # ------------------------------------------------------------------------------ the planted copies
 
 
-def _exp_across_batch(self, z, is_query, key_stabilizer=None):
-    """fast.features._Projected._exp with the key max taken over the WHOLE tensor (all slices)."""
-    if self.stabilize:
-        if is_query:
-            c = z.amax(dim=-1, keepdim=True)
-        elif key_stabilizer is not None:
-            c = key_stabilizer(z)
-        else:
-            c = z.amax(dim=_all_dims(z), keepdim=True)  # BUG: across batch and heads
-        z = z - c.detach()
-    return torch.exp(z)
+def _slice_max_across_batch(rows):
+    """fast.features._slice_max (the keys' default FAVOR+ constant from their row maxima) taken over
+    the WHOLE tensor (all slices) instead of one (batch, head) slice."""
+    return rows.amax(dim=_all_dims(rows), keepdim=True)  # BUG: across batch and heads
 
 
 _DECAYED_SCAN = fast_sequence._decayed_scan
@@ -140,7 +133,7 @@ def _detached_spectrum(self, device, dtype):
 #: name -> (record id, variant restriction or None for the whole record, [(owner, attribute, copy)])
 PLANTED = {
     "favor-stabiliser-across-batch/linear": (
-        "linear", None, [(fast.features._Projected, "_exp", _exp_across_batch)]),
+        "linear", None, [(fast.features, "_slice_max", _slice_max_across_batch)]),
     "favor-stabiliser-across-batch/causal": (
         "causal", None, [(fast.CausalMask, "key_stabilizer", _causal_stabilizer_across_batch)]),
     "causal-state-leaks-across-batch": ("causal", None, [(fast_sequence, "_decayed_scan", _leaky_decayed_scan)]),

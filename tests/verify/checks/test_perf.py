@@ -375,7 +375,7 @@ def test_the_causal_case_times_the_default_chunk_and_counts_it():
     import fast
 
     case = get("causal").roofline.case(get("causal"), 256, "cpu", 0)
-    chunk = fast.CausalMask(256).chunk
+    chunk = fast.CausalMask(256).chunk_for(R.M, R.D)
     assert case.info["chunk"] == chunk
     assert case.flops_executed == R.causal_scan_flops(256, R.D, R.M, chunk, R.D, 4)
 

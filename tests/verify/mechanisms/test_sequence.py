@@ -106,7 +106,7 @@ def test_hostile_padding_only_touches_padded_keys_and_values():
 def test_causal_chunk_variants_exercise_their_option():
     mech = get("causal")
     chunks = {v.name: mech.problem(300, 0, v).extras["chunk"] for v in mech.all_variants}
-    assert chunks == {"default": S.CAUSAL_CHUNK, "chunk-1": 1, "chunk-7": 7, "chunk-above-n": 4096}
+    assert chunks == {"default": S.CAUSAL_CHUNK, "chunk-64": 64, "chunk-1": 1, "chunk-7": 7, "chunk-above-n": 4096}
     for v in mech.all_variants:
         p = mech.problem(37, 0, v, batch=EQUIVALENCE_BATCH)
         assert mech.fast_mask(p, "cpu").chunk == p.extras["chunk"]
