@@ -9,7 +9,8 @@ Five operations, each computed by maskbench and by one peer on the same inputs:
                                                                               + its causal_linear_attention(eps=0),
                                                                               which runs fast-transformers' C++
                                                                               causal_dot_product
-    elu           fast.masked_linear_attention(elu(q)+1, elu(k)+1, v)       fast-transformers LinearAttention(eps=0)
+    elu           fast.masked_linear_attention(EluPlusOne()(q), ...,        fast-transformers LinearAttention(eps=0)
+                  features_nonnegative=True)
     elu-causal    ... mask=CausalMask(N)                                    fast-transformers CausalLinearAttention(eps=0)
     softmax       fast.softmax_attention(q, k, v)                           torch.nn.functional.scaled_dot_product_attention
 
@@ -125,14 +126,21 @@ def maskbench_favor_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
     return fast.favor_attention(q, k, v, projection, mask=mask)
 
 
+#: maskbench's ELU+1 feature map, elu(x) + 1 (fast.EluPlusOne: exp(min(x, 0)) + max(x, 0), positive)
+_ELU_PLUS_ONE = fast.EluPlusOne()
+
+
 def maskbench_elu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Linear attention with ELU+1 features phi(x) = elu(x) + 1 (m = d): (B, H, N, d) -> (B, H, N, d)."""
-    return fast.masked_linear_attention(F.elu(q) + 1, F.elu(k) + 1, v)
+    """Linear attention with ELU+1 features phi(x) = elu(x) + 1 (m = d): (B, H, N, d) -> (B, H, N, d).
+
+    As a user writes it: fast.EluPlusOne's features, which are positive, so the guard is told so
+    (features_nonnegative=True) instead of testing their sign (fast.attention's module doc)."""
+    return fast.masked_linear_attention(_ELU_PLUS_ONE(q), _ELU_PLUS_ONE(k), v, features_nonnegative=True)
 
 
 def maskbench_elu_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: fast.CausalMask) -> torch.Tensor:
-    """Causal linear attention with ELU+1 features: (B, H, N, d) -> (B, H, N, d)."""
-    return fast.masked_linear_attention(F.elu(q) + 1, F.elu(k) + 1, v, mask=mask)
+    """Causal linear attention with ELU+1 features: (B, H, N, d) -> (B, H, N, d); as maskbench_elu."""
+    return fast.masked_linear_attention(_ELU_PLUS_ONE(q), _ELU_PLUS_ONE(k), v, mask=mask, features_nonnegative=True)
 
 
 def maskbench_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
