@@ -41,8 +41,11 @@ test is skipped. A broken promise is detected only when it shows: a negative, ze
 non-finite denominator sends the call to the rare path, which tests the sign and raises
 ValueError naming features_nonnegative; signed features whose every denominator stays positive
 and normal are NOT detected, and a denominator that cancelled to round-off is then divided by
-(the promise is exactly what lets the guard skip that floor). False: signed features (the floor
-is computed, no test). favor_attention passes True itself: its features are exponentials.
+(the promise is exactly what lets the guard skip that floor). The promise matters only with a
+nonnegative mask (or none): with a signed mask the floor is computed from |phi| whatever it says
+(equal to phi when it holds), so a broken promise there is caught like signed features. False:
+signed features (the floor is computed, no test). favor_attention passes True itself: its
+features are exponentials.
 
 What is checked when (issue 11: validation never makes an extra pass over the data on the fast
 path). Before anything is computed: metadata only (types, dtypes, shapes, devices, the mask's N,
@@ -64,8 +67,9 @@ CausalMask's attend with key constants gets no read of its own from favor_attent
 the products are queued. Only when that read fails (the rare path) are the arguments scanned
 (isfinite) to raise ValueError naming the first non-finite one ("q contains non-finite values
 (NaN or inf)"), then the sign retested and fast.algebra.divide's per-row analysis run (more host
-reads: DenominatorError with its cases, or the no-key policy). Finite inputs whose products
-overflow are not a ValueError: their denominator is refused (DenominatorError, "not finite").
+reads: DenominatorError with its cases, or the no-key policy). Finite inputs whose denominator
+overflows are not a ValueError: it is refused (DenominatorError, "not finite"); a numerator that
+overflows (values near the dtype's maximum) returns inf in those rows.
 """
 from __future__ import annotations
 
@@ -231,7 +235,8 @@ def masked_linear_attention(
     of phi_q and phi_k is >= 0 (as EluPlusOne, ReLU, FavorPlus and Hyperbolic return them), and
     the test is skipped; a broken promise is caught when it makes some denominator negative,
     zero, subnormal or not finite (ValueError naming features_nonnegative), but NOT when every
-    denominator stays positive: then denominators that cancelled to round-off are divided by.
+    denominator stays positive: then denominators that cancelled to round-off are divided by
+    (with a nonnegative mask or none; a signed mask's floor is computed from |phi| regardless).
     False: the features are signed (the relative floor is computed, no test). Anything else is a
     ValueError naming features_nonnegative.
 
@@ -254,6 +259,12 @@ def masked_linear_attention(
     return _attention(phi_q, phi_k, v, op, block_cols=block_cols, no_key=no_key,
                       features_nonnegative=features_nonnegative,
                       diagnose=lambda: raise_if_non_finite(phi_q=phi_q, phi_k=phi_k, v=v))
+
+
+def _plain_causal(op: object) -> bool:
+    """op is a CausalMask whose attend is CausalMask's own (a subclass overriding attend gets its
+    attend called, never the private routes of the base class)."""
+    return isinstance(op, CausalMask) and type(op).attend is CausalMask.attend
 
 
 def _check_sign_promise(value: object) -> None:
@@ -287,22 +298,31 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: ob
     phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)  # no copy when the dtype is already right
     checks = list(flags)
     k_min = None
+    narrow = None  # CausalMask's optimistic route: its condition, checked with the call's one read
     if op is None:
         num, den, kv = linear_products(phi_q, phi_k, v)  # kv (..., m, d)
         checks.append(finite_flag(kv))  # every entry of phi_k and v reaches kv; of phi_q (and phi_k), den
     else:
         # a key the mask hides from every query may reach no product (a sparse matmul skips it), and
         # v reaches no denominator: one read pass over each (phi_q reaches den_i in every form)
-        k_min, k_max = torch.aminmax(phi_k.detach())
-        checks += [(k_min > -torch.inf) & (k_max < torch.inf), finite_flag(v)]
+        if phi_k.numel():  # (an empty batch has nothing to check, and aminmax refuses it)
+            k_min, k_max = torch.aminmax(phi_k.detach())
+            checks.append((k_min > -torch.inf) & (k_max < torch.inf))
+        checks.append(finite_flag(v))
         attend = attend_of(op)
         if attend is not None:
             if key_log_scale is None:
                 result = attend(phi_q, phi_k, v)
             else:
-                scaled = getattr(op, "_attend_scaled", None)  # CausalMask: no host read of its own
-                result = (scaled(phi_q, phi_k, v, key_log_scale) if scaled is not None
-                          else attend(phi_q, phi_k, v, key_log_scale=key_log_scale))
+                # CausalMask's own attend (not a subclass's override): the route without a host read
+                optimistic_attend = op._attend_optimistic if _plain_causal(op) else None
+                if optimistic_attend is not None:
+                    *result, narrow = optimistic_attend(phi_q, phi_k, v, key_log_scale)
+                    result = tuple(result)
+                    if narrow is not None:
+                        checks.append(narrow)
+                else:
+                    result = attend(phi_q, phi_k, v, key_log_scale=key_log_scale)
             num, den = _check_attend(op, result, v)
         else:
             fpb = features_per_block(default_block_cols(v) if block_cols is None else block_cols, v.shape[-1])
@@ -311,14 +331,15 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: ob
     mask_nonnegative = op is None or nonnegative_of(op)  # read once (a property may compute it)
     optimistic = features_nonnegative is not False and mask_nonnegative
     if optimistic:  # features (assumed and tested below, promised, or known) >= 0 and a nonnegative mask
-        if features_nonnegative is None:
+        if features_nonnegative is None and phi_q.numel() and phi_k.numel():
             with torch.no_grad():
                 q_min = phi_q.detach().amin()
                 k_min = phi_k.detach().amin() if k_min is None else k_min
                 checks.append((q_min >= 0) & (k_min >= 0))  # NaN fails
         floor = _guard_floor(phi_q, phi_k, op, True, True)  # only a mask's roundoff_bound, if any
-    else:  # signed or unknown: the relative floor, from |phi| unless the features are promised >= 0
-        floor = _guard_floor(phi_q, phi_k, op, features_nonnegative is True, mask_nonnegative)
+    else:  # signed or unknown: the relative floor, from |phi| (a promise of features >= 0 is not
+        # relied on here: |phi| = phi when it holds, and a broken one cannot switch the guard off)
+        floor = _guard_floor(phi_q, phi_k, op, False, mask_nonnegative)
     checks.append(guard_flag(den, floor, positive=optimistic))  # den cannot be negative when optimistic
 
     def no_key_rows() -> torch.Tensor | None:  # called by divide on a failure only
@@ -329,6 +350,9 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: ob
     # the rare path: name a non-finite argument, or redo the guard with the features' actual sign
     if diagnose is not None:
         diagnose()
+    if narrow is not None and not bool(narrow):  # constants too wide for the one-reference route: redo
+        op._wide = True
+        num, den = _check_attend(op, op._attend_scaled(phi_q, phi_k, v, key_log_scale), v)  # the floor needs no redo
     if optimistic:
         with torch.no_grad():
             negative = bool(phi_q.detach().amin() < 0) or bool(phi_k.detach().amin() < 0)

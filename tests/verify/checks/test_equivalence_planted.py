@@ -67,6 +67,12 @@ def _leaky_decayed_scan(x, level, reverse=False):
     return (flat + decay * carry).reshape(s.shape)
 
 
+def _never_narrow(self, c):
+    """CausalMask._narrow saying False: FAVOR+ takes the decayed scan (where the leak above is planted)
+    rather than the one-reference route over the plain scan."""
+    return torch.zeros((), dtype=torch.bool, device=c.device)
+
+
 def _packing_stabilizer_across_batch(self, z):
     """PackingMask.key_stabilizer with each segment's max taken over every sample and head too."""
     row = z.amax(-1)
@@ -136,7 +142,8 @@ PLANTED = {
         "linear", None, [(fast.features, "_slice_max", _slice_max_across_batch)]),
     "favor-stabiliser-across-batch/causal": (
         "causal", None, [(fast.CausalMask, "key_stabilizer", _causal_stabilizer_across_batch)]),
-    "causal-state-leaks-across-batch": ("causal", None, [(fast_sequence, "_decayed_scan", _leaky_decayed_scan)]),
+    "causal-state-leaks-across-batch": ("causal", None, [(fast_sequence, "_decayed_scan", _leaky_decayed_scan),
+                                                         (fast.CausalMask, "_narrow", _never_narrow)]),
     "packing-stabiliser-across-batch": (
         "packing", None, [(fast.PackingMask, "key_stabilizer", _packing_stabilizer_across_batch)]),
     "padding-stabiliser-across-batch": (
