@@ -37,7 +37,7 @@ DEFAULT_BLOCK_BYTES = 256 * 2**20
 def default_block_cols(v: torch.Tensor) -> int:
     """Columns per block for values v (..., N, d): at most DEFAULT_BLOCK_COLS, one block within
     DEFAULT_BLOCK_BYTES (64 columns at N = 2^20 in float32), at least d."""
-    rows = v.numel() // v.shape[-1]  # batch x N
+    rows = max(1, v.numel() // v.shape[-1])  # batch x N (at least 1: an empty batch)
     return min(DEFAULT_BLOCK_COLS, max(v.shape[-1], DEFAULT_BLOCK_BYTES // (rows * v.element_size())))
 
 
@@ -58,6 +58,8 @@ def guard_flag(den: torch.Tensor, floor: torch.Tensor | None = None, *, positive
     One read pass over den (aminmax: a bool tensor's .all() costs ~10x a float amin on CPU); NaN
     fails every comparison. ``divide`` decides the failing cases."""
     info = torch.finfo(den.dtype)
+    if den.numel() == 0:  # an empty batch: nothing to refuse (aminmax refuses empty tensors)
+        return torch.ones((), dtype=torch.bool, device=den.device)
     with torch.no_grad():
         den = den.detach()
         mag = den if positive else den.abs()
@@ -141,24 +143,24 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
 
 class _Quotient(torch.autograd.Function):
     """out = num / den[..., None] with a backward of two passes: for upstream g,
-    d num = g / den and d den_i = -(g_i . out_i) / den_i (torch's division backward forms
-    g * num / den^2 in full, ~3 more passes over (N, d)). Saves out and den."""
+    d num = g / den and d den_i = -(g_i . num_i) / den_i^2 (torch's division backward forms
+    g * num / den^2 in full, ~3 more passes over (N, d)). Saves num and den, never out: the
+    caller may modify the returned output in place (out += residual, relu_) and still backward."""
 
     @staticmethod
     def forward(ctx, num, den):
-        out = num / den.unsqueeze(-1)
-        ctx.save_for_backward(out, den)
-        return out
+        ctx.save_for_backward(num, den)
+        return num / den.unsqueeze(-1)
 
     @staticmethod
     def backward(ctx, g):
-        out, den = ctx.saved_tensors
+        num, den = ctx.saved_tensors
         r = den.reciprocal()
         g_num = g * r.unsqueeze(-1) if ctx.needs_input_grad[0] else None
         g_den = None
         if ctx.needs_input_grad[1]:
-            g_den = torch.einsum("...nd,...nd->...n", g, out).mul_(r).neg_() if not torch.is_grad_enabled() else \
-                -torch.einsum("...nd,...nd->...n", g, out) * r
+            g_den = torch.einsum("...nd,...nd->...n", g, num).mul_(r * r).neg_() if not torch.is_grad_enabled() else \
+                -torch.einsum("...nd,...nd->...n", g, num) * (r * r)
         return g_num, g_den
 
 

@@ -256,26 +256,30 @@ class ReLU(FeatureMap):
 
 
 class _EluPlusOneFn(torch.autograd.Function):
-    """y = ELU(x) + 1 = exp(min(x, 0)) + max(x, 0); dy/dx = min(y, 1) (1 for x > 0, exp(x) = y
-    otherwise), so backward reads only the output. Forward: two clamps, an in-place exp and add
-    (torch's ELU runs a scalar expm1 on CPU)."""
+    """y = ELU(x) + 1 = e + max(x, 0) with e = exp(min(x, 0)); dy/dx = e (1 for x > 0, exp(x)
+    otherwise), so backward reads only e (double backward forms it again from x). Forward: two
+    clamps, an in-place exp and add (torch's ELU runs a scalar expm1 on CPU). e is saved, not y:
+    a caller may modify y in place."""
 
     @staticmethod
     def forward(ctx, x):
-        y = torch.clamp(x, max=0.0).exp_().add_(torch.clamp(x, min=0.0))
-        ctx.save_for_backward(y)
-        return y
+        e = torch.clamp(x, max=0.0).exp_()
+        ctx.save_for_backward(x, e)
+        return torch.clamp(x, min=0.0).add_(e)
 
     @staticmethod
     def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return grad * y.clamp(max=1.0)
+        x, e = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: e again, as a function of x
+            e = torch.exp(torch.clamp(x, max=0.0))
+        return grad * e
 
 
 def _elu_plus_one(x: torch.Tensor) -> torch.Tensor:
     """ELU(x) + 1 written for torch.compile (one fused kernel, forward and backward); the
-    derivative at 0 is exp(0) = 1, as ELU's."""
-    return torch.where(x > 0, x + 1.0, torch.exp(x))
+    derivative at 0 is exp(0) = 1, as ELU's. exp of min(x, 0): the branch not taken must stay
+    finite, or its backward gives 0 * inf = NaN for x > 88 (float32)."""
+    return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
 
 
 _compiled_elu_plus_one = None

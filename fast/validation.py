@@ -33,11 +33,13 @@ def finite_flag(*tensors: torch.Tensor) -> torch.Tensor:
     One read pass per tensor (torch.aminmax: no temporary of the tensor's size, unlike
     isfinite(x).all(), which is ~10x slower on CPU); NaN fails both comparisons. Nothing is
     synchronised: the caller combines flags and reads them once (``bool``)."""
-    flag = None
+    flag = torch.ones((), dtype=torch.bool, device=tensors[0].device)
     for t in tensors:
+        if t.numel() == 0:  # an empty batch: nothing to check (aminmax refuses empty tensors)
+            continue
         lo, hi = torch.aminmax(t.detach())
         ok = (lo > -torch.inf) & (hi < torch.inf)
-        flag = ok if flag is None else flag & ok
+        flag = flag & ok
     return flag
 
 
