@@ -25,6 +25,19 @@ def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def as_float(x: Any) -> float | None:
+    """A JSON value as a float: numbers, "inf" / "-inf" / "nan" strings (verify.schema writes
+    non-finite values so), else None (None, bools, other strings, other types)."""
+    if x is None or isinstance(x, bool):
+        return None
+    if isinstance(x, str):
+        try:
+            return float(x)
+        except ValueError:
+            return None
+    return float(x) if isinstance(x, (int, float)) else None
+
+
 def number(x: Any, fmt: str = ".3g") -> str:
     """"1.23", "∞", "nan", "–" (None); other values as str."""
     if x is None:

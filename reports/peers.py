@@ -53,18 +53,7 @@ FINE_RATIO_TICKS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0)
 # ------------------------------------------------------------------------------- data
 
 
-def _number(x: Any) -> float | None:
-    """A JSON number, "inf" / "-inf" / "nan" as written by some writers, or None."""
-    if x is None or isinstance(x, bool):
-        return None
-    if isinstance(x, str):
-        try:
-            return float(x)
-        except ValueError:
-            return None
-    if isinstance(x, (int, float)):
-        return float(x)
-    return None
+_number = fmt.as_float  # the one JSON-number reader (reports.format)
 
 
 @dataclass

@@ -38,16 +38,7 @@ BASELINE_TEXT = {"matmul": "fp32 matmul rate (useful GFLOP/s / peak GFLOP/s)",
                  "scatter": "bare scatter of the same size (time ratio)"}
 
 
-def _number(x: Any) -> float | None:
-    """A detail as a float: JSON numbers, "inf" / "-inf" / "nan" strings (verify.schema), else None."""
-    if x is None or isinstance(x, bool):
-        return None
-    if isinstance(x, str):
-        try:
-            return float(x)
-        except ValueError:
-            return None
-    return float(x) if isinstance(x, (int, float)) else None
+_number = fmt.as_float  # the one JSON-number reader (reports.format)
 
 
 def perf_checks(results: Results) -> list[CheckResult]:

@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 import fast
-from verify.timing import cpu_clock_applies, measure
+from verify.timing import _Counted, cpu_clock_applies, measure
 
 # ------------------------------------------------------------------------------ constants
 
@@ -205,19 +205,6 @@ def sync(device) -> None:
 def clock_for(device) -> str:
     """"cpu" (process CPU seconds) on the CPU with THREADS = 1 pinned, else "wall" (with sync)."""
     return "cpu" if cpu_clock_applies(device, torch.get_num_threads()) else "wall"
-
-
-class _Counted:
-    """A runner that counts its calls (seconds per call = the time of one measurement / calls)."""
-
-    __slots__ = ("runner", "calls")
-
-    def __init__(self, runner: Callable[[], Any]):
-        self.runner, self.calls = runner, 0
-
-    def __call__(self):
-        self.calls += 1
-        return self.runner()
 
 
 def time_once(runner: Callable[[], Any], device="cpu", clock: str = "cpu") -> float:
