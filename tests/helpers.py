@@ -68,3 +68,14 @@ def assert_unchanged(actual: torch.Tensor, expected: torch.Tensor, rtol: float =
 
 def np_(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().double().numpy()
+
+
+def dense_causal_units(q, k, v, c):
+    """The causal products in the units attend promises: sum_{j <= i} (q_i . k_j) exp(c_j - r_i) (v_j | 1),
+    r_i = max_{j <= i} c_j, formed densely (q, k (..., N, m), v (..., N, d), c (..., N))."""
+    n = q.shape[-2]
+    r = torch.cummax(c, -1).values
+    tri = torch.ones(n, n, dtype=torch.bool).tril()
+    w = (c[..., None, :] - r[..., :, None]).masked_fill(~tri, -torch.inf).exp()
+    a = (q @ k.transpose(-1, -2)) * w
+    return a @ v, a.sum(-1)

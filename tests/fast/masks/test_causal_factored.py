@@ -18,17 +18,7 @@ import torch
 import fast
 from fast import CausalMask
 from fast.masks.sequence import factor_range
-from tests.helpers import assert_unchanged, gen, positive, randn
-
-
-def _dense_units(q, k, v, c):
-    """sum_{j <= i} (q_i . k_j) exp(c_j - r_i) (v_j | 1), r_i = max_{j <= i} c_j, formed densely."""
-    n = q.shape[-2]
-    r = torch.cummax(c, -1).values
-    tri = torch.ones(n, n, dtype=torch.bool).tril()
-    w = (c[..., None, :] - r[..., :, None]).masked_fill(~tri, -torch.inf).exp()
-    a = (q @ k.transpose(-1, -2)) * w
-    return a @ v, a.sum(-1)
+from tests.helpers import assert_unchanged, dense_causal_units, gen, positive, randn
 
 
 def _routes(monkeypatch) -> list:
@@ -70,7 +60,7 @@ def test_attend_takes_the_route_its_constants_allow_and_equals_the_dense_form(na
     seen = _routes(monkeypatch)
     num, den = CausalMask(n, chunk=chunk).attend(q, k, v, key_log_scale=c[..., None])
     assert seen == [("forward", narrow)]
-    e_num, e_den = _dense_units(q, k, v, c)
+    e_num, e_den = dense_causal_units(q, k, v, c)
     assert_unchanged(num, e_num)
     assert_unchanged(den, e_den)
 
@@ -86,7 +76,7 @@ def test_each_route_has_the_dense_gradients(narrow, monkeypatch):
     seen = _routes(monkeypatch)
     grads = []
     for fn in (lambda a, b, x: mask.attend(a, b, x, key_log_scale=c[..., None]),
-               lambda a, b, x: _dense_units(a, b, x, c)):
+               lambda a, b, x: dense_causal_units(a, b, x, c)):
         a, b, x = (t.clone().requires_grad_() for t in (q, k, v))
         num, den = fn(a, b, x)
         grads.append(torch.autograd.grad((num * gn).sum() + (den * gd).sum(), (a, b, x)))

@@ -24,7 +24,7 @@ import fast
 from fast import CausalMask, DenominatorError, FavorPlus, Forest, TreeDCMask, TreeDiamMask, TreeExpMask
 from fast.algebra import features_per_block, masked_products
 from fast.masks.sequence import _decayed_scan
-from tests.helpers import assert_unchanged, gen, positive, randn
+from tests.helpers import assert_unchanged, dense_causal_units, gen, positive, randn
 
 seeds = st.integers(0, 2**31 - 1)
 batches = st.sampled_from([(), (2,), (2, 3)])
@@ -58,17 +58,6 @@ def test_decayed_scan_is_the_sequential_recurrence(n, batch, reverse, seed, spre
 # ------------------------------------------------------------------------- causal: the scan
 
 
-def _dense_units(q, k, v, c):
-    """The causal products in the units attend promises: sum_{j <= i} (q_i . k_j) exp(c_j - r_i) (v_j | 1),
-    r_i = max_{j <= i} c_j, formed densely (q, k (..., N, m), v (..., N, d), c (..., N))."""
-    n = q.shape[-2]
-    r = torch.cummax(c, -1).values
-    tri = torch.ones(n, n, dtype=torch.bool).tril()
-    w = (c[..., None, :] - r[..., :, None]).masked_fill(~tri, -torch.inf).exp()
-    a = (q @ k.transpose(-1, -2)) * w
-    return a @ v, a.sum(-1)
-
-
 @given(n=st.integers(1, 40), chunk=st.integers(1, 16), batch=batches, m=st.integers(1, 4), d=st.integers(1, 3),
        seed=seeds, spread=st.sampled_from([0.0, 3.0, 200.0]), monotone=st.booleans())
 @example(n=1, chunk=4, batch=(), m=2, d=2, seed=0, spread=3.0, monotone=True)  # N = 1
@@ -83,7 +72,7 @@ def test_causal_attend_with_key_log_scale_is_the_dense_form(n, chunk, batch, m, 
     if monotone:
         c = torch.cummax(c, -1).values
     num, den = CausalMask(n, chunk=chunk).attend(q, k, v, key_log_scale=c.unsqueeze(-1))
-    e_num, e_den = _dense_units(q, k, v, c)
+    e_num, e_den = dense_causal_units(q, k, v, c)
     assert_unchanged(num, e_num)
     assert_unchanged(den, e_den)
 
@@ -122,7 +111,7 @@ def test_causal_scan_factors_never_overflow_float32():
     c = torch.cummax(c, 0).values.float().double()  # the float32 constants themselves (ulp 1e-3 at 1e4)
     num, den = CausalMask(n, chunk=16).attend(q.float(), k.float(), v.float(), key_log_scale=c.float()[:, None])
     assert bool(torch.isfinite(num).all()) and bool((den > 0).all())
-    e_num, e_den = _dense_units(q, k, v, c)
+    e_num, e_den = dense_causal_units(q, k, v, c)
     torch.testing.assert_close(num.double() / den.double()[:, None], e_num / e_den[:, None], rtol=1e-5, atol=1e-5)
 
 
@@ -143,7 +132,7 @@ def test_causal_stable_gradients_match_the_dense_form():
     gn, gd = randn((2, n, 2), g), randn((2, n), g)
     grads = []
     for fn in (lambda a, b, x: CausalMask(n, chunk=5).attend(a, b, x, key_log_scale=c[..., None]),
-               lambda a, b, x: _dense_units(a, b, x, c)):
+               lambda a, b, x: dense_causal_units(a, b, x, c)):
         a, b, x = (t.clone().requires_grad_() for t in (q, k, v))
         num, den = fn(a, b, x)
         grads.append(torch.autograd.grad((num * gn).sum() + (den * gd).sum(), (a, b, x)))
