@@ -395,7 +395,7 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
     mechanism id -> file name. ``source``: how the page names the results file it was made from.
     ``peers``: the peers summary (reports.peers.load_peers; None reads as "no peer run found")."""
     env = results.environment or {}
-    figures = {**{k: None for k in FIGURE_KEYS}, "variants": {}, "track_benchmarks": [], **figures}
+    figures = {**{k: None for k in FIGURE_KEYS}, "variants": {}, "track_benchmarks": [], "checks": [], **figures}
     variant_figs = figures["variants"]
     sections = [variant_section(results, m, variant_figs.get(m.id))
                 for m in results.mechanisms if has_variant_view(results, m)]
@@ -456,7 +456,8 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
         "load_warning": fmt.value_text(load_warning) if load_warning else "",
         "source": source, "mechanisms": results.mechanisms, "summary": summary, "figures": figures,
         "sections": sections, "checks": checks, "tally": tally, "checks_note": results.checks_note,
-        "compare_missing": compare_missing, "env_rows": env_rows, "gallery": gallery, "gallery_sizes": gallery_sizes,
+        "compare_missing": compare_missing, "check_figures": figures["checks"], "env_rows": env_rows,
+        "gallery": gallery, "gallery_sizes": gallery_sizes,
         "favor": favor, "favor_x2": favor_x2, "memory_methods": ", ".join(methods) or "none recorded",
         "memory_rows": memory_rows,
         "history": history_view(history, histories, figures.get("asv_history"), figures.get("asv_track"),

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reports import figures as fig
+from reports.check_plots import plot_check_figures
 from reports.asv_history import AsvHistory, MechanismHistory, load_history, mechanism_histories, other_track_series
 from reports.page import render_page
 from reports.peers import PeersSummary, plot_peers
@@ -17,7 +18,8 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
                  note: Callable[[str], None] = lambda msg: None,
                  peers: PeersSummary | None = None) -> dict[str, Any]:
     """Write every figure into ``out_dir``; returns {key: file name or None}, with "variants":
-    {mechanism id: file name} and "track_benchmarks": the asv track_ benchmarks drawn.
+    {mechanism id: file name}, "checks": the checks' own curves (reports.check_plots.CheckFigure
+    list) and "track_benchmarks": the asv track_ benchmarks drawn.
     ``peers``: the peers summary (reports.peers.load_peers), drawn when it has rows."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -32,6 +34,8 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
                       ("numerics", lambda: fig.plot_numerics(results, out))):
         note(f"figure: {key}")
         figures[key] = draw()
+    note("figure: curves of the checks")
+    figures["checks"] = plot_check_figures(results.checks, out)
     figures["variants"] = {}
     taken: set[str] = set()
     for m in results.mechanisms:
