@@ -1,0 +1,448 @@
+"""Graph: the one canonical undirected weighted graph every graph-kernel mask of fast/ reads.
+
+A Graph is an adjacency W (n, n) stored as CSR on torch (int64 indices, float64 weights):
+
+    crow (n + 1,), col (E,), weight (E,)   with row i's neighbours col[crow[i]:crow[i + 1]],
+                                           sorted, without duplicates, weights > 0 and finite
+    row (E,)                               the row of each stored entry (crow expanded)
+    degree (n,)                            number of stored neighbours (a self-loop counts once)
+    weighted_degree (n,)                   row sums of W (d_i = sum_j W_ij, docs/papers.md Sec. 3)
+
+E counts stored (directed) entries: an undirected edge {i, j}, i != j, is stored twice, a
+self-loop once. The graph is immutable (read-only properties; ``to`` returns a new one).
+
+Conversion rules (``Graph.from_any`` / ``as_graph``):
+
+- accepted inputs: a Graph (passed through, moved to ``device``); a PyG-style ``edge_index``
+  (2, E) integer tensor or ndarray with optional ``edge_weight`` (E,) (default 1 per column; n
+  defaults to max index + 1); a torch sparse COO or CSR tensor (n, n) (other sparse layouts are
+  converted to COO); any ``scipy.sparse`` matrix or array (n, n); a ``networkx`` Graph (nodes
+  relabelled 0..n-1 in ``G.nodes`` order, edge attribute "weight", default 1; a DiGraph is an
+  asymmetric input; a MultiGraph's parallel edges are summed).
+- duplicate entries are summed (as scipy's ``sum_duplicates``), then explicit zeros are dropped.
+- weights must be finite and >= 0 (every mask here needs W >= 0); indices integers in [0, n).
+- undirected is required: W must equal W^T. Entries that agree to a relative 1e-12 count as
+  equal (round-off of a product like d_i^-1/2 w_ij d_j^-1/2 computed in another order), and the
+  larger of the two is stored so the result is exactly symmetric. Otherwise ValueError naming
+  one offending pair, unless ``symmetrize=True``, which uses max(W, W^T) entrywise (an entry
+  missing on one side counts 0).
+- n = 0 is refused; n = 1, self-loops, isolated nodes and several components are fine.
+- the result lives on ``device`` (default: the input tensor's device, else CPU); the
+  canonicalisation runs there (O(E log E); ~2 s for a 1024 x 1024 grid on one CPU thread).
+- weights are data: a tensor requiring grad is detached. A learnable reweighting of the same
+  sparsity goes through ``csr(dtype, values=...)``.
+
+Errors are ValueError (bad values or shapes) or TypeError (a type that is not a graph), naming
+the argument (``name``), what was expected and what came.
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Graph", "as_graph", "normalized_adjacency", "SYMMETRY_RTOL"]
+
+#: Relative tolerance under which W[i, j] and W[j, i] count as equal (see the module docstring).
+SYMMETRY_RTOL = 1e-12
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _check_n(n: object, name: str) -> int | None:
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"n (the number of nodes of {name}) must be an int, got {type(n).__name__} {n!r}")
+    if n < 1:
+        raise ValueError(f"n (the number of nodes of {name}) must be >= 1, got {int(n)}")
+    return int(n)
+
+
+def _as_index_tensor(x: Any, what: str, device) -> torch.Tensor:
+    """An integer tensor (int64) from a tensor or ndarray, refusing floats and bools."""
+    if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided:
+            raise TypeError(f"{what} must be a dense integer tensor, got layout {x.layout}")
+        if x.dtype not in _INT_DTYPES:
+            raise TypeError(f"{what} must hold integer indices, got dtype {x.dtype}")
+        return x.to(device=device, dtype=torch.int64)
+    arr = np.asarray(x)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{what} must hold integer indices, got dtype {arr.dtype}")
+    return torch.as_tensor(arr.astype(np.int64, copy=False), device=device)
+
+
+def _as_weight_tensor(x: Any, what: str, device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        if x.is_complex():
+            raise TypeError(f"{what} must be real, got dtype {x.dtype}")
+        return x.detach().to(device=device, dtype=torch.float64)
+    arr = np.asarray(x)
+    if arr.dtype == object or np.iscomplexobj(arr):
+        raise TypeError(f"{what} must be real numbers, got dtype {arr.dtype}")
+    return torch.as_tensor(arr.astype(np.float64, copy=False), device=device)
+
+
+def _check_weights(w: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, name: str) -> None:
+    if w.numel() == 0:
+        return
+    bad = ~torch.isfinite(w)
+    if bool(bad.any()):
+        k = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"{name}: edge weights must be finite, got {float(w[k])!r} at entry "
+                         f"({int(rows[k])}, {int(cols[k])}) ({int(bad.sum())} non-finite in all)")
+    neg = w < 0
+    if bool(neg.any()):
+        k = int(torch.nonzero(neg)[0, 0])
+        raise ValueError(f"{name}: edge weights must be >= 0 (the graph kernels need W >= 0), got "
+                         f"{float(w[k])!r} at entry ({int(rows[k])}, {int(cols[k])}) ({int(neg.sum())} negative in all)")
+
+
+def _check_range(idx: torch.Tensor, n: int, what: str, name: str) -> None:
+    if idx.numel() == 0:
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0:
+        raise ValueError(f"{name}: {what} must be >= 0 (node indices), got {lo}")
+    if hi >= n:
+        raise ValueError(f"{name}: {what} must be < n={n} (node indices in [0, n)), got {hi}; "
+                         f"n must be at least max index + 1 = {hi + 1}")
+
+
+def _canonical(rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor, n: int, symmetrize: bool, name: str):
+    """(crow, col, weight) of W from unsorted COO triples: duplicates summed, zeros dropped,
+    symmetry checked (or max(W, W^T) when symmetrize). All on rows' device, O(E log E)."""
+    device = rows.device
+    keys = rows * n + cols
+    if keys.numel() > 1 and not bool((keys[1:] > keys[:-1]).all()):  # not already sorted and unique
+        keys, inverse = torch.unique(keys, sorted=True, return_inverse=True)
+        w = torch.zeros(keys.numel(), dtype=torch.float64, device=device).index_add_(0, inverse, w)
+    keep = w != 0
+    if not bool(keep.all()):
+        keys, w = keys[keep], w[keep]
+    rows, cols = torch.div(keys, n, rounding_mode="floor"), keys % n
+    t_keys = cols * n + rows  # where W[j, i] would sit
+    if symmetrize:
+        all_keys = torch.cat([keys, t_keys])
+        all_w = torch.cat([w, w])
+        keys, inverse = torch.unique(all_keys, sorted=True, return_inverse=True)
+        w = torch.zeros(keys.numel(), dtype=torch.float64, device=device).scatter_reduce_(
+            0, inverse, all_w, reduce="amax", include_self=True)
+    elif keys.numel():
+        pos = torch.searchsorted(keys, t_keys).clamp_(max=keys.numel() - 1)
+        found = keys[pos] == t_keys
+        w_t = torch.where(found, w[pos], torch.zeros_like(w))
+        close = (w - w_t).abs() <= SYMMETRY_RTOL * torch.maximum(w, w_t)
+        if not bool(close.all()):
+            k = int(torch.nonzero(~close)[0, 0])
+            i, j = int(rows[k]), int(cols[k])
+            raise ValueError(f"{name} is not symmetric (W[{i}, {j}] = {float(w[k])!r} but W[{j}, {i}] = "
+                             f"{float(w_t[k])!r}); pass symmetrize=True to use max(W, W^T)")
+        w = torch.maximum(w, w_t)  # exactly symmetric after round-off-sized differences
+    rows, cols = torch.div(keys, n, rounding_mode="floor"), keys % n
+    counts = torch.bincount(rows, minlength=n)
+    crow = torch.zeros(n + 1, dtype=torch.int64, device=device)
+    torch.cumsum(counts, 0, out=crow[1:])
+    return crow, cols.contiguous(), w.contiguous()
+
+
+def _is_networkx(graph: object) -> bool:
+    return type(graph).__module__.split(".")[0] == "networkx"
+
+
+def _is_scipy_sparse(graph: object) -> bool:
+    mod = type(graph).__module__
+    if not mod.startswith("scipy.sparse"):
+        return False
+    import scipy.sparse as sp  # lazily: only when a scipy object came
+
+    return sp.issparse(graph)
+
+
+class Graph:
+    """Canonical undirected graph W (n, n) on torch, CSR with sorted unique columns (module docstring).
+
+    Build with ``Graph.from_any(...)`` or ``as_graph(...)``; the constructor takes canonical
+    parts and trusts them (``check=True`` re-validates them).
+    """
+
+    __slots__ = ("_n", "_crow", "_col", "_weight", "_row", "_degree", "_wdeg", "_keys", "_csr")
+
+    def __init__(self, n: int, crow: torch.Tensor, col: torch.Tensor, weight: torch.Tensor, *, check: bool = False):
+        self._n = int(n)
+        self._crow, self._col, self._weight = crow, col, weight
+        if check:
+            self._validate()
+        self._degree = crow[1:] - crow[:-1]
+        self._row = torch.repeat_interleave(torch.arange(self._n, device=crow.device), self._degree,
+                                            output_size=col.numel())
+        self._wdeg = torch.zeros(self._n, dtype=torch.float64, device=crow.device).index_add_(0, self._row, weight)
+        self._keys = None
+        self._csr: dict = {}
+
+    def _validate(self) -> None:
+        n, crow, col, w = self._n, self._crow, self._col, self._weight
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if crow.dtype != torch.int64 or col.dtype != torch.int64 or w.dtype != torch.float64:
+            raise TypeError(f"crow, col must be int64 and weight float64, got {crow.dtype}, {col.dtype}, {w.dtype}")
+        if crow.shape != (n + 1,) or col.dim() != 1 or w.shape != col.shape:
+            raise ValueError(f"crow must be (n+1,) = ({n + 1},), col and weight (E,), got "
+                             f"{tuple(crow.shape)}, {tuple(col.shape)}, {tuple(w.shape)}")
+        if int(crow[0]) != 0 or int(crow[-1]) != col.numel() or bool((crow[1:] < crow[:-1]).any()):
+            raise ValueError("crow must start at 0, be non-decreasing and end at E")
+        row = torch.repeat_interleave(torch.arange(n, device=crow.device), crow[1:] - crow[:-1])
+        keys = row * n + col
+        _check_range(col, n, "col", "graph")
+        if keys.numel() > 1 and not bool((keys[1:] > keys[:-1]).all()):
+            raise ValueError("col must be sorted without duplicates within each row")
+        if not bool(torch.isfinite(w).all()) or not bool((w > 0).all()):
+            raise ValueError("weight must be finite and > 0 (explicit zeros dropped)")
+        _, _, w2 = _canonical(row, col, w, n, False, "graph")  # the symmetry check
+        del w2
+
+    # ------------------------------------------------------------------ read-only attributes
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return self._n
+
+    @property
+    def crow(self) -> torch.Tensor:
+        """CSR row pointers (n + 1,) int64."""
+        return self._crow
+
+    @property
+    def col(self) -> torch.Tensor:
+        """Column indices (E,) int64, sorted within each row, no duplicates."""
+        return self._col
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Edge weights (E,) float64, > 0 and finite."""
+        return self._weight
+
+    @property
+    def row(self) -> torch.Tensor:
+        """Row index (E,) int64 of each stored entry (crow expanded)."""
+        return self._row
+
+    @property
+    def degree(self) -> torch.Tensor:
+        """Stored neighbours per node (n,) int64 (a self-loop counts 1)."""
+        return self._degree
+
+    @property
+    def weighted_degree(self) -> torch.Tensor:
+        """Row sums d_i = sum_j W_ij (n,) float64."""
+        return self._wdeg
+
+    @property
+    def num_edges(self) -> int:
+        """E: stored (directed) entries, twice the undirected edges plus the self-loops."""
+        return int(self._col.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self._crow.device
+
+    def keys(self) -> torch.Tensor:
+        """row * n + col (E,) int64, globally sorted (searchsorted locates W[u, v]); built once."""
+        if self._keys is None:
+            self._keys = self._row * self._n + self._col
+        return self._keys
+
+    def edge_weight(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """W[u, v] (float64, broadcast shape of u and v) for index tensors u, v; 0 where no edge.
+
+        Vectorised binary search on ``keys()``: O(len log E), no host sync. Indices are not
+        range-checked (an out-of-range pair may alias another entry): callers pass node ids."""
+        u = torch.as_tensor(u, device=self.device).to(torch.int64)
+        v = torch.as_tensor(v, device=self.device).to(torch.int64)
+        u, v = torch.broadcast_tensors(u, v)
+        keys = self.keys()
+        if keys.numel() == 0:
+            return torch.zeros(u.shape, dtype=torch.float64, device=self.device)
+        q = (u * self._n + v).reshape(-1)
+        pos = torch.searchsorted(keys, q).clamp_(max=keys.numel() - 1)
+        out = torch.where(keys[pos] == q, self._weight[pos], torch.zeros((), dtype=torch.float64, device=self.device))
+        return out.reshape(u.shape)
+
+    def csr(self, dtype: torch.dtype = torch.float64, *, values: torch.Tensor | None = None) -> torch.Tensor:
+        """W as a torch sparse CSR tensor (n, n) of ``dtype`` on the graph's device.
+
+        Cached per dtype; ``values`` (E,) replaces the weights (same sparsity; not cached, so a
+        tensor requiring grad keeps its autograd graph)."""
+        if values is not None:
+            if values.shape != (self.num_edges,):
+                raise ValueError(f"values must have shape (E,) = ({self.num_edges},), got {tuple(values.shape)}")
+            return _csr_tensor(self._crow, self._col, values.to(device=self.device, dtype=dtype), self._n)
+        if dtype not in self._csr:
+            self._csr[dtype] = _csr_tensor(self._crow, self._col, self._weight.to(dtype), self._n)
+        return self._csr[dtype]
+
+    def to(self, device) -> "Graph":
+        """The same graph on ``device`` (self when already there)."""
+        device = torch.device(device)
+        if device == self.device or (device.index is None and device.type == self.device.type):
+            return self
+        return Graph(self._n, self._crow.to(device), self._col.to(device), self._weight.to(device))
+
+    def to_scipy(self):
+        """W as scipy.sparse.csr_matrix float64 (n, n) (for tests and for reference/ twins)."""
+        import scipy.sparse as sp
+
+        return sp.csr_matrix((self._weight.cpu().numpy(), self._col.cpu().numpy(), self._crow.cpu().numpy()),
+                             shape=(self._n, self._n))
+
+    def __repr__(self) -> str:
+        return f"Graph(n={self._n}, num_edges={self.num_edges}, device={self.device})"
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_any(cls, graph: Any, *, n: int | None = None, edge_weight: Any = None, symmetrize: bool = False,
+                 device: Any = None, name: str = "graph") -> "Graph":
+        """A Graph from any accepted input (module docstring: inputs, rules, errors).
+
+        graph: Graph | edge_index (2, E) int tensor/ndarray | torch sparse (n, n) |
+        scipy.sparse (n, n) | networkx.Graph. n: node count (edge_index: default max index + 1;
+        sparse inputs: must equal their size if given). edge_weight: (E,) weights of an
+        edge_index's columns (default 1). symmetrize: use max(W, W^T) instead of refusing an
+        asymmetric W. device: where the Graph lives. name: the argument's name in errors."""
+        if not isinstance(symmetrize, bool):
+            raise TypeError(f"symmetrize must be a bool, got {type(symmetrize).__name__}")
+        n = _check_n(n, name)
+        if isinstance(graph, Graph):
+            if edge_weight is not None:
+                raise ValueError(f"edge_weight is only for an edge_index input; {name} is a Graph")
+            if n is not None and n != graph.n:
+                raise ValueError(f"n={n} does not match {name}'s {graph.n} nodes")
+            return graph if device is None else graph.to(device)
+        if edge_weight is not None and not (
+                (isinstance(graph, torch.Tensor) and graph.layout == torch.strided) or isinstance(graph, np.ndarray)):
+            raise ValueError(f"edge_weight is only for an edge_index (2, E) input; {name} is a {type(graph).__name__}")
+
+        if isinstance(graph, torch.Tensor) and graph.layout != torch.strided:
+            dev = torch.device(device) if device is not None else graph.device
+            size = n_sp = _sparse_size(tuple(graph.shape), name, n)
+            if graph.layout == torch.sparse_csr:
+                crow = graph.crow_indices().to(dev, torch.int64)
+                cols = graph.col_indices().to(dev, torch.int64)
+                rows = torch.repeat_interleave(torch.arange(size, device=dev), crow[1:] - crow[:-1],
+                                               output_size=cols.numel())
+                vals = graph.values()
+            else:
+                coo = graph if graph.layout == torch.sparse_coo else graph.to_sparse_coo()
+                idx = coo._indices().to(dev, torch.int64)  # uncoalesced is fine: duplicates summed below
+                rows, cols, vals = idx[0], idx[1], coo._values()
+            if vals.dim() != 1:
+                raise ValueError(f"{name} must be a 2-D sparse matrix with scalar values, got values of shape {tuple(vals.shape)}")
+            w = _as_weight_tensor(vals, f"{name} values", dev)
+            return cls._from_coo(rows, cols, w, n_sp, symmetrize, name)
+
+        if isinstance(graph, (torch.Tensor, np.ndarray)):
+            dev = torch.device(device) if device is not None else (
+                graph.device if isinstance(graph, torch.Tensor) else torch.device("cpu"))
+            if tuple(graph.shape[:1]) != (2,) or graph.ndim != 2:
+                raise ValueError(f"{name} as an edge_index must have shape (2, E), got {tuple(graph.shape)}")
+            idx = _as_index_tensor(graph, f"{name} (edge_index)", dev)
+            e = idx.shape[1]
+            if n is None:
+                if e == 0:
+                    raise ValueError(f"{name}: n must be given for an edge_index without edges (n = 0 is refused)")
+                n = int(idx.max()) + 1
+                if n < 1:
+                    raise ValueError(f"{name}: edge_index indices must be >= 0, got {int(idx.min())}")
+            if edge_weight is None:
+                w = torch.ones(e, dtype=torch.float64, device=dev)
+            else:
+                w = _as_weight_tensor(edge_weight, "edge_weight", dev)
+                if tuple(w.shape) != (e,):
+                    raise ValueError(f"edge_weight must have shape (E,) = ({e},) (one weight per edge_index column), "
+                                     f"got {tuple(w.shape)}")
+            _check_range(idx, n, "edge_index entries", name)
+            return cls._from_coo(idx[0], idx[1], w, n, symmetrize, name)
+
+        if _is_scipy_sparse(graph):
+            dev = torch.device(device) if device is not None else torch.device("cpu")
+            size = _sparse_size(tuple(graph.shape), name, n)
+            coo = graph.tocoo()
+            if np.iscomplexobj(coo.data):
+                raise TypeError(f"{name} must have real entries, got dtype {coo.data.dtype}")
+            rows = torch.as_tensor(np.asarray(coo.row, dtype=np.int64), device=dev)
+            cols = torch.as_tensor(np.asarray(coo.col, dtype=np.int64), device=dev)
+            w = torch.as_tensor(np.asarray(coo.data, dtype=np.float64), device=dev)
+            return cls._from_coo(rows, cols, w, size, symmetrize, name)
+
+        if _is_networkx(graph):
+            dev = torch.device(device) if device is not None else torch.device("cpu")
+            nodes = list(graph.nodes)
+            size = len(nodes)
+            if size == 0:
+                raise ValueError(f"{name} must have n >= 1 nodes, got an empty networkx graph")
+            if n is not None and n != size:
+                raise ValueError(f"n={n} does not match {name}'s {size} nodes")
+            label = {v: i for i, v in enumerate(nodes)}
+            edges = list(graph.edges(data="weight", default=1.0))
+            u = np.fromiter((label[a] for a, _, _ in edges), dtype=np.int64, count=len(edges))
+            v = np.fromiter((label[b] for _, b, _ in edges), dtype=np.int64, count=len(edges))
+            try:
+                wt = np.array([float(x) for _, _, x in edges], dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"{name}: edge attribute 'weight' must be a real number ({exc})") from None
+            if not graph.is_directed():  # each undirected edge stands for W[u, v] and W[v, u] (a loop once)
+                off = u != v
+                u, v, wt = np.concatenate([u, v[off]]), np.concatenate([v, u[off]]), np.concatenate([wt, wt[off]])
+            return cls._from_coo(torch.as_tensor(u, device=dev), torch.as_tensor(v, device=dev),
+                                 torch.as_tensor(wt, device=dev), size, symmetrize, name)
+
+        raise TypeError(f"{name} must be a Graph, an edge_index (2, E) integer tensor or ndarray, a torch sparse "
+                        f"(COO/CSR) tensor, a scipy.sparse matrix or a networkx graph, got {type(graph).__name__}")
+
+    @classmethod
+    def _from_coo(cls, rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor, n: int, symmetrize: bool,
+                  name: str) -> "Graph":
+        _check_range(rows, n, "row indices", name)
+        _check_range(cols, n, "column indices", name)
+        _check_weights(w, rows, cols, name)
+        crow, col, weight = _canonical(rows, cols, w, n, symmetrize, name)
+        return cls(n, crow, col, weight)
+
+
+def _csr_tensor(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the kernels used here are stable
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, size=(n, n))
+
+
+def _sparse_size(shape: tuple[int, ...], name: str, n: int | None) -> int:
+    if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(f"{name} must be a square sparse matrix (n, n), got shape {shape}")
+    if shape[0] == 0:
+        raise ValueError(f"{name} must have n >= 1 nodes, got shape {shape}")
+    if n is not None and n != shape[0]:
+        raise ValueError(f"n={n} does not match {name}'s shape {shape}")
+    return int(shape[0])
+
+
+def as_graph(graph: Any, **kw: Any) -> Graph:
+    """A Graph passes through (moved to ``device`` if given); anything else goes to Graph.from_any."""
+    if isinstance(graph, Graph) and not kw:
+        return graph
+    return Graph.from_any(graph, **kw)
+
+
+def normalized_adjacency(g: Graph) -> Graph:
+    """The graph with weights w_ij / sqrt(d_i d_j), d = weighted degree (reid25's common W).
+
+    Same sparsity as g (isolated nodes have no entries, so no 0/0 arises)."""
+    if not isinstance(g, Graph):
+        raise TypeError(f"g must be a Graph (use as_graph), got {type(g).__name__}")
+    d = g.weighted_degree
+    w = g.weight / torch.sqrt(d[g.row] * d[g.col])
+    # sqrt(d_i d_j) is commutative in floating point, so the result stays exactly symmetric
+    return Graph(g.n, g.crow, g.col, w)
