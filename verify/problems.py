@@ -133,6 +133,73 @@ def hypercube(k: int) -> sp.csr_matrix:
     return _symmetric_csr(rows, cols, n)
 
 
+def random_regular(n: int, degree: int = 4, seed: int = 0) -> sp.csr_matrix:
+    """Random ``degree``-regular simple graph on n nodes (the complete graph K_n when n <= degree).
+
+    Pairing (configuration) model with repair: the stubs (each node ``degree`` times) are paired
+    at random; pairs that make a self-loop or a repeated edge go back to the pool and are paired
+    again (Steger-Wormald style), restarting from scratch when the pool gets stuck. Near-uniform
+    over d-regular graphs for fixed d, O(n d) per round, ~log rounds. Needs n * degree even."""
+    n = int(n)
+    degree = int(degree)
+    if n < 1 or degree < 0:
+        raise ValueError(f"random_regular needs n >= 1 and degree >= 0, got n={n}, degree={degree}")
+    if n <= degree:  # no simple graph has degree >= n: the densest one, K_n
+        i, j = np.triu_indices(n, k=1)
+        return _symmetric_csr(i, j, n)
+    if (n * degree) % 2:
+        raise ValueError(f"a {degree}-regular graph on n={n} nodes needs n * degree even, got {n * degree}")
+    rng = rng_for(seed, 5)
+    stubs = np.repeat(np.arange(n, dtype=np.int64), degree)
+    for _ in range(1000):  # restarts
+        keys = np.empty(0, dtype=np.int64)  # accepted edges, lo * n + hi, sorted
+        pool, stalls = stubs, 0
+        while pool.size and stalls < 20:
+            perm = rng.permutation(pool)
+            u, v = perm[0::2], perm[1::2]
+            lo, hi = np.minimum(u, v), np.maximum(u, v)
+            key = lo * n + hi
+            ok = lo != hi
+            order = np.argsort(key, kind="stable")
+            repeat = np.zeros(key.size, dtype=bool)  # a pair met earlier in this round
+            repeat[order[1:]] = key[order[1:]] == key[order[:-1]]
+            ok &= ~repeat
+            if keys.size:  # a pair that is already an edge (keys sorted: binary search)
+                pos = np.minimum(np.searchsorted(keys, key), keys.size - 1)
+                ok &= keys[pos] != key
+            stalls = 0 if ok.any() else stalls + 1
+            new = np.sort(key[ok])
+            keys = new if not keys.size else np.insert(keys, np.searchsorted(keys, new), new)
+            pool = np.concatenate([u[~ok], v[~ok]])
+        if not pool.size:
+            return _symmetric_csr(keys // n, keys % n, n)
+    raise RuntimeError(f"random_regular(n={n}, degree={degree}) found no simple pairing in 1000 restarts")
+
+
+KARATE_N = 34
+
+
+def karate_graph(n: int = KARATE_N, seed: int = 0) -> sp.csr_matrix:
+    """Zachary's karate club (networkx.karate_club_graph, unweighted) reaching any n >= 1: n // 34
+    disjoint copies plus the subgraph induced on the first n % 34 nodes of one more copy (so
+    n != 34 has several components). Deterministic; ``seed`` is accepted for GRAPHS' signature."""
+    import networkx as nx  # lazily: only this family needs it
+
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"karate_graph needs n >= 1, got {n}")
+    club = nx.karate_club_graph()
+    base = sp.coo_matrix(nx.to_scipy_sparse_array(club, nodelist=range(KARATE_N), weight=None))
+    copies, rest = divmod(n, KARATE_N)
+    rows, cols = [], []
+    for c in range(copies + 1):
+        size = KARATE_N if c < copies else rest
+        keep = (base.row < size) & (base.col < size)
+        rows.append(base.row[keep] + c * KARATE_N)
+        cols.append(base.col[keep] + c * KARATE_N)
+    return _symmetric_csr(np.concatenate(rows), np.concatenate(cols), n)
+
+
 # ----------------------------------------------------------------------------------- trees
 # The one place where tree families are built (parent arrays: parent[i] = -1 at roots).
 
@@ -220,6 +287,9 @@ GRAPHS = {
     "binary-tree": lambda n, seed=0: complete_binary_tree(n),
     "erdos-renyi": lambda n, seed=0: erdos_renyi(n, min(1.0, 8.0 / max(n, 1)), seed),
     "knn": lambda n, seed=0: knn_graph(n, seed=seed),
+    "knn4": lambda n, seed=0: knn_graph(n, k=4, seed=seed),
+    "regular": lambda n, seed=0: random_regular(n, 4, seed),
+    "karate": karate_graph,
     "hypercube": lambda n, seed=0: hypercube(max(0, int(round(np.log2(n))))),
 }
 

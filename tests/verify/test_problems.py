@@ -131,3 +131,64 @@ def test_single_node_graphs(make):
 def test_knn_graph_single_node():
     a = P.knn_graph(1)
     assert a.shape == (1, 1) and a.nnz == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 12, 64, 101])
+def test_random_regular_is_simple_and_regular(n):
+    a = P.random_regular(n, 4, seed=0)
+    _assert_simple_undirected(a, n)
+    degrees = np.diff(a.indptr)
+    assert np.all(degrees == min(4, n - 1))  # K_n when n <= degree
+    assert (P.random_regular(n, 4, seed=0) != a).nnz == 0
+
+
+def test_random_regular_seeds_degrees_and_parity():
+    a, b = P.random_regular(200, 4, seed=1), P.random_regular(200, 4, seed=2)
+    assert (a != b).nnz > 0
+    c = P.random_regular(200, 3, seed=1)
+    _assert_simple_undirected(c, 200)
+    assert np.all(np.diff(c.indptr) == 3)
+    assert P.random_regular(5, 0).nnz == 0
+    with pytest.raises(ValueError, match="needs n \\* degree even, got 15"):
+        P.random_regular(5, 3)
+    with pytest.raises(ValueError, match="n >= 1"):
+        P.random_regular(0, 4)
+    # not always the same few graphs: 50 seeds on 8 nodes give many distinct 4-regular graphs
+    shapes = {P.random_regular(8, 4, seed=s).toarray().tobytes() for s in range(50)}
+    assert len(shapes) > 10
+
+
+def test_karate_graph_is_the_club_then_tiles():
+    import networkx as nx
+
+    club = nx.to_scipy_sparse_array(nx.karate_club_graph(), nodelist=range(34), weight=None).toarray()
+    a = P.karate_graph(34)
+    _assert_simple_undirected(a, 34)
+    np.testing.assert_array_equal(a.toarray(), club)
+    assert connected_components(a, directed=False)[0] == 1
+    for n in (1, 5, 33, 35, 40, 68, 100):
+        a = P.karate_graph(n)
+        _assert_simple_undirected(a, n)
+        dense = a.toarray()
+        copies, rest = divmod(n, 34)
+        for c in range(copies):
+            s = slice(34 * c, 34 * (c + 1))
+            np.testing.assert_array_equal(dense[s, s], club)
+        tail = slice(34 * copies, n)
+        np.testing.assert_array_equal(dense[tail, tail], club[:rest, :rest])
+        blocks = np.arange(n) // 34
+        assert not dense[blocks[:, None] != blocks[None, :]].any()  # no edge between copies
+        if n > 34:
+            assert connected_components(a, directed=False)[0] >= 2
+    with pytest.raises(ValueError, match="n >= 1"):
+        P.karate_graph(0)
+
+
+def test_knn4_entry_and_new_families_registered():
+    assert {"regular", "karate", "knn4"} <= set(P.GRAPHS)
+    assert (P.GRAPHS["knn4"](50, seed=3) != P.knn_graph(50, k=4, seed=3)).nnz == 0
+    assert (P.GRAPHS["knn"](50, seed=3) != P.knn_graph(50, seed=3)).nnz == 0  # the k = 8 entry is unchanged
+    assert (P.GRAPHS["regular"](30, seed=2) != P.random_regular(30, 4, seed=2)).nnz == 0
+    for name in ("regular", "karate", "knn4"):
+        for n in (1, 2, 3, 37):
+            assert P.GRAPHS[name](n, seed=0).shape == (n, n)
