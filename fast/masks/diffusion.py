@@ -1,0 +1,389 @@
+"""Graph diffusion-kernel masks M = exp(-lambda T) as an action on vectors (choromanski22 Sec. 4,
+Thm. 4.1; docs/papers.md Sec. 3). Dense twin: reference/masks/diffusion.py.
+
+The generators, for a graph W >= 0 (symmetric) with weighted degrees d and D = diag(d):
+
+    "laplacian"    T = L = D - W
+    "random-walk"  T = L D^-1        (an isolated node's column of L D^-1 is 0: D^-1 is the pseudo-inverse)
+    "adjacency"    T = -W
+
+Only the action y = exp(-lambda T) x is computed, by sparse products with W, O(|E| + N) per term
+and column; M is never formed.
+
+**Shift to a nonnegative matrix.** Each T has a shift c with B = c I - T >= 0 entrywise:
+
+    laplacian    c = d_max                B = (c I - D) + W          column sums of B: c
+    random-walk  c = 1                    B = W D^+ + E_iso           column sums: 1
+    adjacency    c = 0                    B = W                       column sums: d_j <= d_max
+
+(E_iso: ones on the diagonal at isolated nodes, whose column of L D^-1 is 0.) So ||B||_1 = beta
+with beta = c, 1, d_max, and with the normalised Bh = B / beta (||Bh||_1 <= 1, Bh >= 0)
+
+    exp(-lambda T) = e^(-lambda c) exp(lambda B) = g exp(Theta (Bh - I)),
+    Theta = lambda beta,  g = e^(lambda (beta - c))   (g = 1 for laplacian and random-walk, e^(lambda d_max) for adjacency).
+
+exp(Theta (Bh - I)) = sum_k pois(k; Theta) Bh^k with the Poisson(Theta) probabilities pois(k; Theta) =
+e^-Theta Theta^k / k! (uniformization: for random-walk this is the Markov view, a Poisson(lambda)
+number of steps of the natural walk). Every term is >= 0: a nonnegative x never meets a
+cancellation, and the weights, computed in log space, never overflow.
+
+**Scaling and truncation.** exp(Theta (Bh - I)) = E^s with E = exp(theta (Bh - I)), theta = Theta / s;
+each step is the truncated series P = sum_{k<=m} w_k Bh^k (w_k = pois(k; theta), or theta^k / k! for
+adjacency, where each step carries its share e^theta of g so that no step underflows or overflows
+by more than the true result does). With R = E - P >= 0 (entrywise), ||R||_1 <= tail(m, theta) = P(Poisson(theta) > m)
+(times e^theta for adjacency) and ||P||_1, ||E||_1 <= 1 (e^theta), and E^s - P^s = sum_j E^j R P^(s-1-j), so
+
+    || exp(-lambda T) x - y ||_1 <= g * s * P(Poisson(theta) > m) * ||x||_1     (``error_bound`` = s P(...)),
+
+where g is a bound on ||exp(-lambda T)||_1 (1 for laplacian and random-walk: L and L D^-1 give
+column-stochastic kernels; e^(lambda d_max) for adjacency). The plan (s, m) is chosen a priori from
+Theta alone, minimising s * m (the sparse products per column block) subject to
+error_bound <= tol; for adjacency also theta <= ADJACENCY_STEP_THETA so the Taylor weights stay
+within float32's range. With Poisson weights the cost s m ~ Theta + z sqrt(s Theta) grows with s,
+so for laplacian and random-walk the optimum is s = 1 (no step can overflow): the scaling is
+needed only for adjacency. The cost is O((Theta + sqrt(Theta log(1/tol))) (|E| + N) c): linear
+in lambda d_max, not the log(2 + ||A||_F) of Thm. 4.1, which relies on an SDD solver (a rational
+approximation); Taylor is what scipy.sparse.linalg.expm_multiply does as well.
+
+Norms. The bound is in the 1-norm of each column of x for ``matmul``. ``rmatmul`` (x -> M^T x,
+Bh^T >= 0 with row sums <= 1) satisfies the same bound in the infinity-norm. For laplacian and
+adjacency M is symmetric, so both bounds hold for both products (hence also in the 2-norm).
+Round-off comes on top: each product adds about (stored entries per row) u relative to the
+column's scale, so the total is of the order of u s m (u = 6e-8 in float32, 1.1e-16 in float64).
+
+Learnable lambda. lam may be a 0-d tensor requiring grad: the weights are computed from it with
+torch ops each product (the autograd graph keeps the s m intermediate columns: O(s m N c) memory),
+the gradient is that of the truncated series. The plan depends on lam's value; reading it costs a
+host sync, so it is re-planned only when lam's version counter changes (every in-place update:
+optimiser steps, edits under no_grad or inference_mode) and, on CPU where a read is free, whenever
+its value changes. An edit through ``lam.data`` bypasses the version counter: call ``replan()``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import numpy as np
+import torch
+
+from fast.graphs import Graph, as_graph
+from fast.masks.base import MaskOperator
+from fast.masks.explicit import _CSRProduct
+from fast.validation import check_tokens, compute_dtype
+
+__all__ = ["KINDS", "DiffusionMask", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA"]
+
+#: The generators T of Thm. 4.1: L = D - W, L D^-1, -W.
+KINDS = ("laplacian", "random-walk", "adjacency")
+
+#: Largest theta = lambda d_max / s of one step of the adjacency kind: its Taylor weights theta^k / k!
+#: peak near e^theta / sqrt(2 pi theta), far inside float32's range (3e38 = e^88.7).
+ADJACENCY_STEP_THETA = 32.0
+
+#: Candidate step counts tried above the smallest admissible one (the cost s m grows with s).
+_STEP_SEARCH = 16
+
+
+def _log_factorials(k_end: int) -> np.ndarray:
+    """log k! for k = 0..k_end (float64), by a cumulative sum of log k (absolute error ~ k_end u log k_end)."""
+    out = np.zeros(k_end + 1)
+    if k_end:
+        out[1:] = np.cumsum(np.log(np.arange(1, k_end + 1, dtype=np.float64)))
+    return out
+
+
+def _tails(theta: float, k_end: int) -> np.ndarray:
+    """tails[k] = P(Poisson(theta) > k) for k = 0..k_end (float64, summed from the top: no cancellation).
+
+    The mass beyond k_end is bounded by pmf(k_end) r / (1 - r), r = theta / (k_end + 1) < 1, and added,
+    so every entry is an upper bound up to round-off."""
+    if theta == 0.0:
+        return np.zeros(k_end + 1)
+    k = np.arange(k_end + 1, dtype=np.float64)
+    pmf = np.exp(-theta + k * math.log(theta) - _log_factorials(k_end))
+    r = theta / (k_end + 1)
+    rest = pmf[-1] * r / (1.0 - r)
+    above = np.cumsum(pmf[::-1])[::-1]  # above[k] = sum_{j >= k} pmf_j (j <= k_end)
+    out = np.empty(k_end + 1)
+    out[:-1] = above[1:] + rest
+    out[-1] = rest
+    return out
+
+
+def poisson_tail(m: int, theta: float) -> float:
+    """P(Poisson(theta) > m) for an int m >= 0 and a finite theta >= 0 (float64): the 1-norm of the
+    omitted terms of one uniformized step (module docstring)."""
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0:
+        raise ValueError(f"m must be an int >= 0, got {m!r}")
+    if not isinstance(theta, numbers.Real) or not math.isfinite(theta) or theta < 0:
+        raise ValueError(f"theta must be a finite real >= 0, got {theta!r}")
+    k_end = int(max(m, theta) + 10 * math.sqrt(theta) + 50)
+    return float(_tails(float(theta), k_end)[int(m)])
+
+
+def _min_terms(theta: float, target: float, m_min: int) -> tuple[int, float]:
+    """The smallest m >= m_min with P(Poisson(theta) > m) <= target, and that tail."""
+    k_end = int(theta + 10 * math.sqrt(theta) + 50)
+    while True:
+        tails = _tails(theta, k_end)
+        ok = np.flatnonzero(tails[m_min:] <= target) if m_min <= k_end else np.zeros(0, dtype=int)
+        if ok.size:
+            m = int(ok[0]) + m_min
+            return m, float(tails[m])
+        k_end *= 2
+
+
+def plan_terms(theta_total: float, tol: float, *, steps: int | None = None,
+               max_step_theta: float = math.inf) -> tuple[int, int, float]:
+    """(s, m, bound): s steps of m-term series for exp(Theta (Bh - I)) with Theta = theta_total >= 0,
+    minimising s * m subject to bound = s * P(Poisson(Theta / s) > m) <= tol and Theta / s <= max_step_theta.
+    steps fixes s instead. Theta = 0 gives (1, 1, 0.0): one term, so that a learnable lambda at 0
+    still gets the exact first derivative -T x."""
+    theta_total = float(theta_total)
+    if theta_total == 0.0:
+        return 1, 1, 0.0
+    if steps is not None:
+        candidates = [int(steps)]
+    else:
+        lo = max(1, math.ceil(theta_total / max_step_theta)) if math.isfinite(max_step_theta) else 1
+        candidates = list(range(lo, lo + _STEP_SEARCH))
+    best = None
+    for s in candidates:
+        m, tail = _min_terms(theta_total / s, tol / s, 1)
+        if best is None or s * m < best[0] * best[1]:
+            best = (s, m, s * tail)
+    return best
+
+
+def check_kind(kind: object) -> str:
+    """kind when it is one of KINDS, else ValueError naming kind."""
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS} (T = D - W, L D^-1, -W), got {kind!r}")
+    return kind
+
+
+def _check_tol(tol: object) -> float:
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (0.0 < float(tol) < 1.0):
+        raise ValueError(f"tol must be a real number in (0, 1) (the truncation error relative to |x|), got {tol!r}")
+    return float(tol)
+
+
+def _check_lam(lam: object) -> float | torch.Tensor:
+    """A finite diffusion time >= 0: a real number (Python, NumPy, 0-d array) -> float; a one-element
+    real tensor -> a 0-d view of it (floating: kept, so a learnable lam gets its gradient; integer:
+    converted to float)."""
+    if isinstance(lam, np.ndarray) and lam.ndim == 0 and lam.dtype.kind in "iuf":
+        lam = lam.item()
+    if isinstance(lam, torch.Tensor):
+        if lam.numel() != 1 or lam.is_complex() or lam.dtype == torch.bool:
+            raise ValueError(f"lam must be a real scalar >= 0 (a number or a one-element real tensor), got a "
+                             f"tensor of shape {tuple(lam.shape)} and dtype {lam.dtype}")
+        value = float(lam.detach())
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"lam must be a finite diffusion time >= 0, got a tensor holding {value!r}")
+        if not lam.is_floating_point():
+            return value
+        return lam if lam.dim() == 0 else lam.reshape(())
+    if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
+        raise ValueError(f"lam must be a finite diffusion time >= 0 (a real number or a one-element tensor), "
+                         f"got {type(lam).__name__} {lam!r}")
+    if not math.isfinite(lam) or lam < 0:
+        raise ValueError(f"lam must be a finite diffusion time >= 0, got {lam!r}")
+    return float(lam)
+
+
+def _lam_value(lam: float | torch.Tensor) -> float:
+    value = float(lam.detach()) if isinstance(lam, torch.Tensor) else float(lam)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"lam must be a finite diffusion time >= 0, got {value!r} (changed after construction)")
+    return value
+
+
+def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the CSR x dense kernel is stable
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, (n, n), check_invariants=False)
+
+
+class DiffusionMask(MaskOperator):
+    """M = exp(-lam T) (n, n) for T = L, L D^-1 or -W of ``graph`` (kind "laplacian", "random-walk",
+    "adjacency"), applied by uniformized Taylor series on sparse CSR (module docstring).
+
+    graph: anything fast.graphs.as_graph accepts (a Graph, edge_index, torch/scipy sparse,
+    networkx); lam >= 0 finite: a real number or a one-element tensor (may require grad: a
+    learnable diffusion time, returned by parameters()); tol in (0, 1): the a priori truncation
+    bound, ||y - M x||_1 <= tol * norm_bound * ||x||_1 per column (infinity-norm for rmatmul of
+    random-walk); steps: None (the plan minimising s m) or a fixed s >= 1.
+
+    ``matmul`` takes x (..., n, c) of any float dtype on any device (half computes in float32) and
+    returns exp(-lam T) x in x's dtype, s * m CSR products per call for all columns at once.
+
+    Plan attributes: ``steps`` (s), ``terms`` (m), ``products`` (s m), ``error_bound``
+    (s P(Poisson(theta) > m) <= tol), ``norm_bound`` (g: 1, or e^(lam d_max) for adjacency),
+    ``shift`` (c), ``beta`` (||B||_1), ``kind``, ``tol``, ``graph``.
+    """
+
+    #: exp(-lam T) >= 0 entrywise for every kind (B >= 0: every series term is >= 0).
+    nonnegative = True
+
+    def __init__(self, graph, lam: float | torch.Tensor, kind: str = "laplacian", tol: float = 1e-8, *,
+                 steps: int | None = None):
+        self.kind = check_kind(kind)
+        self.tol = _check_tol(tol)
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1):
+            raise ValueError(f"steps must be None (planned) or an int >= 1, got {steps!r}")
+        self._fixed_steps = None if steps is None else int(steps)
+        self.lam = _check_lam(lam)
+        self.graph: Graph = as_graph(graph)
+        g = self.graph
+        self.n = g.n
+        d = g.weighted_degree
+        d_max = float(d.max()) if g.n else 0.0
+        iso = d == 0
+        n_idx = torch.arange(g.n, device=g.device)
+        if self.kind == "laplacian":
+            self.shift, self.beta = d_max, d_max
+            values, diag = (g.weight / d_max, 1.0 - d / d_max) if d_max > 0 else (g.weight, torch.zeros_like(d))
+            values_t = None  # symmetric
+        elif self.kind == "random-walk":
+            self.shift, self.beta = 1.0, 1.0
+            d_plus = torch.where(iso, torch.zeros_like(d), 1.0 / torch.where(iso, torch.ones_like(d), d))
+            values = g.weight * d_plus[g.col]  # (W D^+)_ij = w_ij / d_j
+            values_t = g.weight * d_plus[g.row]  # (D^+ W)_ij = w_ij / d_i: same pattern, W is symmetric
+            diag = iso.to(torch.float64)
+        else:
+            self.shift, self.beta = 0.0, d_max
+            values = g.weight / d_max if d_max > 0 else g.weight
+            diag = torch.zeros_like(d)
+            values_t = None
+        # T = 0 exactly (then M = I, no product): no edges (adjacency), or only self-loops (L = D - W = 0)
+        self._generator_is_zero = g.num_edges == 0 or (self.kind != "adjacency" and bool((g.row == g.col).all()))
+        # Bh (and Bh^T) as CSR with the diagonal merged in: one SpMM per series term.
+        keep = diag != 0
+        rows = torch.cat([g.row, n_idx[keep]])
+        cols = torch.cat([g.col, n_idx[keep]])
+        self._parts = {}
+        for name, vals in (("a", values), ("t", values_t)):
+            if vals is None:
+                continue
+            with warnings.catch_warnings():  # sparse beta/invariant notices: the indices are canonical here
+                warnings.simplefilter("ignore", UserWarning)
+                coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.cat([vals, diag[keep]]),
+                                              (g.n, g.n), check_invariants=False).coalesce()
+                csr = coo.to_sparse_csr()
+            index = torch.int32 if max(csr.values().numel(), g.n) < 2**31 else torch.int64
+            self._parts[name] = (csr.crow_indices().to(index), csr.col_indices().to(index), csr.values())
+        self._cache: dict = {}
+        self.replan()
+
+    # ------------------------------------------------------------------ the plan
+
+    def replan(self) -> None:
+        """Recompute the plan (s, m) for the current value of lam (reads it: one host sync)."""
+        value = _lam_value(self.lam)
+        self._planned_value = value
+        self._planned_version = self.lam._version if isinstance(self.lam, torch.Tensor) else None
+        theta_total = value * self.beta
+        if self._generator_is_zero:  # M = I exactly
+            self.steps, self.terms, self.error_bound = 1, 0, 0.0
+        else:
+            limit = ADJACENCY_STEP_THETA if self.kind == "adjacency" else math.inf
+            self.steps, self.terms, self.error_bound = plan_terms(theta_total, self.tol, steps=self._fixed_steps,
+                                                                  max_step_theta=limit)
+        self.products = self.steps * self.terms
+        exponent = value * (self.beta - self.shift)  # 0 except for adjacency
+        self.norm_bound = math.exp(exponent) if exponent < 709.0 else math.inf
+        theta = theta_total / self.steps
+        self._weights = self._float_weights(theta)
+
+    def _float_weights(self, theta: float) -> list[float]:
+        """Per-step series weights w_0..w_m as Python floats (lam not learnable)."""
+        m = self.terms
+        if theta == 0.0:
+            return [1.0] + [0.0] * m
+        k = np.arange(m + 1, dtype=np.float64)
+        log_w = k * math.log(theta) - _log_factorials(m)
+        if self.kind != "adjacency":
+            log_w = log_w - theta
+        return [float(v) for v in np.exp(log_w)]
+
+    def _tensor_weights(self, lam: torch.Tensor) -> torch.Tensor:
+        """The same weights as a differentiable function of lam (float64, lam's device)."""
+        m = self.terms
+        theta = lam.to(torch.float64) * (self.beta / self.steps)
+        k = torch.arange(m + 1, dtype=torch.float64, device=lam.device)
+        if self._planned_value == 0.0:  # log(0): use the polynomial form (m = 1 here: w = e^-theta [1, theta])
+            w = torch.pow(theta, k.clamp(min=1.0)) / torch.exp(torch.lgamma(k + 1))
+            w = torch.where(k == 0, torch.ones_like(w), w)
+        else:
+            w = torch.exp(k * torch.log(theta) - torch.lgamma(k + 1))
+        if self.kind != "adjacency":
+            w = w * torch.exp(-theta)
+        return w
+
+    def _check_plan(self) -> None:
+        lam = self.lam
+        if not isinstance(lam, torch.Tensor):
+            return
+        if lam.device.type == "cpu":
+            if float(lam.detach()) != self._planned_value:
+                self.replan()
+        elif lam._version != self._planned_version:
+            self.replan()
+
+    # ------------------------------------------------------------------ products
+
+    def _csr_of(self, which: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        if which == "t" and "t" not in self._parts:
+            which = "a"  # symmetric kinds
+        key = (which, str(device), dtype)
+        if key not in self._cache:
+            crow, col, vals = self._parts[which]
+            self._cache[key] = _csr(crow.to(device), col.to(device), vals.to(device=device, dtype=dtype), self.n)
+        return self._cache[key]
+
+    def _product(self, x: torch.Tensor, transpose: bool) -> torch.Tensor:
+        check_tokens("x", x, self.n)
+        self._check_plan()
+        work = compute_dtype(x.dtype)
+        lead, c = x.shape[:-2], x.shape[-1]
+        y = x.to(work).movedim(-2, 0).reshape(self.n, -1)  # (N, batch * c): one SpMM for all columns
+        if self.terms == 0:
+            return x.clone()  # T = 0: M = I (a new tensor, as every other product returns)
+        a = self._csr_of("t" if transpose else "a", x.device, work)
+        a_t = self._csr_of("a" if transpose else "t", x.device, work)
+        learn = isinstance(self.lam, torch.Tensor) and self.lam.requires_grad and torch.is_grad_enabled()
+        if learn:
+            w = self._tensor_weights(self.lam).to(device=x.device, dtype=work)
+        grad_x = torch.is_grad_enabled() and y.requires_grad
+        for _ in range(self.steps):
+            v = y
+            acc = v * (w[0] if learn else self._weights[0])
+            for k in range(1, self.terms + 1):
+                v = _CSRProduct.apply(v, a, a_t) if grad_x else a @ v
+                if learn:
+                    acc = torch.addcmul(acc, w[k], v)
+                else:
+                    acc = acc.add(v, alpha=self._weights[k]) if grad_x else acc.add_(v, alpha=self._weights[k])
+            y = acc
+            grad_x = grad_x or learn
+        return y.reshape(self.n, *lead, c).movedim(0, -2).to(x.dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """exp(-lam T) @ x for x (..., n, c) -> (..., n, c): s m CSR products, O(s m (|E| + n) c)."""
+        return self._product(x, transpose=False)
+
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """exp(-lam T)^T @ x = exp(-lam T^T) x for x (..., n, c) (T^T = T except random-walk: D^-1 L)."""
+        return self._product(x, transpose=True)
+
+    def __repr__(self) -> str:
+        return (f"DiffusionMask(n={self.n}, kind={self.kind!r}, lam={self._planned_value!r}, tol={self.tol!r}, "
+                f"steps={self.steps}, terms={self.terms})")
+
+
+def expm_action(graph, x: torch.Tensor, lam: float | torch.Tensor, kind: str = "laplacian",
+                tol: float = 1e-8) -> torch.Tensor:
+    """exp(-lam T) x for x (..., n, c): the function form of ``DiffusionMask(graph, lam, kind, tol).matmul(x)``."""
+    return DiffusionMask(graph, lam, kind, tol).matmul(x)

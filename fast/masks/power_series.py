@@ -1,0 +1,267 @@
+"""Power-series graph masks M_alpha = sum_k alpha_k W^k by Horner's rule (reid25; docs/papers.md
+Sec. 3). Dense twin: reference/masks/power_series.py.
+
+W is the weighted adjacency of a graph (fast.graphs.Graph), used as given; reid25's common choice
+is fast.graphs.normalized_adjacency(g), w_ij / sqrt(d_i d_j), with spectral radius <= 1.
+
+Product. Horner's rule, y = alpha_K x; for k = K-1..0: y = W y + alpha_k x, costs K CSR products
+and K fused multiply-adds: O(K (|E| + N) c) for c columns, M never formed. M is symmetric
+(W is), so rmatmul = matmul. alpha is held as given (no copy: an in-place update or a learnable
+alpha reaches every product), so products always use its current values; it may require grad
+(reid25 learns the coefficients: autograd runs through the Horner steps, and the column of x
+at each step is the only thing saved, which is x itself).
+
+Sign. W >= 0, so M >= 0 when every alpha_k >= 0 (``nonnegative``, read from the current alpha). For
+signed alpha, |M| <= sum_k |alpha_k| W^k entrywise, and ``abs_matmul`` is Horner with |alpha|.
+
+Factorisation and named kernels: ``deconvolve`` (alpha -> f, sum_p f_p f_{k-p} = alpha_k) and
+``convolve`` (f -> alpha), ``heat_alpha`` (exp(beta W)), ``diffusion_alpha`` (exp(-beta (I - W))),
+``regularised_laplacian_alpha`` ((I + sigma2 (I - W))^-1, converging only for spectral radius(W)
+< (1 + sigma2) / sigma2, checked by ``check_series_radius`` when a graph is given). They return
+float64 tensors; deconvolve and convolve are differentiable (torch ops), so f can be the learned
+parameter and alpha = convolve(f).
+
+The spectral radius of a large graph comes from ``spectral_radius_bounds``: power iteration on
+W + I (positive iterates: W >= 0) with the Collatz-Wielandt bounds
+min_i ((W + I) x)_i / x_i - 1 <= rho(W) <= max_i ((W + I) x)_i / x_i - 1, valid for every positive x,
+and the Rayleigh quotient as a further lower bound (W is symmetric, so rho(W) = lambda_max).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import numpy as np
+import torch
+
+from fast.graphs import Graph, as_graph
+from fast.masks.base import SymmetricMaskOperator
+from fast.masks.explicit import _CSRProduct
+from fast.validation import check_tokens, compute_dtype
+
+__all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion_alpha",
+           "regularised_laplacian_alpha", "regularised_laplacian_radius", "spectral_radius_bounds",
+           "check_series_radius"]
+
+
+def check_alpha(alpha: object, name: str = "alpha") -> torch.Tensor:
+    """A coefficient vector (K + 1,), K >= 0, finite. A floating tensor is returned itself (no copy,
+    requires_grad kept); an integer tensor, a NumPy array or a sequence becomes a float64 tensor."""
+    if isinstance(alpha, torch.Tensor):
+        if alpha.is_complex() or alpha.dtype == torch.bool:
+            raise TypeError(f"{name} must hold real numbers, got a tensor of dtype {alpha.dtype}")
+        t = alpha if alpha.is_floating_point() else alpha.to(torch.float64)
+    else:
+        a = np.asarray(alpha)
+        if a.dtype.kind not in "iuf":
+            raise TypeError(f"{name} must be a real 1-D sequence or tensor of coefficients, got "
+                            f"{type(alpha).__name__} of dtype {a.dtype}")
+        t = torch.as_tensor(a.astype(np.float64))
+    if t.dim() != 1 or t.shape[0] == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D tensor of coefficients (K + 1,), got shape {tuple(t.shape)}")
+    if not bool(torch.isfinite(t.detach()).all()):
+        raise ValueError(f"{name} contains non-finite values (NaN or inf)")
+    return t
+
+
+def _csr(crow, col, values, n: int) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the CSR x dense kernel is stable
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, (n, n), check_invariants=False)
+
+
+class PowerSeriesMask(SymmetricMaskOperator):
+    """M = sum_{k=0..K} alpha_k W^k (n, n), W the weighted adjacency of ``graph`` (as given).
+
+    graph: anything fast.graphs.as_graph accepts; alpha (K + 1,): a floating tensor (held, not
+    copied; may require grad: parameters() returns it), or a sequence / NumPy array (float64).
+    ``matmul`` takes x (..., n, c) of any float dtype and device (half computes in float32),
+    K CSR products per call for all columns at once. ``rmatmul`` = ``matmul`` (M symmetric).
+    """
+
+    def __init__(self, graph, alpha):
+        self.graph: Graph = as_graph(graph)
+        self.n = self.graph.n
+        self.alpha = check_alpha(alpha)
+        g = self.graph
+        index = torch.int32 if max(g.num_edges, g.n) < 2**31 else torch.int64
+        self._parts = (g.crow.to(index), g.col.to(index), g.weight)
+        self._cache: dict = {}
+
+    @property
+    def terms(self) -> int:
+        """K: the degree of the polynomial (K CSR products per call)."""
+        return int(self.alpha.shape[0]) - 1
+
+    @property
+    def nonnegative(self) -> bool:
+        """True when every alpha_k >= 0 (then M >= 0, since W >= 0): read from the current alpha."""
+        return bool((self.alpha.detach() >= 0).all())
+
+    def _csr_of(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (str(device), dtype)
+        if key not in self._cache:
+            crow, col, w = self._parts
+            self._cache[key] = _csr(crow.to(device), col.to(device), w.to(device=device, dtype=dtype), self.n)
+        return self._cache[key]
+
+    def _horner(self, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        check_tokens("x", x, self.n)
+        work = compute_dtype(x.dtype)
+        lead, c = x.shape[:-2], x.shape[-1]
+        xf = x.to(work).movedim(-2, 0).reshape(self.n, -1)  # (N, batch * c): one SpMM for all columns
+        a = alpha.to(device=x.device, dtype=work)
+        w = self._csr_of(x.device, work)
+        big_k = a.shape[0] - 1
+        y = a[big_k] * xf
+        for k in range(big_k - 1, -1, -1):
+            wy = _CSRProduct.apply(y, w, w) if (torch.is_grad_enabled() and y.requires_grad) else w @ y
+            y = torch.addcmul(wy, a[k], xf)
+        return y.reshape(self.n, *lead, c).movedim(0, -2).to(x.dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x for x (..., n, c) -> (..., n, c) by Horner's rule: K CSR products, O(K (|E| + n) c)."""
+        return self._horner(x, self.alpha)
+
+    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """(sum_k |alpha_k| W^k) @ x >= |M| @ x entrywise for x >= 0 (W >= 0), no gradient (contract C1)."""
+        with torch.no_grad():
+            return self._horner(x.detach(), self.alpha.detach().abs())
+
+    def __repr__(self) -> str:
+        return f"PowerSeriesMask(n={self.n}, K={self.terms})"
+
+
+# ---------------------------------------------------------------------------- coefficients
+
+
+def deconvolve(alpha) -> torch.Tensor:
+    """f (K + 1,) with sum_{p=0..k} f_p f_{k-p} = alpha_k, k = 0..K; f_0 = sqrt(alpha_0) > 0.
+
+    alpha: as PowerSeriesMask takes it (a tensor keeps its dtype, device and autograd graph: f is
+    differentiable in alpha). ValueError naming alpha_0 unless alpha_0 > 0."""
+    a = check_alpha(alpha)
+    a0 = float(a[0].detach())
+    if not a0 > 0:
+        raise ValueError(f"deconvolve needs alpha_0 > 0 (f_0 = sqrt(alpha_0)), got alpha_0 = {a0!r}")
+    f = [torch.sqrt(a[0])]
+    for k in range(1, a.shape[0]):
+        # alpha_k = 2 f_0 f_k + sum_{p=1..k-1} f_p f_{k-p}: solve for f_k (previous f's as one dot product)
+        cross = torch.dot(torch.stack(f[1:k]), torch.stack(f[k - 1:0:-1])) if k > 1 else torch.zeros((), dtype=a.dtype,
+                                                                                                        device=a.device)
+        f.append((a[k] - cross) / (2 * f[0]))
+    return torch.stack(f)
+
+
+def convolve(f, k_max: int | None = None) -> torch.Tensor:
+    """alpha (k_max + 1,) with alpha_k = sum_{p+q=k} f_p f_q: the coefficients of (sum_k f_k x^k)^2,
+    all 2K + 1 of them by default (then Phi Phi^T = M_alpha exactly, Phi = sum_k f_k W^k), truncated
+    (or zero-padded) to k_max + 1 when given. Differentiable in f."""
+    t = check_alpha(f, "f")
+    big_k = t.shape[0] - 1
+    if k_max is None:
+        k_max = 2 * big_k
+    elif isinstance(k_max, bool) or not isinstance(k_max, numbers.Integral) or k_max < 0:
+        raise ValueError(f"k_max must be None or an int >= 0, got {k_max!r}")
+    idx = torch.arange(big_k + 1, device=t.device)
+    full = torch.zeros(2 * big_k + 1, dtype=t.dtype, device=t.device)
+    full = full.index_add(0, (idx[:, None] + idx[None, :]).reshape(-1), torch.outer(t, t).reshape(-1))
+    if k_max + 1 <= full.shape[0]:
+        return full[: k_max + 1]
+    return torch.cat([full, full.new_zeros(k_max + 1 - full.shape[0])])
+
+
+def _real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    return float(value)
+
+
+def _k_max(k_max: object) -> int:
+    if isinstance(k_max, bool) or not isinstance(k_max, numbers.Integral) or k_max < 0:
+        raise ValueError(f"k_max must be an int >= 0 (the last power kept), got {k_max!r}")
+    return int(k_max)
+
+
+def heat_alpha(beta: float, k_max: int) -> torch.Tensor:
+    """alpha_k = beta^k / k!, k = 0..k_max (float64): the truncated series of exp(beta W).
+    Its deconvolution is f_k = (beta / 2)^k / k! (exp(beta W) = exp(beta W / 2)^2)."""
+    beta, k_max = _real("beta", beta), _k_max(k_max)
+    ratios = beta / torch.arange(1, k_max + 1, dtype=torch.float64)  # alpha_k / alpha_{k-1} = beta / k
+    return torch.cat([torch.ones(1, dtype=torch.float64), torch.cumprod(ratios, 0)])
+
+
+def diffusion_alpha(beta: float, k_max: int) -> torch.Tensor:
+    """alpha_k = e^-beta beta^k / k! (float64): exp(-beta (I - W)) = e^-beta exp(beta W), the diffusion
+    kernel of the normalised Laplacian I - W when W is the normalised adjacency."""
+    beta = _real("beta", beta)
+    return math.exp(-beta) * heat_alpha(beta, k_max)
+
+
+def regularised_laplacian_radius(sigma2: float) -> float:
+    """(1 + sigma2) / sigma2: the radius of convergence, in W's eigenvalues, of the regularised-Laplacian
+    series (inf for sigma2 = 0). sigma2 finite >= 0."""
+    sigma2 = _real("sigma2", sigma2)
+    if sigma2 < 0:
+        raise ValueError(f"sigma2 must be >= 0 (a regularisation strength), got {sigma2!r}")
+    return math.inf if sigma2 == 0 else 1.0 + 1.0 / sigma2  # (1 + sigma2) / sigma2
+
+
+def regularised_laplacian_alpha(sigma2: float, k_max: int, graph=None) -> torch.Tensor:
+    """alpha_k = sigma2^k / (1 + sigma2)^(k+1), k = 0..k_max (float64): the truncated Neumann series of
+    (I + sigma2 (I - W))^-1 = (1 + sigma2)^-1 (I - r W)^-1, r = sigma2 / (1 + sigma2).
+
+    graph: when given, check_series_radius(graph, regularised_laplacian_radius(sigma2)) runs first:
+    ValueError naming the spectral radius and the radius of convergence when the series diverges."""
+    radius = regularised_laplacian_radius(sigma2)
+    k_max = _k_max(k_max)
+    if graph is not None:
+        check_series_radius(graph, radius, "regularised-Laplacian")
+    r = float(sigma2) / (1.0 + float(sigma2))
+    k = torch.arange(k_max + 1, dtype=torch.float64)
+    return torch.pow(torch.tensor(r, dtype=torch.float64), k) / (1.0 + float(sigma2))
+
+
+def spectral_radius_bounds(graph, *, max_iter: int = 10_000, rtol: float = 1e-9,
+                           stop_below: float | None = None, stop_above: float | None = None) -> tuple[float, float]:
+    """(lo, hi) with lo <= rho(W) <= hi for the graph's weighted adjacency W (module docstring).
+
+    Power iteration on W + I in float64 on the graph's device, O(|E| + n) per iteration, until
+    hi - lo <= rtol hi, or hi < stop_below, or lo >= stop_above (the decision a caller needs), or
+    max_iter iterations. A graph without edges gives (0, 0)."""
+    g = as_graph(graph)
+    if g.num_edges == 0:
+        return 0.0, 0.0
+    index = torch.int32 if max(g.num_edges, g.n) < 2**31 else torch.int64
+    w = _csr(g.crow.to(index), g.col.to(index), g.weight, g.n)
+    x = torch.ones(g.n, 1, dtype=torch.float64, device=g.device)
+    lo, hi = 0.0, math.inf
+    tiny = 1e-200  # keeps x > 0: a component that decays relative to the largest must not underflow to 0
+    for it in range(max_iter):
+        y = w @ x + x
+        ratio = y / x
+        hi = min(hi, float(ratio.max()) - 1.0)
+        lo = max(lo, float(ratio.min()) - 1.0, float((x * y).sum() / (x * x).sum()) - 1.0)
+        if hi - lo <= rtol * max(hi, 1e-300) or (stop_below is not None and hi < stop_below) or \
+                (stop_above is not None and lo >= stop_above):
+            break
+        x = torch.clamp(y / y.max(), min=tiny)
+    return lo, hi
+
+
+def check_series_radius(graph, radius: float, name: str = "series", *, max_iter: int = 10_000) -> tuple[float, float]:
+    """Bounds (lo, hi) on the spectral radius of the graph's W, certifying hi < radius (the series'
+    radius of convergence in W's eigenvalues); else ValueError naming the spectral radius (its
+    bounds) and the radius: the power series diverges (lo >= radius), or convergence could not be
+    certified within max_iter power iterations (lo < radius <= hi)."""
+    lo, hi = spectral_radius_bounds(graph, max_iter=max_iter, stop_below=radius, stop_above=radius)
+    if hi < radius:
+        return lo, hi
+    if lo >= radius:  # certified divergence; tighten the bounds for the message (the error path only)
+        lo, hi = spectral_radius_bounds(graph, max_iter=max_iter)
+        raise ValueError(f"the {name} series diverges on this graph: it converges for spectral radius(W) < "
+                         f"{radius!r} (its radius of convergence), but the graph's spectral radius is "
+                         f"{lo!r} (bounds [{lo!r}, {hi!r}])")
+    raise ValueError(f"the {name} series may diverge on this graph: its radius of convergence is {radius!r}, "
+                     f"and the graph's spectral radius lies in [{lo!r}, {hi!r}] after {max_iter} power iterations")
