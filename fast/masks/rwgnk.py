@@ -1,0 +1,99 @@
+"""Random-walk graph node kernel (RWGNK, GKAT) mask: choromanski22 Sec. 4.2, Eq. 5.
+
+Psi (N, N) sparse, row h = f_h / |f_h|_2^alpha (alpha in {0, 1}) with the frequency vector
+f_h(i) = (1/n) sum over h's walks and their prefixes ending at i of lam^t (walks sampled with
+``choice="weighted"``, i.e. from P = D^-1 W, on weighted graphs). The mask is K = Psi Psi^T (one
+ensemble on both sides, as Eq. 5), applied as Psi (Psi^T x) in O(nnz(Psi) c). E[f_h] =
+e_h^T (I - rho P)^-1, rho = (1 - p) lam, for uncapped halting walks (reference.masks.rwgnk has
+the closed form and the Thm. 4.2 bounds).
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import Any
+
+import torch
+
+from fast.graphs import as_graph
+from fast.masks.base import SymmetricMaskOperator
+from fast.masks.explicit import SparseMask
+from fast.masks.grf import as_walks
+
+
+def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, (n, n))
+
+
+def _lam(lam: object) -> float:
+    if isinstance(lam, torch.Tensor) and lam.numel() == 1 and not lam.requires_grad:
+        lam = float(lam)
+    if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
+        raise TypeError(f"lam must be a real number (the discount per hop), got {type(lam).__name__}")
+    lam = float(lam)
+    if not lam >= 0 or lam == float("inf"):
+        raise ValueError(f"lam must be a finite real >= 0 (the discount per hop), got {lam!r}")
+    return lam
+
+
+def _alpha(alpha: object) -> int:
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or alpha not in (0, 1):
+        raise ValueError(f"alpha must be 0 or 1 (Psi(h) = f_h / |f_h|^alpha), got {alpha!r}")
+    return int(alpha)
+
+
+def rwgnk_features(graph: Any, walks: Any, lam: float, alpha: int = 0) -> torch.Tensor:
+    """Psi as a torch sparse CSR tensor (N, N) float64 on the graph's device (Eq. 5).
+
+    Entries (h, u_t, lam^t / n) summed per (h, column); alpha = 1 divides each row by its 2-norm."""
+    graph = as_graph(graph)
+    lam, alpha = _lam(lam), _alpha(alpha)
+    walks = as_walks(walks, graph)
+    walks.validate(graph)  # every hop follows an edge (the frequencies do not read the weights)
+    n = graph.n
+    walker, t = walks.positions()
+    key = (walker // walks.n_walkers) * n + walks.nodes
+    pairs, inverse = torch.unique(key, sorted=True, return_inverse=True)
+    disc = torch.pow(torch.tensor(lam, dtype=torch.float64, device=t.device), t.to(torch.float64)) / walks.n_walkers
+    values = torch.zeros(pairs.numel(), dtype=torch.float64, device=key.device).index_add_(0, inverse, disc)
+    rows, cols = pairs // n, pairs % n
+    if alpha == 1:
+        norm2 = torch.zeros(n, dtype=torch.float64, device=key.device).index_add_(0, rows, values * values)
+        values = values / norm2.sqrt()[rows]  # every row holds f_h(h) >= 1: never 0
+    counts = torch.bincount(rows, minlength=n)
+    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    return _csr(crow, cols, values, n)
+
+
+class RWGNKMask(SymmetricMaskOperator):
+    """K_hat = Psi Psi^T (choromanski22 Eq. 5): symmetric, nonnegative, O(nnz(Psi) c) per product.
+
+    graph: what ``fast.graphs.as_graph`` accepts; walks: sampled on it (``choice="weighted"`` on a
+    weighted graph); lam >= 0 (Thm. 4.2 needs lam <= 1); alpha in {0, 1}. Psi is built once (a
+    SparseMask: CSR per device and dtype, its transpose once). Attributes: n, lam, alpha, psi."""
+
+    nonnegative = True
+
+    def __init__(self, graph: Any, walks: Any, lam: float, alpha: int = 0):
+        self.lam, self.alpha = _lam(lam), _alpha(alpha)
+        psi = rwgnk_features(graph, walks, lam, alpha)
+        crow = psi.crow_indices()
+        self._nnz_per_row = (crow[1:] - crow[:-1]).cpu()
+        self.psi = SparseMask(psi, name="Psi")
+        self.n = self.psi.n
+        self.nnz = self.psi.nnz
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """K x = Psi (Psi^T x) for x (..., N, c) -> (..., N, c)."""
+        return self.psi.matmul(self.psi.rmatmul(x))
+
+    def nnz_stats(self) -> dict:
+        """Stored entries per row of Psi, {"mean", "max"}."""
+        return {"mean": self.nnz / self.n, "max": int(self._nnz_per_row.max())}
+
+    @property
+    def nnz_per_row(self) -> torch.Tensor:
+        """Stored entries of each row of Psi, (N,) int64."""
+        return self._nnz_per_row

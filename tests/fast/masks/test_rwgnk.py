@@ -1,0 +1,98 @@
+"""fast.masks.rwgnk: RWGNKMask (choromanski22 Eq. 5) against reference.masks.rwgnk on identical walks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from fast.graphs import Graph
+from fast.masks.base import nonnegative_of, parameters_of, rmatmul_of
+from fast.masks.rwgnk import RWGNKMask, rwgnk_features
+from fast.walks import sample_walks
+from reference.masks import rwgnk as ref
+from tests.fast.masks.test_grf import DEVICES, close, graphs
+from tests.reference.masks.test_grf import small_graph, walks_dict
+
+MODES = {"halting": {"p_halt": 0.4, "choice": "weighted"}, "capped": {"p_halt": 0.3, "i_max": 2, "choice": "weighted"},
+         "fixed": {"fixed_length": 3, "choice": "weighted"}, "uniform": {"p_halt": 0.5}}
+
+
+@pytest.mark.parametrize("alpha", [0, 1])
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("name", list(graphs()))
+def test_features_equal_reference_on_sampled_walks(name, mode, alpha):
+    adj = graphs()[name]
+    walks = sample_walks(Graph.from_any(adj), 3, generator=torch.Generator().manual_seed(len(name)), **MODES[mode])
+    psi = rwgnk_features(Graph.from_any(adj), walks, 0.7, alpha).to_dense()
+    close(psi, ref.rwgnk_features(adj, walks.to_numpy(), 0.7, alpha), torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("alpha", [0, 1])
+def test_mask_equals_reference(alpha, device, dtype):
+    adj = small_graph()
+    n = adj.shape[0]
+    walks = sample_walks(Graph.from_any(adj), 4, p_halt=0.3, choice="weighted", generator=torch.Generator().manual_seed(2))
+    m = RWGNKMask(Graph.from_any(adj, device=device), walks.to_numpy(), 0.8, alpha)
+    k = ref.rwgnk_mask(adj, walks.to_numpy(), 0.8, alpha)
+    x = torch.randn(2, n, 3, dtype=dtype, generator=torch.Generator().manual_seed(0)).to(device)
+    scale = np.abs(k).max() * n * x.abs().max().item()
+    close(m.matmul(x), k @ x.cpu().double().numpy(), dtype, scale)
+    assert rmatmul_of(m) is not None
+    torch.testing.assert_close(m.rmatmul(x), m.matmul(x))
+    assert nonnegative_of(m) and parameters_of(m) == [] and m.matmul(x).dtype == dtype
+
+
+def test_hand_built_walks_and_nnz():
+    """Path 0-1-2, walk 0, 1, 2, 1 with lam = 1/2: Psi row 0 = [1, 1/2 + 1/8, 1/4] (3 entries)."""
+    adj = sp.csr_matrix(np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=float))
+    w = walks_dict(3, 1, 0.5, [[0, 1, 2, 1], [1], [2, 1]])
+    psi = rwgnk_features(Graph.from_any(adj), w, 0.5).to_dense()
+    np.testing.assert_allclose(psi.numpy(), [[1.0, 0.625, 0.25], [0.0, 1.0, 0.0], [0.0, 0.5, 1.0]], rtol=1e-15)
+    m = RWGNKMask(Graph.from_any(adj), w, 0.5, 0)
+    assert m.nnz == 6 and m.nnz_per_row.tolist() == [3, 1, 2] and m.nnz_stats() == {"mean": 2.0, "max": 3}
+
+
+def test_gradient_wrt_x():
+    adj = small_graph()
+    walks = sample_walks(Graph.from_any(adj), 2, p_halt=0.5, choice="weighted", generator=torch.Generator().manual_seed(3))
+    m = RWGNKMask(Graph.from_any(adj), walks, 0.6, 1)
+    x = torch.randn(adj.shape[0], 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(m.matmul, (x,))
+
+
+def test_bad_input():
+    adj = small_graph()
+    graph = Graph.from_any(adj)
+    w = walks_dict(6, 1, 0.5, [[i] for i in range(6)])
+    with pytest.raises(ValueError, match="lam must be a finite real >= 0"):
+        RWGNKMask(graph, w, -0.5)
+    with pytest.raises(ValueError, match="lam must be a finite real >= 0"):
+        RWGNKMask(graph, w, float("inf"))
+    with pytest.raises(TypeError, match="lam must be a real number"):
+        RWGNKMask(graph, w, "0.5")
+    with pytest.raises(ValueError, match="alpha must be 0 or 1"):
+        RWGNKMask(graph, w, 0.5, alpha=0.5)
+    with pytest.raises(ValueError, match="graph of 3 nodes"):
+        RWGNKMask(graph, walks_dict(3, 1, 0.5, [[0], [1], [2]]), 0.5)
+    with pytest.raises(ValueError, match="p_halt"):
+        RWGNKMask(graph, {**w, "p_halt": 1.0}, 0.5)
+    with pytest.raises(ValueError, match="does not follow an edge"):
+        RWGNKMask(graph, walks_dict(6, 1, 0.5, [[0, 2]] + [[i] for i in range(1, 6)]), 0.5)
+
+
+def test_monte_carlo_psi_rows_approach_the_closed_form():
+    """Psi (alpha = 0) from fast.walks' weighted sampler, many walkers: within the Hoeffding bound
+    of e_h^T (I - rho P)^-1 (each walk's f_h(i) lies in [0, 1 / (1 - lam)]; union over N^2 entries
+    at 1e-6)."""
+    import math
+
+    adj = small_graph()
+    n, lam, p_halt, n_walkers = adj.shape[0], 0.6, 0.3, 20000
+    walks = sample_walks(Graph.from_any(adj), n_walkers, p_halt=p_halt, choice="weighted",
+                         generator=torch.Generator().manual_seed(21))
+    psi = rwgnk_features(Graph.from_any(adj), walks, lam, 0).to_dense().numpy()
+    t = (1 / (1 - lam)) * math.sqrt(math.log(2 * n * n / 1e-6) / (2 * n_walkers))
+    assert np.abs(psi - ref.rwgnk_expected_frequencies(adj, lam, p_halt=p_halt)).max() <= t
