@@ -45,10 +45,30 @@ def _issue_11_ids() -> list[str]:
     return [f"perf/{m.id}" for m in mechanisms()]
 
 
+#: The graph-kernel claims (issue 12): choromanski22 Sec. 4 and reid25.
+ISSUE_12_PAPER_IDS = ["choromanski22/theorem-4.1", "choromanski22/markov", "choromanski22/theorem-4.2",
+                      "reid25/unbiased", "reid25/theorem-3.1", "reid25/lemma-3.2", "reid25/rate",
+                      "reid25/diagonal-bias", "reid25/algorithm-2", "reid25/variance-reduction"]
+#: The mechanisms issue 12 registered: each gets equivalence/ and complexity/ like the older ones.
+ISSUE_12_MECHANISMS = ("gdk", "rwgnk", "power-series", "grf", "grf-asym")
+
+
+def _issue_12_ids() -> list[str]:
+    """The paper checks, equivalence/ and complexity/ of the graph mechanisms, scale/grf(-train)."""
+    from verify.mechanisms import mechanisms
+
+    registered = {m.id for m in mechanisms()}
+    generic = [f"{family}/{m}" for m in ISSUE_12_MECHANISMS if m in registered for family in ("equivalence", "complexity")]
+    scale = [f"scale/{m.id}{suffix}" for m in mechanisms() if m.id in ISSUE_12_MECHANISMS
+             for suffix, on in (("", m.scale), ("-train", m.scale_train)) if on]
+    return ISSUE_12_PAPER_IDS + generic + scale
+
+
 def test_ids_are_the_old_ones_plus_the_new_families():
     ids = [c.id for c in all_checks()]
     assert len(ids) == len(set(ids))
-    assert set(ids) == set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids()) | set(_issue_10_ids()) | set(_issue_11_ids())
+    assert set(ids) == (set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids()) | set(_issue_10_ids()) | set(_issue_11_ids())
+                        | set(_issue_12_ids()))
     assert len(_issue_9_ids()) >= 2 * 11  # every masked mechanism is linear and random
     # the old ids keep their order (the scale family was regrouped by issue 8)
     old = set(OLD_IDS)
