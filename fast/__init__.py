@@ -21,10 +21,15 @@ from fast.features import (
     TrigRFF,
     gaussian_projection,
 )
+from fast.graphs import Graph, as_graph, normalized_adjacency
 from fast.masks.base import MaskOperator, SymmetricMaskOperator
+from fast.masks.diffusion import DiffusionMask, expm_action
 from fast.masks.explicit import DenseMask, SparseMask, as_mask_operator
+from fast.masks.grf import GRFAsymMask, GRFMask, WalkFeatures, grf_features
 from fast.masks.hypercube import HypercubeDiffusionMask
 from fast.masks.lowrank import LowRankMask
+from fast.masks.power_series import PowerSeriesMask
+from fast.masks.rwgnk import RWGNKMask
 from fast.masks.sequence import CausalMask, PackingMask, PaddingMask
 from fast.masks.toeplitz import BlockToeplitzMask, ToeplitzMask
 from fast.masks.tree import (
@@ -35,6 +40,7 @@ from fast.masks.tree import (
     forest_diameter,
     tree_mask_operator,
 )
+from fast.walks import Walks, sample_walks
 
 __all__ = [
     "DenominatorError", "favor_attention", "favor_features", "linear_attention", "masked_linear_attention",
@@ -43,4 +49,6 @@ __all__ = [
     "as_mask_operator", "CausalMask", "PackingMask",
     "PaddingMask", "ToeplitzMask", "BlockToeplitzMask", "LowRankMask", "HypercubeDiffusionMask",
     "Forest", "TreeExpMask", "TreeDiamMask", "TreeDCMask", "forest_diameter", "tree_mask_operator",
+    "Graph", "as_graph", "normalized_adjacency", "Walks", "sample_walks", "DiffusionMask", "expm_action",
+    "PowerSeriesMask", "WalkFeatures", "grf_features", "GRFMask", "GRFAsymMask", "RWGNKMask",
 ]

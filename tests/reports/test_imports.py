@@ -1,7 +1,7 @@
 """reports/ only renders: it imports nothing that measures (issue 8).
 
 Allowed: the standard library (minus process spawning), NumPy, matplotlib, Jinja2, reports itself,
-and from verify only the pure-data modules verify.schema and verify.result.
+and from verify only the pure-data modules verify.schema, verify.result and verify.plots.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
 THIRD_PARTY = {"numpy", "matplotlib", "jinja2"}
-VERIFY_ALLOWED = {"verify.schema", "verify.result"}
+VERIFY_ALLOWED = {"verify.schema", "verify.result", "verify.plots"}  # pure data: dataclasses, dicts, validation
 #: Standard-library modules that run or spawn things (a renderer needs none of them).
 STDLIB_FORBIDDEN = {"subprocess", "multiprocessing", "concurrent", "ctypes", "importlib", "runpy", "pty"}
 
