@@ -19,6 +19,11 @@ Conversion rules (``Graph.from_any`` / ``as_graph``):
   converted to COO); any ``scipy.sparse`` matrix or array (n, n); a ``networkx`` Graph (nodes
   relabelled 0..n-1 in ``G.nodes`` order, edge attribute "weight", default 1; a DiGraph is an
   asymmetric input; a MultiGraph's parallel edges are summed).
+- a plain (dense) tensor or ndarray is read as an edge_index (2, E) only: dense adjacency
+  matrices (n, n) are NOT accepted (unlike reference.graphs.adjacency); pass
+  ``scipy.sparse.csr_matrix(A)`` or ``A.to_sparse()``. An integer (2, 2) array is ambiguous (an
+  edge_index with two edges, or a 2 x 2 adjacency) and is refused with a ValueError unless ``n``
+  or ``edge_weight`` is given, which marks it as an edge_index.
 - duplicate entries are summed (as scipy's ``sum_duplicates``), then explicit zeros are dropped.
 - weights must be finite and >= 0 (every mask here needs W >= 0); indices integers in [0, n).
 - undirected is required: W must equal W^T. Entries that agree to a relative 1e-12 count as
@@ -347,9 +352,23 @@ class Graph:
         if isinstance(graph, (torch.Tensor, np.ndarray)):
             dev = torch.device(device) if device is not None else (
                 graph.device if isinstance(graph, torch.Tensor) else torch.device("cpu"))
-            if tuple(graph.shape[:1]) != (2,) or graph.ndim != 2:
-                raise ValueError(f"{name} as an edge_index must have shape (2, E), got {tuple(graph.shape)}")
-            idx = _as_index_tensor(graph, f"{name} (edge_index)", dev)
+            shape = tuple(graph.shape)
+            square = len(shape) == 2 and shape[0] == shape[1]
+            dense_hint = ("; a dense adjacency matrix (n, n) is not accepted here: pass scipy.sparse.csr_matrix(A) "
+                          "or the torch sparse A.to_sparse()") if square else ""
+            if shape[:1] != (2,) or graph.ndim != 2:
+                raise ValueError(f"{name} as an edge_index must have shape (2, E), got {shape}{dense_hint}")
+            integer = graph.dtype in _INT_DTYPES if isinstance(graph, torch.Tensor) else (
+                graph.dtype != np.bool_ and np.issubdtype(graph.dtype, np.integer))
+            if shape == (2, 2) and integer and n is None and edge_weight is None:
+                raise ValueError(f"{name} of shape (2, 2) is ambiguous: an edge_index (2, E) with E = 2 edges, or a "
+                                 f"dense 2 x 2 adjacency matrix (which fast does not accept). For an edge_index pass "
+                                 f"n=... (the number of nodes) or edge_weight=...; for an adjacency pass "
+                                 f"scipy.sparse.csr_matrix(A) or A.to_sparse()")
+            try:
+                idx = _as_index_tensor(graph, f"{name} (edge_index)", dev)
+            except TypeError as exc:
+                raise TypeError(f"{exc}{dense_hint}") from None
             e = idx.shape[1]
             if n is None:
                 if e == 0:
@@ -439,10 +458,13 @@ def as_graph(graph: Any, **kw: Any) -> Graph:
 def normalized_adjacency(g: Graph) -> Graph:
     """The graph with weights w_ij / sqrt(d_i d_j), d = weighted degree (reid25's common W).
 
-    Same sparsity as g (isolated nodes have no entries, so no 0/0 arises)."""
+    Computed as w_ij / (sqrt(d_i) sqrt(d_j)): the product d_i d_j would overflow for weights above
+    ~1e154 and underflow below ~1e-162 (giving 0 or inf); the square roots keep every finite graph
+    in range. Same sparsity as g (isolated nodes have no entries, so no 0/0 arises)."""
     if not isinstance(g, Graph):
         raise TypeError(f"g must be a Graph (use as_graph), got {type(g).__name__}")
     d = g.weighted_degree
-    w = g.weight / torch.sqrt(d[g.row] * d[g.col])
-    # sqrt(d_i d_j) is commutative in floating point, so the result stays exactly symmetric
+    r = torch.sqrt(d)
+    w = g.weight / (r[g.row] * r[g.col])
+    # sqrt(d_i) sqrt(d_j) is a product of the same two floats for (i, j) and (j, i): exactly symmetric
     return Graph(g.n, g.crow, g.col, w)

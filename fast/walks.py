@@ -205,11 +205,17 @@ def _check_args(n_walkers, p_halt, i_max, fixed_length, choice, antithetic, repe
 
 def _weighted_keys(g: Graph) -> torch.Tensor:
     """row + (cumulative weight within the row) / (row's weight), (E,) float64: non-decreasing,
-    row i's entries in (i, i + 1] (up to round-off) with the last exactly i + 1; searchsorted(keys, u + U, right=True)
-    picks entry e of row u with probability W_ue / d_u (up to float64 round-off of the sums)."""
-    cum = torch.cumsum(g.weight, 0)
-    before = torch.cat([cum.new_zeros(1), cum])[g.crow[:-1]]  # sum of the rows above, per row
-    frac = (cum - before[g.row]) / g.weighted_degree[g.row]
+    row i's entries in (i, i + 1] with the last exactly i + 1; searchsorted(keys, u + U, right=True)
+    picks entry e of row u with probability W_ue / d_u (up to float64 round-off of the sums).
+
+    The global cumulative sum runs over the per-row fractions w / d_row (each row adds ~1, so the
+    running total at row i is ~ i + its fraction) and the row's start is subtracted: the error of a
+    fraction is a few ulp(i) per entry of its row, whatever the weights elsewhere (a cumulative sum
+    of raw weights would lose a row of weight 1 next to an edge of weight 1e17 entirely)."""
+    frac_w = g.weight / g.weighted_degree[g.row]  # in (0, 1], rows sum to ~1
+    cum = torch.cumsum(frac_w, 0)
+    before = torch.cat([cum.new_zeros(1), cum])[g.crow[:-1]]  # the running total at each row's start
+    frac = (cum - before[g.row]).clamp_(max=1.0)  # monotone within a row (a constant subtracted)
     last = g.crow[1:][g.degree > 0] - 1
     frac[last] = 1.0
     return g.row.to(torch.float64) + frac

@@ -106,9 +106,13 @@ def weighted_degree(adj: sp.spmatrix) -> np.ndarray:
 
 
 def normalized_adjacency(adj: sp.spmatrix) -> sp.csr_matrix:
-    """D^-1/2 W D^-1/2 entrywise: w_ij / sqrt(d_i d_j), d the weighted degrees (same sparsity)."""
+    """D^-1/2 W D^-1/2 entrywise: w_ij / sqrt(d_i d_j), d the weighted degrees (same sparsity).
+
+    Computed as w_ij / (sqrt(d_i) sqrt(d_j)) so that d_i d_j cannot overflow (weights > ~1e154) or
+    underflow (< ~1e-162); the result is still exactly symmetric (the same two factors)."""
     a = sp.csr_matrix(adj, dtype=np.float64, copy=True)
     d = weighted_degree(a)
     rows = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
-    a.data = a.data / np.sqrt(d[rows] * d[a.indices])
+    r = np.sqrt(d)
+    a.data = a.data / (r[rows] * r[a.indices])
     return a

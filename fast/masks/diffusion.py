@@ -12,11 +12,15 @@ and column; M is never formed.
 
 **Shift to a nonnegative matrix.** Each T has a shift c with B = c I - T >= 0 entrywise:
 
-    laplacian    c = d_max                B = (c I - D) + W          column sums of B: c
+    laplacian    c = max_i (d_i - w_ii)   B = (c I - D) + W          column sums of B: c
     random-walk  c = 1                    B = W D^+ + E_iso           column sums: 1
     adjacency    c = 0                    B = W                       column sums: d_j <= d_max
 
-(E_iso: ones on the diagonal at isolated nodes, whose column of L D^-1 is 0.) So ||B||_1 = beta
+(E_iso: ones on the diagonal at isolated nodes, whose column of L D^-1 is 0.) For laplacian any
+c >= max_i (d_i - w_ii) (the largest diagonal entry of L) makes B >= 0 (diagonal c - d_i + w_ii,
+computed as c - o_i from the off-diagonal degrees o_i = d_i - w_ii, so it is exactly >= 0); the
+smallest one is used, since the cost grows with c: a heavy self-loop costs nothing (it cancels in
+L). The bound below holds for any valid c unchanged. So ||B||_1 = beta
 with beta = c, 1, d_max, and with the normalised Bh = B / beta (||Bh||_1 <= 1, Bh >= 0)
 
     exp(-lambda T) = e^(-lambda c) exp(lambda B) = g exp(Theta (Bh - I)),
@@ -25,13 +29,20 @@ with beta = c, 1, d_max, and with the normalised Bh = B / beta (||Bh||_1 <= 1, B
 exp(Theta (Bh - I)) = sum_k pois(k; Theta) Bh^k with the Poisson(Theta) probabilities pois(k; Theta) =
 e^-Theta Theta^k / k! (uniformization: for random-walk this is the Markov view, a Poisson(lambda)
 number of steps of the natural walk). Every term is >= 0: a nonnegative x never meets a
-cancellation, and the weights, computed in log space, never overflow.
+cancellation. The weights are computed by the ratio recurrence p_(k+1) = p_k theta / (k + 1) outward
+from the mode k = floor(theta) (every ratio <= 1: no overflow; far tails underflow harmlessly to 0),
+then divided by their sum over k = 0..K, K >= theta + 10 sqrt(theta) + 50 (the mass beyond K is
+< 1e-20). Each weight then carries a relative error of about 2 |k - mode| u (no log k! whose
+absolute error ~ u theta log theta would swamp tol at large theta), and the kept weights
+w_0..w_m sum to 1 - tail(m) up to round-off.
 
 **Scaling and truncation.** exp(Theta (Bh - I)) = E^s with E = exp(theta (Bh - I)), theta = Theta / s;
 each step is the truncated series P = sum_{k<=m} w_k Bh^k (w_k = pois(k; theta), or theta^k / k! for
 adjacency, where each step carries its share e^theta of g so that no step underflows or overflows
 by more than the true result does). With R = E - P >= 0 (entrywise), ||R||_1 <= tail(m, theta) = P(Poisson(theta) > m)
 (times e^theta for adjacency) and ||P||_1, ||E||_1 <= 1 (e^theta), and E^s - P^s = sum_j E^j R P^(s-1-j), so
+(with the computed weights: ||P||_1 <= sum_k w_k = 1 - tail(m) <= 1 still holds, and
+||R||_1 <= tail(m) + sum_k |w_k - pois(k; theta)|, the second term a round-off <= 2 m u: see Round-off)
 
     || exp(-lambda T) x - y ||_1 <= g * s * P(Poisson(theta) > m) * ||x||_1     (``error_bound`` = s P(...)),
 
@@ -48,15 +59,30 @@ approximation); Taylor is what scipy.sparse.linalg.expm_multiply does as well.
 Norms. The bound is in the 1-norm of each column of x for ``matmul``. ``rmatmul`` (x -> M^T x,
 Bh^T >= 0 with row sums <= 1) satisfies the same bound in the infinity-norm. For laplacian and
 adjacency M is symmetric, so both bounds hold for both products (hence also in the 2-norm).
-Round-off comes on top: each product adds about (stored entries per row) u relative to the
-column's scale, so the total is of the order of u s m (u = 6e-8 in float32, 1.1e-16 in float64).
+Round-off comes on top. Each product v_k = Bh v_(k-1) sums at most r terms per entry (r = the
+stored entries per row of Bh, diagonal included), so |fl(v_k) - v_k| <= k r u Bh^k |x| to first
+order, entrywise; accumulating the m + 1 weighted terms adds (m + 1) u, and the weights' relative
+error (above) is <= 2 m u. Per step the 1-norm error is therefore at most about
+(theta r + 3 m) u ||x||_1 <= (r + 3) m u ||x||_1, and in all
 
-Learnable lambda. lam may be a 0-d tensor requiring grad: the weights are computed from it with
-torch ops each product (the autograd graph keeps the s m intermediate columns: O(s m N c) memory),
-the gradient is that of the truncated series. The plan depends on lam's value; reading it costs a
+    || fl(y) - y ||_1 <~ g s m (r + 3) u ||x||_1     (u = 6e-8 in float32, 1.1e-16 in float64)
+
+a worst case (8 x 8 grid, Theta = 1600, tol = 1e-12: m = 1889, r <= 5, floor 1.7e-12; measured there
+against the exact eigendecomposition for x = e_0: |error - error_bound| <= 6e-16 at tol 1e-8..1e-12).
+
+Learnable lambda. lam may be a one-element tensor requiring grad (held as given: it is what
+parameters() returns, so an optimiser can update it): the weights are computed from it with
+torch ops each product: the planned weights times exp(k log(lam / lam0) - (lam - lam0) beta / s),
+exactly the Poisson weights at lam, with their derivatives (the autograd graph keeps the s m
+intermediate columns: O(s m N c) memory); the gradient is that of the truncated series. The plan depends on lam's value; reading it costs a
 host sync, so it is re-planned only when lam's version counter changes (every in-place update:
 optimiser steps, edits under no_grad or inference_mode) and, on CPU where a read is free, whenever
 its value changes. An edit through ``lam.data`` bypasses the version counter: call ``replan()``.
+
+Limits. A plan needs about Theta = lam beta products; one with more than MAX_PRODUCTS (100 000)
+raises ValueError naming lam, beta and the products (reduce lam or the weights' scale, or raise
+tol). For adjacency a fixed ``steps`` must keep theta = Theta / steps <= ADJACENCY_STEP_THETA
+(the weights e^theta pois(k; theta) would overflow float32 and, past 709, float64): ValueError.
 """
 from __future__ import annotations
 
@@ -72,7 +98,8 @@ from fast.masks.base import MaskOperator
 from fast.masks.explicit import _CSRProduct
 from fast.validation import check_tokens, compute_dtype
 
-__all__ = ["KINDS", "DiffusionMask", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA"]
+__all__ = ["KINDS", "DiffusionMask", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
+           "MAX_PRODUCTS"]
 
 #: The generators T of Thm. 4.1: L = D - W, L D^-1, -W.
 KINDS = ("laplacian", "random-walk", "adjacency")
@@ -81,16 +108,28 @@ KINDS = ("laplacian", "random-walk", "adjacency")
 #: peak near e^theta / sqrt(2 pi theta), far inside float32's range (3e38 = e^88.7).
 ADJACENCY_STEP_THETA = 32.0
 
+#: Largest number of sparse products (steps * terms) a plan may need; beyond it DiffusionMask refuses
+#: (about lam * beta products: an absurd diffusion time or weight scale, not a useful mask).
+MAX_PRODUCTS = 100_000
+
 #: Candidate step counts tried above the smallest admissible one (the cost s m grows with s).
 _STEP_SEARCH = 16
 
 
-def _log_factorials(k_end: int) -> np.ndarray:
-    """log k! for k = 0..k_end (float64), by a cumulative sum of log k (absolute error ~ k_end u log k_end)."""
-    out = np.zeros(k_end + 1)
-    if k_end:
-        out[1:] = np.cumsum(np.log(np.arange(1, k_end + 1, dtype=np.float64)))
-    return out
+def _poisson_pmf(theta: float, k_end: int) -> np.ndarray:
+    """pois(k; theta) for k = 0..k_end (float64), theta > 0, by the ratio recurrence outward from the
+    mode floor(theta) (each ratio <= 1: no overflow; relative error ~ 2 |k - mode| u), divided by
+    the sum over 0..max(k_end, K) with K = theta + 10 sqrt(theta) + 50 (the mass beyond K < 1e-20)."""
+    full = max(int(k_end), int(theta + 10.0 * math.sqrt(theta) + 50.0))
+    mode = min(int(math.floor(theta)), full)
+    p = np.empty(full + 1)
+    p[mode] = 1.0
+    if mode < full:  # p_k = p_(k-1) theta / k, k > mode: ratios < 1
+        p[mode + 1:] = np.cumprod(theta / np.arange(mode + 1, full + 1, dtype=np.float64))
+    if mode > 0:  # p_(k-1) = p_k k / theta, k <= mode: ratios <= 1
+        p[:mode] = np.cumprod(np.arange(mode, 0, -1, dtype=np.float64) / theta)[::-1]
+    p /= p.sum()
+    return p[: int(k_end) + 1]
 
 
 def _tails(theta: float, k_end: int) -> np.ndarray:
@@ -100,8 +139,7 @@ def _tails(theta: float, k_end: int) -> np.ndarray:
     so every entry is an upper bound up to round-off."""
     if theta == 0.0:
         return np.zeros(k_end + 1)
-    k = np.arange(k_end + 1, dtype=np.float64)
-    pmf = np.exp(-theta + k * math.log(theta) - _log_factorials(k_end))
+    pmf = _poisson_pmf(theta, k_end)
     r = theta / (k_end + 1)
     rest = pmf[-1] * r / (1.0 - r)
     above = np.cumsum(pmf[::-1])[::-1]  # above[k] = sum_{j >= k} pmf_j (j <= k_end)
@@ -171,8 +209,8 @@ def _check_tol(tol: object) -> float:
 
 def _check_lam(lam: object) -> float | torch.Tensor:
     """A finite diffusion time >= 0: a real number (Python, NumPy, 0-d array) -> float; a one-element
-    real tensor -> a 0-d view of it (floating: kept, so a learnable lam gets its gradient; integer:
-    converted to float)."""
+    real tensor of any shape -> itself (floating: kept as given, never a view, so a learnable lam is
+    the leaf an optimiser updates; integer: converted to float). Users reshape it where used."""
     if isinstance(lam, np.ndarray) and lam.ndim == 0 and lam.dtype.kind in "iuf":
         lam = lam.item()
     if isinstance(lam, torch.Tensor):
@@ -184,7 +222,7 @@ def _check_lam(lam: object) -> float | torch.Tensor:
             raise ValueError(f"lam must be a finite diffusion time >= 0, got a tensor holding {value!r}")
         if not lam.is_floating_point():
             return value
-        return lam if lam.dim() == 0 else lam.reshape(())
+        return lam
     if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
         raise ValueError(f"lam must be a finite diffusion time >= 0 (a real number or a one-element tensor), "
                          f"got {type(lam).__name__} {lam!r}")
@@ -242,9 +280,16 @@ class DiffusionMask(MaskOperator):
         d_max = float(d.max()) if g.n else 0.0
         iso = d == 0
         n_idx = torch.arange(g.n, device=g.device)
+        loop = g.row == g.col
+        edges = torch.ones_like(loop)  # stored entries of W that enter B
         if self.kind == "laplacian":
-            self.shift, self.beta = d_max, d_max
-            values, diag = (g.weight / d_max, 1.0 - d / d_max) if d_max > 0 else (g.weight, torch.zeros_like(d))
+            # B = c I - L: off-diagonal w_ij, diagonal c - o_i with o_i = d_i - w_ii summed over the
+            # off-diagonal entries only (exact >= 0 diagonal; a heavy loop never enters o_i)
+            off = torch.zeros_like(d).index_add_(0, g.row[~loop], g.weight[~loop])
+            c = float(off.max()) if g.n else 0.0
+            self.shift, self.beta = c, c
+            edges = ~loop  # the loops live in the diagonal c - o_i
+            values, diag = (g.weight / c, (c - off) / c) if c > 0 else (g.weight, torch.zeros_like(d))
             values_t = None  # symmetric
         elif self.kind == "random-walk":
             self.shift, self.beta = 1.0, 1.0
@@ -258,18 +303,18 @@ class DiffusionMask(MaskOperator):
             diag = torch.zeros_like(d)
             values_t = None
         # T = 0 exactly (then M = I, no product): no edges (adjacency), or only self-loops (L = D - W = 0)
-        self._generator_is_zero = g.num_edges == 0 or (self.kind != "adjacency" and bool((g.row == g.col).all()))
+        self._generator_is_zero = g.num_edges == 0 or (self.kind != "adjacency" and bool(loop.all()))
         # Bh (and Bh^T) as CSR with the diagonal merged in: one SpMM per series term.
         keep = diag != 0
-        rows = torch.cat([g.row, n_idx[keep]])
-        cols = torch.cat([g.col, n_idx[keep]])
+        rows = torch.cat([g.row[edges], n_idx[keep]])
+        cols = torch.cat([g.col[edges], n_idx[keep]])
         self._parts = {}
         for name, vals in (("a", values), ("t", values_t)):
             if vals is None:
                 continue
             with warnings.catch_warnings():  # sparse beta/invariant notices: the indices are canonical here
                 warnings.simplefilter("ignore", UserWarning)
-                coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.cat([vals, diag[keep]]),
+                coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.cat([vals[edges], diag[keep]]),
                                               (g.n, g.n), check_invariants=False).coalesce()
                 csr = coo.to_sparse_csr()
             index = torch.int32 if max(csr.values().numel(), g.n) < 2**31 else torch.int64
@@ -280,47 +325,76 @@ class DiffusionMask(MaskOperator):
     # ------------------------------------------------------------------ the plan
 
     def replan(self) -> None:
-        """Recompute the plan (s, m) for the current value of lam (reads it: one host sync)."""
+        """Recompute the plan (s, m) for the current value of lam (reads it: one host sync).
+
+        ValueError when the plan needs more than MAX_PRODUCTS products, or (adjacency) when a fixed
+        ``steps`` leaves more than ADJACENCY_STEP_THETA per step; the previous plan is then kept."""
         value = _lam_value(self.lam)
-        self._planned_value = value
-        self._planned_version = self.lam._version if isinstance(self.lam, torch.Tensor) else None
+        version = self.lam._version if isinstance(self.lam, torch.Tensor) else None
         theta_total = value * self.beta
         if self._generator_is_zero:  # M = I exactly
-            self.steps, self.terms, self.error_bound = 1, 0, 0.0
+            steps, terms, bound = 1, 0, 0.0
         else:
+            what = (f"DiffusionMask(kind={self.kind!r}, lam={value!r}, tol={self.tol!r}) on a graph with "
+                    f"beta = {self.beta!r} (Theta = lam * beta = {theta_total!r})")
+            if self.kind == "adjacency" and self._fixed_steps is not None and \
+                    theta_total / self._fixed_steps > ADJACENCY_STEP_THETA:
+                need = math.ceil(theta_total / ADJACENCY_STEP_THETA)
+                raise ValueError(f"{what}: steps={self._fixed_steps} leaves theta = Theta / steps = "
+                                 f"{theta_total / self._fixed_steps!r} per step, above ADJACENCY_STEP_THETA = "
+                                 f"{ADJACENCY_STEP_THETA} (the step's weights e^theta pois(k; theta) would overflow); "
+                                 f"pass steps >= {need} or steps=None (planned)")
+            # every plan needs s m >= about Theta products (m >= theta per step): refuse before planning
+            if theta_total > MAX_PRODUCTS + 1:
+                raise ValueError(f"{what} needs at least about {math.floor(theta_total)} sparse products per call, "
+                                 f"more than MAX_PRODUCTS = {MAX_PRODUCTS}; reduce lam or the scale of the graph's "
+                                 f"weights (beta), since the cost grows like lam * beta")
             limit = ADJACENCY_STEP_THETA if self.kind == "adjacency" else math.inf
-            self.steps, self.terms, self.error_bound = plan_terms(theta_total, self.tol, steps=self._fixed_steps,
-                                                                  max_step_theta=limit)
+            steps, terms, bound = plan_terms(theta_total, self.tol, steps=self._fixed_steps, max_step_theta=limit)
+            if steps * terms > MAX_PRODUCTS:
+                raise ValueError(f"{what} needs {steps * terms} sparse products per call ({steps} steps of {terms} "
+                                 f"terms), more than MAX_PRODUCTS = {MAX_PRODUCTS}; reduce lam or the scale of the "
+                                 f"graph's weights (beta), raise tol, or leave steps=None")
+        self._planned_value, self._planned_version = value, version
+        self.steps, self.terms, self.error_bound = steps, terms, bound
         self.products = self.steps * self.terms
         exponent = value * (self.beta - self.shift)  # 0 except for adjacency
         self.norm_bound = math.exp(exponent) if exponent < 709.0 else math.inf
-        theta = theta_total / self.steps
-        self._weights = self._float_weights(theta)
+        self._weights = self._float_weights(theta_total / self.steps)
 
     def _float_weights(self, theta: float) -> list[float]:
-        """Per-step series weights w_0..w_m as Python floats (lam not learnable)."""
+        """Per-step series weights w_0..w_m as Python floats: pois(k; theta) (module docstring: by the
+        ratio recurrence from the mode, normalised), times e^theta for adjacency (theta <= 32 there)."""
         m = self.terms
         if theta == 0.0:
             return [1.0] + [0.0] * m
-        k = np.arange(m + 1, dtype=np.float64)
-        log_w = k * math.log(theta) - _log_factorials(m)
-        if self.kind != "adjacency":
-            log_w = log_w - theta
-        return [float(v) for v in np.exp(log_w)]
+        w = _poisson_pmf(theta, m)
+        if self.kind == "adjacency":
+            w = w * math.exp(theta)
+        return [float(v) for v in w]
 
     def _tensor_weights(self, lam: torch.Tensor) -> torch.Tensor:
-        """The same weights as a differentiable function of lam (float64, lam's device)."""
+        """The same weights as a differentiable function of lam (float64, lam's device): the planned
+        weights (at lam0 = the planned value) times pois(k; theta) / pois(k; theta0) =
+        exp(k log(lam / lam0) - (theta - theta0)) (adjacency: (lam / lam0)^k): equal to them when
+        lam = lam0, with the exact derivatives of the Poisson (Taylor) weights."""
         m = self.terms
-        theta = lam.to(torch.float64) * (self.beta / self.steps)
+        lam = lam.reshape(()).to(torch.float64)
+        scale = self.beta / self.steps
         k = torch.arange(m + 1, dtype=torch.float64, device=lam.device)
-        if self._planned_value == 0.0:  # log(0): use the polynomial form (m = 1 here: w = e^-theta [1, theta])
+        lam0 = self._planned_value
+        if lam0 == 0.0:  # log(0): use the polynomial form (m = 1 here: w = e^-theta [1, theta])
+            theta = lam * scale
             w = torch.pow(theta, k.clamp(min=1.0)) / torch.exp(torch.lgamma(k + 1))
             w = torch.where(k == 0, torch.ones_like(w), w)
-        else:
-            w = torch.exp(k * torch.log(theta) - torch.lgamma(k + 1))
+            if self.kind != "adjacency":
+                w = w * torch.exp(-theta)
+            return w
+        base = torch.tensor(self._weights, dtype=torch.float64, device=lam.device)
+        log_ratio = k * torch.log(lam / lam0)  # exactly 0 at lam = lam0
         if self.kind != "adjacency":
-            w = w * torch.exp(-theta)
-        return w
+            log_ratio = log_ratio - (lam - lam0) * scale
+        return base * torch.exp(log_ratio)
 
     def _check_plan(self) -> None:
         lam = self.lam

@@ -11,7 +11,10 @@ alpha reaches every product), so products always use its current values; it may 
 (reid25 learns the coefficients: autograd runs through the Horner steps, and the column of x
 at each step is the only thing saved, which is x itself).
 
-Sign. W >= 0, so M >= 0 when every alpha_k >= 0 (``nonnegative``, read from the current alpha). For
+Sign. W >= 0, so M >= 0 when every alpha_k >= 0 (``nonnegative``, from the current alpha: reading it
+costs a host sync on CUDA, so the answer is cached per (alpha, alpha._version) and recomputed after
+every in-place update; an edit through ``alpha.data`` bypasses the version counter: then call
+``refresh_sign()``). For
 signed alpha, |M| <= sum_k |alpha_k| W^k entrywise, and ``abs_matmul`` is Horner with |alpha|.
 
 Factorisation and named kernels: ``deconvolve`` (alpha -> f, sum_p f_p f_{k-p} = alpha_k) and
@@ -88,6 +91,8 @@ class PowerSeriesMask(SymmetricMaskOperator):
         index = torch.int32 if max(g.num_edges, g.n) < 2**31 else torch.int64
         self._parts = (g.crow.to(index), g.col.to(index), g.weight)
         self._cache: dict = {}
+        self._sign_key: tuple | None = None
+        self._sign = False
 
     @property
     def terms(self) -> int:
@@ -96,8 +101,18 @@ class PowerSeriesMask(SymmetricMaskOperator):
 
     @property
     def nonnegative(self) -> bool:
-        """True when every alpha_k >= 0 (then M >= 0, since W >= 0): read from the current alpha."""
-        return bool((self.alpha.detach() >= 0).all())
+        """True when every alpha_k >= 0 (then M >= 0, since W >= 0): read from the current alpha once
+        per version of it (alpha._version; a host sync on CUDA only when alpha changed)."""
+        key = (id(self.alpha), self.alpha._version)
+        if key != self._sign_key:
+            self._sign = bool((self.alpha.detach() >= 0).all())
+            self._sign_key = key
+        return self._sign
+
+    def refresh_sign(self) -> bool:
+        """Re-read alpha's sign (after an edit through ``alpha.data``, which the version misses)."""
+        self._sign_key = None
+        return self.nonnegative
 
     def _csr_of(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         key = (str(device), dtype)

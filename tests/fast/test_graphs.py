@@ -230,6 +230,22 @@ def test_normalized_adjacency():
         normalized_adjacency(a)
 
 
+@pytest.mark.parametrize("w", [1e300, 1e160, 1.0, 1e-170, 1e-200, 1e-300])
+def test_normalized_adjacency_at_extreme_weight_scales(w):
+    """A 3-path of weight w: every normalised weight is w / sqrt(w * 2w) = 1/sqrt(2) at any scale
+    (w / sqrt(d_i d_j) gave 0 at 1e160, inf at 1e-170: d_i d_j over/underflowed)."""
+    g = normalized_adjacency(as_graph(sp.csr_matrix(np.array([[0, w, 0], [w, 0, w], [0, w, 0]]))))
+    np.testing.assert_allclose(g.weight.numpy(), np.full(4, 2 ** -0.5), rtol=4e-16, atol=0)
+    dense = g.to_scipy().toarray()
+    np.testing.assert_array_equal(dense, dense.T)  # exactly symmetric
+    # scale invariance on a weighted graph with loops and isolated nodes: N(w A) = N(A)
+    a = _weighted_graph(12, 7)
+    scaled = sp.csr_matrix(a * w)
+    dense = normalized_adjacency(as_graph(scaled)).to_scipy().toarray()
+    np.testing.assert_array_equal(dense, dense.T)
+    np.testing.assert_allclose(dense, normalized_adjacency(as_graph(a)).to_scipy().toarray(), rtol=1e-15, atol=0)
+
+
 def test_graph_is_immutable_and_as_graph_passes_through():
     g = as_graph(P.path_graph(4))
     assert as_graph(g) is g and Graph.from_any(g) is g and g.to("cpu") is g
@@ -272,7 +288,10 @@ BAD = [
     (dict(graph=torch.zeros(2, 2, 2, dtype=torch.int64)), ValueError, r"shape \(2, E\), got \(2, 2, 2\)"),
     (dict(graph=torch.tensor([[0.0, 1.0], [1.0, 0.0]])), TypeError, "must hold integer indices, got dtype torch.float32"),
     (dict(graph=np.array([[True, False], [False, True]])), TypeError, "integer indices, got dtype bool"),
-    (dict(graph=torch.tensor([[0, -1], [-1, 0]])), ValueError, "edge_index entries must be >= 0 .* got -1"),
+    (dict(graph=torch.tensor([[0, -1, 1], [-1, 0, 1]])), ValueError, "edge_index entries must be >= 0 .* got -1"),
+    (dict(graph=torch.tensor([[0, -1], [-1, 0]]), n=2), ValueError, "edge_index entries must be >= 0 .* got -1"),
+    (dict(graph=np.ones((3, 3))), ValueError, r"got \(3, 3\); a dense adjacency matrix \(n, n\) is not accepted"),
+    (dict(graph=torch.tensor([[0.0, 1.0], [1.0, 0.0]])), TypeError, "dense adjacency matrix .* not accepted"),
     (dict(graph=EI, n=2), ValueError, r"must be < n=2 .* got 2; n must be at least max index \+ 1 = 3"),
     (dict(graph=torch.zeros(2, 0, dtype=torch.int64)), ValueError, r"n must be given .* \(n = 0 is refused\)"),
     (dict(graph=EI, n=0), ValueError, r"n \(the number of nodes of graph\) must be >= 1, got 0"),
@@ -307,6 +326,24 @@ def test_bad_inputs_name_argument_expected_and_got(kwargs, exc, match):
         Graph.from_any(**kwargs)
 
 
+@pytest.mark.parametrize("make", [lambda a: torch.tensor(a), lambda a: np.array(a), lambda a: np.array(a, np.int32)])
+def test_square_two_by_two_integer_input_is_ambiguous(make):
+    """[[0, 1], [1, 0]] is an edge_index (edges 0->1, 1->0) or a 2 x 2 adjacency; reference.graphs
+    reads it as the latter. fast refuses the guess and says how to disambiguate."""
+    a = make([[0, 1], [1, 1]])  # as edge_index: 0->1, 1->1 (asymmetric); as adjacency: an edge and a loop
+    with pytest.raises(ValueError, match=r"shape \(2, 2\) is ambiguous.*n=\.\.\..*scipy.sparse.csr_matrix"):
+        as_graph(a)
+    g = as_graph(a, n=2, symmetrize=True)  # n marks an edge_index
+    assert g.to_scipy().toarray().tolist() == [[0.0, 1.0], [1.0, 1.0]]
+    g = as_graph(make([[0, 1], [1, 0]]), edge_weight=np.array([2.0, 2.0]))  # so does edge_weight
+    assert g.to_scipy().toarray().tolist() == [[0.0, 2.0], [2.0, 0.0]]
+    dense = as_graph(sp.csr_matrix(np.asarray(make([[0, 1], [1, 1]]))))  # the adjacency, explicitly
+    np.testing.assert_array_equal(dense.to_scipy().toarray(),
+                                  reference_adjacency(np.asarray(make([[0, 1], [1, 1]]))).toarray())
+    # wider edge_index arrays are unambiguous (not square)
+    assert as_graph(make([[0, 1, 1], [1, 0, 1]])).n == 2
+
+
 def test_graph_input_with_wrong_n_or_edge_weight():
     g = as_graph(EI)
     with pytest.raises(ValueError, match="n=5 does not match graph's 3 nodes"):
@@ -315,7 +352,7 @@ def test_graph_input_with_wrong_n_or_edge_weight():
         Graph.from_any(g, edge_weight=torch.ones(4))
 
 
-def test_canonicalisation_at_scale_is_linearithmic():
+def test_canonicalisation_of_a_64x64_grid_matches_scipy():
     a = P.grid_graph((64, 64))
     g = as_graph(a)
     _same(g, a)

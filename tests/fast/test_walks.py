@@ -223,6 +223,22 @@ def test_weighted_choice_whole_graph_matches_transition_matrix():
             assert gof_pvalue(counts, P_[i, nbrs]) > ALPHA
 
 
+def test_weighted_choice_is_not_swamped_by_heavy_edges_elsewhere():
+    """Node 2's two neighbours have weight 1 each while edge {0, 1} weighs 1e17 (earlier rows):
+    the per-row cumulative fractions must not come from a global cumulative sum of raw weights
+    (1e17 + 1 - 1e17 = 0: every walker went to one neighbour). 5-sigma binomial bound on the split."""
+    rows, cols = [0, 1, 2, 3, 2, 4], [1, 0, 3, 2, 4, 2]
+    for heavy in (1e17, 1e300):
+        a = sp.csr_matrix(([heavy, heavy, 1.0, 1.0, 1.0, 1.0], (rows, cols)), shape=(5, 5))
+        n_walkers = 20000
+        w = sample_walks(a, n_walkers, fixed_length=1, choice="weighted", generator=gen(41))
+        hop = first_hops(w)[2 * n_walkers: 3 * n_walkers]
+        to3 = int((hop == 3).sum())
+        assert to3 + int((hop == 4).sum()) == n_walkers
+        assert abs(to3 - n_walkers / 2) <= 5 * np.sqrt(n_walkers / 4)
+        assert (first_hops(w)[:n_walkers] == 1).all() and (first_hops(w)[n_walkers: 2 * n_walkers] == 0).all()
+
+
 def test_antithetic_half_pairs_exactly_one_halts_first():
     g = as_graph(P.grid_graph((20, 20)))
     w = sample_walks(g, 10, p_halt=0.5, antithetic=True, generator=gen(18))

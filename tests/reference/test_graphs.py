@@ -69,6 +69,19 @@ def test_normalized_adjacency_matches_dense_formula():
     assert abs(np.abs(np.linalg.eigvalsh(nrm.toarray())).max() - 1) < 1e-12
 
 
+@pytest.mark.parametrize("w", [1e300, 1e160, 1e-170, 1e-200, 1e-300])
+def test_normalized_adjacency_at_extreme_weight_scales(w):
+    """N(w A) = N(A) at any scale: w / sqrt(d_i d_j) gave 0 at 1e160 and inf at 1e-170 (d_i d_j
+    over/underflowed); w / (sqrt(d_i) sqrt(d_j)) does not, and stays exactly symmetric."""
+    a = adjacency(np.array([[0, 1.0, 0], [1.0, 0, 1.0], [0, 1.0, 0]]))
+    np.testing.assert_allclose(normalized_adjacency(a * w).data, np.full(4, 2 ** -0.5), rtol=4e-16, atol=0)
+    b = adjacency(sp.block_diag([P.grid_graph((3, 3)), sp.csr_matrix((2, 2))]).tocsr() * 1.5)
+    b = b + sp.diags(np.r_[np.arange(1.0, 10.0), 0.0, 0.0])  # self-loops too
+    nrm = normalized_adjacency(sp.csr_matrix(b * w)).toarray()
+    np.testing.assert_array_equal(nrm, nrm.T)
+    np.testing.assert_allclose(nrm, normalized_adjacency(b).toarray(), rtol=1e-15, atol=0)
+
+
 @pytest.mark.parametrize("x,exc,match", [
     ("x", TypeError, "graph must be a scipy.sparse matrix, a dense ndarray .* got str"),
     (np.zeros(3), ValueError, r"shape \(n, n\), got \(3,\)"),

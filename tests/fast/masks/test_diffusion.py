@@ -368,3 +368,134 @@ def test_rejects_bad_x():
         op.rmatmul(torch.zeros(5, 2, dtype=torch.int64))
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         op.matmul(np.zeros((5, 2)))
+
+
+# ---------------------------------------------------------------------------- review fixes (large Theta, loops, limits)
+
+U64 = 2.0**-53  # unit round-off of float64
+
+
+def _path_laplacian_kernel(n: int, lam: float) -> np.ndarray:
+    """exp(-lam L) of the n-path from its closed-form eigenpairs: eigenvalues 4 sin^2(pi k / 2n)
+    (relative accuracy u, the zero one exact), eigenvectors cos(pi k (j + 1/2) / n) normalised."""
+    k = np.arange(n)
+    ev = 4.0 * np.sin(np.pi * k / (2 * n)) ** 2
+    v = np.cos(np.pi * np.outer(np.arange(n) + 0.5, k) / n)
+    v /= np.linalg.norm(v, axis=0)
+    return (v * np.exp(-lam * ev)) @ v.T
+
+
+@pytest.mark.parametrize("lam", [25.0, 100.0, 400.0])
+@pytest.mark.parametrize("tol", [1e-8, 1e-10, 1e-12])
+def test_large_theta_float64_within_bound_plus_roundoff(lam, tol):
+    """8 x 8 grid, laplacian, Theta = 4 lam up to 1600, x = e_0 against the exact eigendecomposition
+    (exp(-lam (L1 + L2)) = exp(-lam L1) (x) exp(-lam L1) on the grid). The error must stay within
+    error_bound + the module's round-off floor s m (r + 3) u, r = 5 >= stored entries per row of Bh
+    (4 neighbours and the diagonal). Poisson weights with log k! by a running sum missed it by 3-7x
+    at tol = 1e-12 (measured now: |err - error_bound| <= 6e-16)."""
+    a = grid(8, 8)
+    k1 = _path_laplacian_kernel(8, lam)
+    truth = np.kron(k1[:, 0], k1[:, 0])  # column 0 of the 2-D kernel (nodes i * 8 + j)
+    op = DiffusionMask(a, lam, "laplacian", tol=tol)
+    assert op.beta == 4.0 and op.error_bound <= tol
+    x = torch.zeros(64, 1, dtype=torch.float64)
+    x[0] = 1.0
+    err = float(np.abs(op.matmul(x)[:, 0].numpy() - truth).sum())
+    floor = op.products * (5 + 3) * U64
+    assert err <= op.error_bound + floor
+    # x = e_0 >= 0 and Bh column-stochastic: the omitted mass is exactly the tail, so the error equals
+    # error_bound up to round-off (the old weights were off by -7.8e-12 .. +5.9e-12 at Theta = 1600)
+    assert abs(err - op.error_bound) <= floor
+
+
+def test_poisson_weights_are_accurate_at_large_theta():
+    """The kept weights sum to 1 - tail(m) and match the Poisson pmf computed independently in
+    extended precision (Python fractions-free: log-space with math.lgamma, and the mode ratio)."""
+    op = DiffusionMask(grid(8, 8), 400.0, "laplacian", tol=1e-12)  # theta = 1600 in one step
+    w = np.array(op._weights)
+    assert op.steps == 1
+    assert abs(w.sum() - (1.0 - op.error_bound)) <= 1e-14
+    theta = 1600.0
+    ref = np.array([math.exp(k * math.log(theta) - math.lgamma(k + 1) - theta) for k in range(len(w))])
+    peak = int(np.argmax(ref))
+    assert peak in (1599, 1600)
+    # lgamma's absolute error (~ u * 1e4) bounds the reference's own accuracy: compare near the mode
+    near = slice(peak - 120, peak + 121)
+    np.testing.assert_allclose(w[near], ref[near], rtol=5e-12)
+
+
+def test_self_loop_does_not_inflate_the_plan():
+    """The laplacian shift is c = max_i (d_i - w_ii): a self-loop cancels in L = D - W, so a loop of
+    weight 100 must not raise Theta (with c = d_max = 101 it planned ~560 products, not ~35)."""
+    loops = sp.csr_matrix(np.array([[100.0, 1, 0], [1, 0, 1], [0, 1, 0]]))
+    bare = sp.csr_matrix(np.array([[0.0, 1, 0], [1, 0, 1], [0, 1, 0]]))
+    x = _x(3, c=3, seed=8)
+    m = torch.as_tensor(diffusion_mask(loops, 5.0, "laplacian"))
+    for tol in (1e-6, 1e-10, 1e-12):
+        op = DiffusionMask(loops, 5.0, "laplacian", tol=tol)
+        assert op.shift == op.beta == 2.0  # max off-diagonal degree (node 1), not d_max = 101
+        assert op.products <= 60
+        floor = op.products * (3 + 3) * U64
+        assert _col_err(op.matmul(x), m @ x, x) <= op.error_bound + floor
+        assert _col_err(op.rmatmul(x), m.T @ x, x, "inf") <= op.error_bound + floor
+        # exp(-lam L) does not see the loop at all: the same products as the loop-free graph
+        torch.testing.assert_close(op.matmul(x), DiffusionMask(bare, 5.0, tol=tol).matmul(x), rtol=0, atol=1e-14)
+    eye = torch.eye(3, dtype=torch.float64)
+    assert bool((DiffusionMask(loops, 5.0).matmul(eye) >= 0).all())
+
+
+def test_one_element_parameter_lam_is_the_leaf_an_optimiser_updates():
+    lam = torch.nn.Parameter(torch.tensor([0.5], dtype=torch.float64))
+    adj = path(6)
+    op = DiffusionMask(adj, lam, tol=1e-12)
+    params = list(op.parameters())
+    assert len(params) == 1 and params[0] is lam
+    opt = torch.optim.SGD(op.parameters(), lr=0.25)
+    x, u = _x(6, c=2, seed=9), _x(6, c=2, seed=10)
+    loss = (u * op.matmul(x)).sum()
+    loss.backward()
+    assert lam.grad.shape == (1,)
+    t = torch.as_tensor(generator_matrix(adj, "laplacian"))
+    expected = float((u * (-t @ torch.as_tensor(diffusion_mask(adj, 0.5, "laplacian")) @ x)).sum())
+    grad = float(lam.grad.detach())
+    assert grad == pytest.approx(expected, rel=1e-9)
+    opt.step()
+    assert float(lam.detach()) == 0.5 - 0.25 * grad
+    m = torch.as_tensor(diffusion_mask(adj, float(lam.detach()), "laplacian"))
+    assert _col_err(op.matmul(x), m @ x, x) <= 1e-11  # the step is seen (replanned)
+
+
+def test_refuses_absurd_plans():
+    from fast.masks.diffusion import MAX_PRODUCTS
+
+    heavy = sp.csr_matrix(np.array([[0, 1e6], [1e6, 0]]))  # beta = 1e6: ~1e6 products
+    with pytest.raises(ValueError, match=r"lam=1\.0.*beta = 1000000\.0.*MAX_PRODUCTS = 100000"):
+        DiffusionMask(heavy, 1.0)
+    # just under MAX_PRODUCTS in Theta, over it in products (m ~ Theta + z sqrt(Theta))
+    near = sp.csr_matrix(np.array([[0, 1.0], [1.0, 0]]))
+    with pytest.raises(ValueError, match=r"needs \d+ sparse products per call"):
+        DiffusionMask(near, MAX_PRODUCTS - 100.0, tol=1e-12)  # beta = 1
+    ok = DiffusionMask(near, 1000.0)
+    assert ok.products <= MAX_PRODUCTS
+    # a learnable lam that grows absurd is refused at the next product
+    lam = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    op = DiffusionMask(near, lam)
+    with torch.no_grad():
+        lam.fill_(1e7)
+    with pytest.raises(ValueError, match="MAX_PRODUCTS"):
+        op.matmul(_x(2))
+
+
+def test_adjacency_fixed_steps_cannot_overflow():
+    """steps=1 at theta = 800 > 709 made the weights theta^k / k! overflow (inf / NaN output)."""
+    adj = path(4)  # d_max = 2
+    with pytest.raises(ValueError, match=r"steps=1 leaves theta = .*ADJACENCY_STEP_THETA.*steps >= 25"):
+        DiffusionMask(adj, 400.0, "adjacency", steps=1)
+    with pytest.raises(ValueError, match="ADJACENCY_STEP_THETA"):
+        DiffusionMask(adj, 20.0, "adjacency", steps=1)  # theta = 40 > 32: float32 steps could overflow
+    op = DiffusionMask(adj, 20.0, "adjacency", steps=2, tol=1e-10)  # theta = 20 per step
+    m = torch.as_tensor(diffusion_mask(adj, 20.0, "adjacency"))
+    x = _x(4)
+    y = op.matmul(x)
+    assert bool(torch.isfinite(y).all())
+    assert _col_err(y, m @ x, x) <= (op.error_bound + op.products * 6 * U64) * op.norm_bound

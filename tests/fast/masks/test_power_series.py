@@ -117,6 +117,35 @@ def test_alpha_is_held_not_copied():
     torch.testing.assert_close(op.matmul(x).detach(), 0.5 * x - 0.5 * (w @ x), rtol=1e-13, atol=1e-13)
 
 
+def test_nonnegative_is_cached_per_alpha_version():
+    """``nonnegative`` reads alpha (a host sync on CUDA) only when alpha._version changed: every
+    in-place update is seen, and an unchanged alpha is not re-read (shown by an edit through
+    .data, which the version counter misses, until refresh_sign())."""
+    g = normalized_adjacency(as_graph(GRAPHS["grid"]))
+    alpha = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    op = PowerSeriesMask(g, alpha)
+    assert op.nonnegative
+    alpha.mul_(-1.0)
+    assert not op.nonnegative
+    alpha.abs_()
+    assert op.nonnegative
+    alpha[1] = -1e-300
+    assert not op.nonnegative
+    alpha.data[1] = 0.0  # bypasses the version counter: the cached sign stays
+    assert not op.nonnegative
+    assert op.refresh_sign() and op.nonnegative
+    learn = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    op = PowerSeriesMask(g, learn)
+    assert op.nonnegative
+    opt = torch.optim.SGD([learn], lr=1.0)
+    (op.matmul(_x(24)).sum() * 10).backward()
+    opt.step()  # an optimiser step is an in-place update too
+    assert op.nonnegative == bool((learn.detach() >= 0).all())
+    with torch.no_grad():
+        learn.fill_(-1.0)
+    assert not op.nonnegative
+
+
 def test_factorisation_through_the_operator():
     """M_convolve(f) x = Phi (Phi x) with Phi = sum_k f_k W^k (reid25: M_alpha = Phi Phi^T)."""
     g = normalized_adjacency(as_graph(GRAPHS["path"]))
