@@ -244,6 +244,14 @@ def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) ->
         return torch.sparse_csr_tensor(crow, col, values, (n, n), check_invariants=False)
 
 
+def _version_of(t: object) -> int | None:
+    """t's version counter (bumped by every in-place update), or None for a non-tensor or an
+    inference tensor (made under torch.inference_mode: it keeps no version counter)."""
+    if not isinstance(t, torch.Tensor) or t.is_inference():
+        return None
+    return t._version
+
+
 class DiffusionMask(MaskOperator):
     """M = exp(-lam T) (n, n) for T = L, L D^-1 or -W of ``graph`` (kind "laplacian", "random-walk",
     "adjacency"), applied by uniformized Taylor series on sparse CSR (module docstring).
@@ -330,7 +338,7 @@ class DiffusionMask(MaskOperator):
         ValueError when the plan needs more than MAX_PRODUCTS products, or (adjacency) when a fixed
         ``steps`` leaves more than ADJACENCY_STEP_THETA per step; the previous plan is then kept."""
         value = _lam_value(self.lam)
-        version = self.lam._version if isinstance(self.lam, torch.Tensor) else None
+        version = _version_of(self.lam)
         theta_total = value * self.beta
         if self._generator_is_zero:  # M = I exactly
             steps, terms, bound = 1, 0, 0.0
@@ -403,8 +411,10 @@ class DiffusionMask(MaskOperator):
         if lam.device.type == "cpu":
             if float(lam.detach()) != self._planned_value:
                 self.replan()
-        elif lam._version != self._planned_version:
-            self.replan()
+        else:
+            version = _version_of(lam)
+            if version is None or version != self._planned_version:  # an inference tensor has no version
+                self.replan()
 
     # ------------------------------------------------------------------ products
 

@@ -103,8 +103,9 @@ class PowerSeriesMask(SymmetricMaskOperator):
     def nonnegative(self) -> bool:
         """True when every alpha_k >= 0 (then M >= 0, since W >= 0): read from the current alpha once
         per version of it (alpha._version; a host sync on CUDA only when alpha changed)."""
-        key = (id(self.alpha), self.alpha._version)
-        if key != self._sign_key:
+        version = None if self.alpha.is_inference() else self.alpha._version  # inference tensors keep none
+        key = (id(self.alpha), version)
+        if version is None or key != self._sign_key:
             self._sign = bool((self.alpha.detach() >= 0).all())
             self._sign_key = key
         return self._sign

@@ -499,3 +499,17 @@ def test_adjacency_fixed_steps_cannot_overflow():
     y = op.matmul(x)
     assert bool(torch.isfinite(y).all())
     assert _col_err(y, m @ x, x) <= (op.error_bound + op.products * 6 * U64) * op.norm_bound
+
+
+def test_inference_mode_parameters_work():
+    """A lam made under torch.inference_mode keeps no version counter (the sweeps build their
+    operators there): planning must not read one."""
+    from verify.problems import path_graph
+
+    g = as_graph(path_graph(30))
+    with torch.inference_mode():
+        lam = torch.tensor(0.5, dtype=torch.float64)
+        x = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        y = DiffusionMask(g, lam).matmul(x)
+        z = DiffusionMask(g, 0.5).matmul(x)
+    assert torch.equal(y, z)

@@ -293,3 +293,16 @@ def test_rejects_bad_input():
         regularised_laplacian_alpha(-1.0, 3)
     with pytest.raises(ValueError, match="beta must be a finite real"):
         heat_alpha(math.nan, 3)
+
+
+def test_inference_mode_alpha_reads_its_sign_every_time():
+    """An alpha made under torch.inference_mode has no version counter: the sign is re-read."""
+    from verify.problems import path_graph
+
+    g = as_graph(path_graph(20))
+    with torch.inference_mode():
+        alpha = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+        op = PowerSeriesMask(g, alpha)
+        assert op.nonnegative
+        alpha[1] = -0.5
+        assert not op.nonnegative
