@@ -49,7 +49,7 @@ GRID_FACTOR = 4
 SWEEP_ROUNDS = 3
 #: Largest N by claimed class: one fast call there takes ~0.05-1 s on our machines
 #: (linear 55 ms at 2^16; block-toeplitz, the costliest, 1.1 s at 2^15).
-TOP_N = {"N": 2**16, "N log N": 2**15, "N log^2 N": 2**14, "N diam": 2**14, "N^2": 2**12}
+TOP_N = {"N": 2**16, "N log N": 2**15, "N log^2 N": 2**14, "N diam": 2**14, "N + E": 2**14, "N^2": 2**12}
 #: For a class TOP_N does not list.
 DEFAULT_TOP_N = 2**14
 

@@ -682,7 +682,7 @@ def _seconds_axis(ax, values: list[float]) -> None:
 
 
 #: The exponent a class should fit (a guide on the exponent panels).
-CLASS_EXPONENT = {"N": 1.0, "N log N": 1.0, "N log^2 N": 1.0, "N diam": 1.0, "N^2": 2.0}
+CLASS_EXPONENT = {"N": 1.0, "N log N": 1.0, "N log^2 N": 1.0, "N diam": 1.0, "N + E": 1.0, "N^2": 2.0}
 
 
 def plot_history(histories: list[MechanismHistory], commits: list[str], claims: dict[str, str],

@@ -17,8 +17,9 @@ A record declares, besides its problem generator and implementations:
   operator again: a cached derived quantity must follow), "learnable" (the parameters are leaves
   that require grad: forward through the learnable path, and the gradient against finite
   differences of the float64 reference). The last two need ``mask_params``.
-- cost_factor: a per-problem cofactor of the class (the diameter for "N diam", later |E|/N for
-  sparse graphs): time / cost_factor is fitted against the class without it.
+- cost_factor: a per-problem cofactor of the class (the diameter for "N diam", (N + |E|) / N for
+  "N + E", a sparse graph's nodes and stored edges): time / cost_factor is fitted against the
+  class without it.
 - metrics: structural numbers of a problem worth charting against N (e.g. a recursion depth and
   the bound it must stay under), recorded by the sweeps beside the times.
 - roofline: what perf/<id> times and against which roofline (``Roofline``; verify.roofline,
@@ -33,10 +34,13 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-#: Complexity classes a fast path can claim (docs/design.md). "N diam" is "N" times a cost factor.
-COMPLEXITY_CLASSES = ("N", "N log N", "N log^2 N", "N diam", "N^2")
-#: Classes whose claim carries a per-problem cofactor (Mechanism.cost_factor is required for them).
-COST_FACTOR_CLASSES = {"N diam": "N"}
+#: Complexity classes a fast path can claim (docs/design.md). "N diam" is "N" times a cost factor
+#: (the diameter); "N + E" is "N" times the cost factor (N + |E|) / N (a graph's nodes plus its
+#: stored edges |E|: work per sparse product with the graph, choromanski22 Thm. 4.1).
+COMPLEXITY_CLASSES = ("N", "N log N", "N log^2 N", "N diam", "N + E", "N^2")
+#: Classes whose claim carries a per-problem cofactor (Mechanism.cost_factor is required for them),
+#: and the class time / cost_factor is tested against.
+COST_FACTOR_CLASSES = {"N diam": "N", "N + E": "N"}
 #: The implicit variant of a record that declares none.
 DEFAULT_VARIANT = "default"
 #: How equivalence runs a variant (module docstring): plain, update in place, learnable.
@@ -150,7 +154,7 @@ class Mechanism:
     variants: named input families (see the module docstring); empty: one implicit "default".
     scale, scale_train: scale/<id> and scale/<id>-train exist.
     cost_factor(problem) -> float, cost_factor_name: required for the classes in
-        COST_FACTOR_CLASSES ("N diam": the diameter, "diam").
+        COST_FACTOR_CLASSES ("N diam": the diameter, "diam"; "N + E": (N + |E|) / N, "(N+E)/N").
     metrics(problem) -> {name: value}: structural numbers recorded by sweeps (may be None);
         a name "X bound" is drawn as the bound of metric "X".
     linear: the fast path is fast.masked_linear_attention with stabilised FAVOR+ features of

@@ -51,12 +51,12 @@ def power_series_mask(w_adj, alpha) -> np.ndarray:
     a = check_alpha(alpha)
     w_sparse = adjacency(w_adj, name="w_adj")
     check_dense_budget(w_sparse.shape[0], "power-series mask", copies=3)
-    w = w_sparse.toarray()
-    out = np.zeros_like(w)
-    power = np.eye(w.shape[0])
+    n = w_sparse.shape[0]
+    out = np.zeros((n, n))
+    power = np.eye(n)
     for k, coeff in enumerate(a):
         if k:
-            power = power @ w
+            power = np.asarray(w_sparse @ power)  # W^k = W W^(k-1): a sparse-dense product, O(E N) per term
         out += coeff * power
     return out
 

@@ -109,9 +109,35 @@ def test_cost_factors_and_metrics(mech):
                     assert metrics[name[: -len(" bound")]] <= metrics[name]
 
 
+def test_n_plus_e_is_a_cost_factor_class():
+    """ "N + E" (a graph's nodes plus stored edges) is "N" times the cost factor (N + |E|) / N: the
+    record must declare that factor, the time line is N x factor = N + |E|, and the slope tested
+    on time / factor is the class "N"'s."""
+    from verify.checks.complexity import claim_rule, tested_class
+    from verify.scale_worker import class_size
+
+    assert "N + E" in COMPLEXITY_CLASSES and COST_FACTOR_CLASSES["N + E"] == "N"
+    assert tested_class("N + E") == "N" and claim_rule("N + E") == claim_rule("N")
+    base = get("linear")
+    fields = dict(id="x", title="t", source="s", make_problem=base.make_problem, reference=base.reference,
+                  fast_setup=base.fast_setup)
+    with pytest.raises(ValueError, match="N \\+ E"):
+        registry.Mechanism(complexity="N + E", **fields)  # no cost factor
+    with pytest.raises(ValueError, match="cost_factor_name"):
+        registry.Mechanism(complexity="N + E", cost_factor=lambda p: 3.0, **fields)
+    made = registry.Mechanism(complexity="N + E", cost_factor=lambda p: 3.0, cost_factor_name="(N+E)/N", **fields)
+    assert made.cost_factor(None) == 3.0
+    n, edges = 1000, 4000  # a 4-regular graph stores 2 x 2 N entries
+    assert class_size("N + E", n, cost_factor=(n + edges) / n) == pytest.approx(n + edges)
+    with pytest.raises(ValueError, match="cost factor"):
+        class_size("N + E", n)
+    with pytest.raises(ValueError, match="complexity must be one of"):
+        registry.Mechanism(complexity="N + V", **fields)
+
+
 def test_scale_flags():
-    assert {m.id for m in MECHS if m.scale} == {"linear", "causal", "block-toeplitz", "tree-exp"}
-    assert {m.id for m in MECHS if m.scale_train} == {"linear", "causal", "block-toeplitz"}
+    assert {m.id for m in MECHS if m.scale} == {"linear", "causal", "block-toeplitz", "tree-exp", "grf"}
+    assert {m.id for m in MECHS if m.scale_train} == {"linear", "causal", "block-toeplitz", "grf"}
 
 
 def test_register_refuses_duplicate_id(monkeypatch):
