@@ -60,7 +60,9 @@ where a power series of W is meant:
 - grf-asym: M_hat = G with f^(1) = alpha (one-hot key side, App. D, correctly normalised),
   alpha the heat kernel as power-series'. mask_params ("alpha",). metrics as rwgnk's.
 
-Defaults: grid-2d for grf (the issue's scale setting), the path for the others (cheapest quick
+Defaults: grid-2d for grf (the issue's scale setting) and for power-series (so the report's
+gallery shows the exact M_alpha beside its GRF estimate on one 8 x 8 grid: grf's f is the
+deconvolution of power-series' alpha on the same W), the path for the others (cheapest quick
 sweeps: degree 2). Every graph builds at N = 1 (one isolated node). The "update" / "learnable"
 protocol variants (equivalence-only) run the default problem with the mask parameter held by the
 operator (verify.favor.mask_tensor hands a tensor over without copying; ``_param`` makes an array
@@ -612,7 +614,7 @@ register(favor_mechanism(
 register(favor_mechanism(
     "power-series", "Exact power series sum_k alpha_k W^k, Horner", "reid25 Eq. 2 (M_alpha)", "N",
     problem=power_series_problem, dense_mask=_power_series_dense, fast_mask=_power_series_fast, **QUICK,
-    variants=(*graph_variants("path", **FAMILY_SIZES), *protocol_variants("alpha")),
+    variants=(*graph_variants("grid-2d", **FAMILY_SIZES), *protocol_variants("alpha")),
     mask_params=("alpha",), roofline=_matmul_roofline(power_series_product_flops),
     notes=f"alpha_k = beta^k / k! (heat kernel exp(beta W)), beta = {BETA}, k <= {K_MAX}, W = D^-1/2 A D^-1/2.",
 ))

@@ -37,7 +37,7 @@ from verify.registry import COST_FACTOR_CLASSES, EQUIVALENCE_BATCH
 
 IDS = ("gdk", "rwgnk", "power-series", "grf", "grf-asym")
 RANDOM = ("rwgnk", "grf", "grf-asym")
-DEFAULT = {"gdk": "path", "rwgnk": "path", "power-series": "path", "grf": "grid-2d", "grf-asym": "path"}
+DEFAULT = {"gdk": "path", "rwgnk": "path", "power-series": "grid-2d", "grf": "grid-2d", "grf-asym": "path"}
 OPTIONS = {"gdk": ["random-walk", "adjacency", "update", "learnable"], "rwgnk": ["alpha-1", "fixed-length"],
            "power-series": ["update", "learnable"],
            "grf": ["karate", "shared-ensemble", "antithetic", "repelling", "update", "learnable"],
