@@ -24,6 +24,30 @@ Factorisation and named kernels: ``deconvolve`` (alpha -> f, sum_p f_p f_{k-p} =
 float64 tensors; deconvolve and convolve are differentiable (torch ops), so f can be the learned
 parameter and alpha = convolve(f).
 
+Per-key stabilisation (``rescales_keys``, fast.masks.base). M_ij = 0 beyond K hops, so the
+default FAVOR+ key constant (the max over ALL keys of a (batch, head) slice) lets a row whose
+reachable keys sit ~90 below the slice's max underflow in float32 (numerics/power-series at q, k
+entry std 8). ``key_stabilizer(z)`` returns one constant per key, c_j = max_a z_ja (..., N, 1),
+and ``attend(phi_q, phi_k, v, key_log_scale=c)`` (phi_k_j = phi_true_j exp(-c_j)) runs Horner
+with a per-node log scale: the carried y = exp(l) y_hat (l (S, N) per slice and node, y_hat
+what is stored). Start: l = c, y_hat = alpha_K x. A step W y: m_i = max of l_j over row i's
+stored entries (W_ii's included), (W y)_i = exp(m_i) sum_j W_ij exp(l_j - m_i) y_hat_j (the same
+CSR with values times exp(l_j - m_i) <= 1); adding alpha_k x_i exp(c_i): l_i = max(m_i, c_i),
+y_hat_i = exp(m_i - l_i) (W' y_hat)_i + alpha_k exp(c_i - l_i) x_i. The result is
+exp(l_i) y_hat_i with l the same for every column, so (num_i, den_i) are the true ones times
+exp(-l_i), which cancels in the division. Every factor is <= 1: a term is lost to underflow only
+where it is below the dtype's smallest normal number relative to the largest key its row reaches
+(l_i is exactly that key's constant when alpha > 0). A coefficient alpha_k = 0 (alpha constant)
+adds nothing, so c_i does not enter l at that step (else a row whose own key is excluded, e.g.
+alpha = (0, 1), would be scaled to it); a learnable alpha keeps every c_i (exact gradients for
+alpha_k = 0 too). l = -inf (nothing reached yet) is handled without NaN (factors 0). Cost: per
+Horner step two passes over S |E| entries (a scatter amax and an exp), S |E| values and their
+transpose (a per-call block-diagonal CSR for S slices), S N for the scales; the products are
+the same K SpMMs. Signed alpha: ``key_stabilizer`` returns the default per-slice max while the
+mask is not ``nonnegative`` (the driver's guard floors a signed mask's denominators with
+abs_matmul on the features as passed, consistent only with equal constants; fast.masks.grf
+module doc); attend is then the plain product.
+
 The spectral radius of a large graph comes from ``spectral_radius_bounds``: power iteration on
 W + I (positive iterates: W >= 0) with the Collatz-Wielandt bounds
 min_i ((W + I) x)_i / x_i - 1 <= rho(W) <= max_i ((W + I) x)_i / x_i - 1, valid for every positive x,
@@ -39,8 +63,9 @@ import numpy as np
 import torch
 
 from fast.graphs import Graph, as_graph
-from fast.masks.base import SymmetricMaskOperator
+from fast.masks.base import MaskOperator, SymmetricMaskOperator, default_key_stabilizer
 from fast.masks.explicit import _CSRProduct
+from fast.masks.grf import _empty_products, block_diagonal_index, log_scale_of, plain_attend, segment_max
 from fast.validation import check_tokens, compute_dtype
 
 __all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion_alpha",
@@ -145,8 +170,144 @@ class PowerSeriesMask(SymmetricMaskOperator):
         with torch.no_grad():
             return self._horner(x.detach(), self.alpha.detach().abs())
 
+    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
+    rescales_keys = True
+
+    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-key constants c_j = max_a z_ja, (..., N, 1) detached, for z (..., N, m) (module doc);
+        the default per-slice max (..., 1, 1) while the mask is not nonnegative (signed alpha)."""
+        check_tokens("z", z, self.n)
+        if not self.nonnegative:
+            return default_key_stabilizer(z.detach())
+        return z.detach().amax(-1, keepdim=True)
+
+    def _structure(self, device: torch.device, slices: int) -> dict:
+        """Per device: row (E,) int64, col (E,) int64, w (E,) float64, perm (E,) (the position of
+        entry (j, i) for entry (i, j): W is symmetric, so W^T's CSR is W's pattern with the values
+        permuted), and crow, bcol: the block-diagonal CSR index of S copies (W's own for S = 1;
+        cached for the last S used only: 4 S E bytes)."""
+        base_key = ("structure", str(device))
+        if base_key not in self._cache:
+            g = self.graph
+            row, col = g.row.to(device), g.col.to(device)
+            keys = row * self.n + col  # sorted (CSR order)
+            perm = torch.searchsorted(keys, col * self.n + row)
+            self._cache[base_key] = {"row": row, "col": col, "w": g.weight.to(device), "perm": perm,
+                                     "crow": self._parts[0].to(device), "bcol": self._parts[1].to(device)}
+        base = self._cache[base_key]
+        if slices == 1:
+            return base
+        block_key = ("structure-block", str(device))
+        cached = self._cache.get(block_key)
+        if cached is None or cached[0] != slices:
+            entry = dict(base)
+            entry["crow"], entry["bcol"] = block_diagonal_index(base["crow"], base["bcol"], self.n, slices)
+            cached = (slices, entry)
+            self._cache[block_key] = cached
+        return cached[1]
+
+    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
+               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = sum_k alpha_k W^k.
+
+        phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims (S slices).
+        key_log_scale None: the plain product (fast.algebra.masked_products through matmul, as the
+        driver's generic path). c (..., N, 1), detached (phi_k_j = phi_true_j exp(-c_j)): Horner
+        with a per-node log scale (module doc), num_i = exp(-l_i) sum_j M_ij (phi_q_i .
+        phi_true_j) v_j, den_i likewise; through masked_products (gradients reach phi_q, phi_k, v
+        and alpha)."""
+        if key_log_scale is None:
+            return plain_attend(self, phi_q, phi_k, v)
+        work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
+        phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
+        c = log_scale_of(key_log_scale, phi_k, self.n)
+        if c.shape[0] == 0:
+            return _empty_products(phi_q, v)
+        return plain_attend(_StabilisedHorner(self, c), phi_q, phi_k, v)
+
     def __repr__(self) -> str:
         return f"PowerSeriesMask(n={self.n}, K={self.terms})"
+
+
+class _StabilisedHorner(MaskOperator):
+    """The per-call operator of PowerSeriesMask.attend with key constants c (S, N): M'_ij =
+    M_ij exp(c_j - l_i) per slice, by Horner with a per-node log scale (module doc). Formed once
+    here (no gradient): for each step s = 1..K (the one that adds alpha_{K-s}) the block-diagonal
+    CSR A_s (and its transpose) with values W_ij exp(l_j - l'_i) = W_ij exp(l_j - m_i) exp(m_i - l'_i)
+    (the module doc's two factors folded into one, <= 1; l the scales before the step, l' after),
+    and the gains E (S N, 1) = exp(c - l') of the added term (0 where alpha_k = 0 is skipped).
+    matmul / rmatmul (x (..., N, c), leading dims = the S slices) are then K SpMMs and K fused
+    multiply-adds, differentiable in x and alpha (parameters())."""
+
+    def __init__(self, mask: PowerSeriesMask, c: torch.Tensor):
+        self.n, self.mask, self.slices = mask.n, mask, int(c.shape[0])
+        n, slices, device, dtype = mask.n, self.slices, c.device, c.dtype
+        st = mask._structure(device, slices)
+        alpha = mask.alpha
+        big_k = int(alpha.shape[0]) - 1
+        with torch.no_grad():
+            if alpha.requires_grad:
+                nz = torch.ones(big_k + 1, dtype=torch.bool, device=device)
+            else:
+                nz = alpha.detach().to(device) != 0
+            row, col, perm = st["row"], st["col"], st["perm"]
+            w = st["w"].to(dtype)
+            zero = torch.zeros_like(c)
+            level = torch.where(nz[big_k], c, torch.full_like(c, -torch.inf))  # l after the first term alpha_K x
+            gains = [torch.where(nz[big_k], torch.ones_like(c), zero)]  # exp(c - l) per added term, <= 1
+            steps = []  # (A_s, A_s^T) for s = 1..K
+            for k in range(big_k - 1, -1, -1):
+                lj = level[:, col]  # (S, E)
+                m = segment_max(lj, row, n)  # (S, N), -inf where the row reaches nothing yet
+                new = torch.where(nz[k], torch.maximum(m, c), m)
+                new_safe = torch.where(new > -torch.inf, new, zero)  # new = -inf: every l_j = -inf, values 0
+                values = w * torch.exp(lj - new_safe[:, row])  # exp(-inf) = 0: no NaN
+                gains.append(torch.where(nz[k], torch.exp(c - new_safe), zero))
+                steps.append((_csr(st["crow"], st["bcol"], values.reshape(-1), n * slices),
+                              _csr(st["crow"], st["bcol"], values[:, perm].reshape(-1), n * slices)))
+                level = new
+        self._gains = [gain.reshape(-1, 1) for gain in gains]  # K + 1 of (S N, 1), for alpha_K .. alpha_0
+        self._steps = steps
+        self._big_k = big_k
+
+    def _flat(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[-2] != self.n or math.prod(x.shape[:-2]) != self.slices:
+            raise ValueError(f"x must have shape (..., {self.n}, c) with {self.slices} (batch, head) slices, "
+                             f"got {tuple(x.shape)}")
+        return x.reshape(self.slices * self.n, x.shape[-1])
+
+    @staticmethod
+    def _spmm(a: torch.Tensor, a_t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return _CSRProduct.apply(y, a, a_t) if (torch.is_grad_enabled() and y.requires_grad) else a @ y
+
+    def _coefs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """alpha_{K-s} E_s (S N, 1) for s = 0..K (differentiable in alpha)."""
+        a = self.mask.alpha.to(device=x.device, dtype=x.dtype)
+        return [a[self._big_k - s] * gain.to(x.dtype) for s, gain in enumerate(self._gains)]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M' x by the stabilised Horner steps: y = alpha_K E_0 x; y = A_s y + alpha_{K-s} E_s x."""
+        xf = self._flat(x)
+        coefs = self._coefs(xf)
+        y = coefs[0] * xf
+        for s, (mat, mat_t) in enumerate(self._steps, start=1):
+            y = torch.addcmul(self._spmm(mat, mat_t, y), coefs[s], xf)
+        return y.view(x.shape)
+
+    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+        """M'^T x by the transposed steps, last first: h = x, out = alpha_0 E_K h; then for
+        s = K..1: h = A_s^T h, out += alpha_{K-s+1} E_{s-1} h."""
+        h = self._flat(x)
+        coefs = self._coefs(h)
+        out = coefs[self._big_k] * h
+        for s in range(self._big_k, 0, -1):
+            mat, mat_t = self._steps[s - 1]
+            h = self._spmm(mat_t, mat, h)
+            out = torch.addcmul(out, coefs[s - 1], h)
+        return out.view(x.shape)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [self.mask.alpha] if self.mask.alpha.requires_grad else []
 
 
 # ---------------------------------------------------------------------------- coefficients

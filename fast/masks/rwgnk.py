@@ -6,6 +6,13 @@ f_h(i) = (1/n) sum over h's walks and their prefixes ending at i of lam^t (walks
 ensemble on both sides, as Eq. 5), applied as Psi (Psi^T x) in O(nnz(Psi) c). E[f_h] =
 e_h^T (I - rho P)^-1, rho = (1 - p) lam, for uncapped halting walks (reference.masks.rwgnk has
 the closed form and the Thm. 4.2 bounds).
+
+Per-key stabilisation (``rescales_keys``): as GRFMask's (fast.masks.grf, module doc), with
+G_q = G_k = Psi: ``key_stabilizer`` returns c_j = max_a z_ja per key, and ``attend(...,
+key_log_scale=c)`` weights Psi's stored entries by exp(c_j - s_u) on the key side (s_u = max of
+c_j over the rows j with Psi[j, u] != 0) and by exp(s_u - r_i) on the query side (r_i = max of
+s_u over row i's entries), so (num_i, den_i) are the true ones times exp(-r_i). Psi >= 0, so the
+mask is nonnegative and the per-key constants always apply.
 """
 from __future__ import annotations
 
@@ -18,7 +25,9 @@ import torch
 from fast.graphs import as_graph
 from fast.masks.base import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
-from fast.masks.grf import as_walks
+from fast.masks.grf import (ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, _empty_products, as_walks,
+                            log_scale_of, plain_attend, stabilising_factors)
+from fast.validation import check_tokens, compute_dtype
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
@@ -75,15 +84,55 @@ class RWGNKMask(SymmetricMaskOperator):
     SparseMask: CSR per device and dtype, its transpose once). Attributes: n, lam, alpha, psi."""
 
     nonnegative = True
+    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
+    rescales_keys = True
 
     def __init__(self, graph: Any, walks: Any, lam: float, alpha: int = 0):
         self.lam, self.alpha = _lam(lam), _alpha(alpha)
         psi = rwgnk_features(graph, walks, lam, alpha)
         crow = psi.crow_indices()
-        self._nnz_per_row = (crow[1:] - crow[:-1]).cpu()
+        counts = crow[1:] - crow[:-1]
+        self._nnz_per_row = counts.cpu()
         self.psi = SparseMask(psi, name="Psi")
         self.n = self.psi.n
         self.nnz = self.psi.nnz
+        # Psi's structure for the stabilised attend (rows, columns, transposition; one "prefix
+        # length" whose coefficient is the constant 1): the values are Psi's, fixed
+        rows = torch.repeat_interleave(torch.arange(self.n, device=crow.device), counts)
+        cols = psi.col_indices()
+        self._prefixes = WalkPrefixes(self.n, rows, cols, torch.zeros_like(cols), psi.values(), 1)
+        self._one = torch.ones(1, dtype=torch.float64, device=crow.device)
+
+    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-key constants c_j = max_a z_ja, (..., N, 1) detached, for z (..., N, m) (module doc)."""
+        check_tokens("z", z, self.n)
+        return z.detach().amax(-1, keepdim=True)
+
+    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
+               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with K = Psi Psi^T.
+
+        phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims.
+        key_log_scale None: the plain product (fast.algebra.masked_products through matmul, as the
+        driver's generic path). c (..., N, 1), detached (phi_k_j = phi_true_j exp(-c_j)): Psi's
+        values times the per-slice factors of fast.masks.grf.stabilising_factors on both sides
+        (module doc), num_i = exp(-r_i) sum_j K_ij (phi_q_i . phi_true_j) v_j, den_i likewise;
+        gradients reach phi_q, phi_k and v."""
+        if key_log_scale is None:
+            return plain_attend(self, phi_q, phi_k, v)
+        work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
+        phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
+        c = log_scale_of(key_log_scale, phi_k, self.n)
+        if c.shape[0] == 0:
+            return _empty_products(phi_q, v)
+        p = self._prefixes
+        values = p.bases(c.device, work)
+        valid = values != 0  # lam = 0 stores zeros for the prefixes of length >= 1
+        factor_q, factor_k = stabilising_factors(c, p, valid, p, valid)
+        one = self._one.to(c.device)
+        op = StabilisedProduct(self.n, c.shape[0], ScaledWalkMatrix(p, one, None, values, factor_q),
+                               ScaledWalkMatrix(p, one, None, values, factor_k), [])
+        return plain_attend(op, phi_q, phi_k, v)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """K x = Psi (Psi^T x) for x (..., N, c) -> (..., N, c)."""

@@ -74,12 +74,6 @@ expm (~20 s at N = 2^11 here).
 Rooflines: no forest, so no bare scatter: perf/<id> times the mask product against the fp32
 matmul rate with the product's useful FLOP count (the ``*_product_flops`` functions), reported
 only.
-
-Known (issue 12, at the time of writing): numerics/<id> of rwgnk, power-series, grf and grf-asym
-refuses rows at std 8 that it must not: their masks have local support (a row sees the keys a few
-hops away) while the operators use the default per-slice key stabiliser, so a row whose visible
-keys' exponents all lie ~90 below the slice's largest underflows float32. gdk's exp(-lam L) has
-full support on a connected graph and passes.
 """
 from __future__ import annotations
 

@@ -287,3 +287,183 @@ def test_inference_mode_f_is_followed_without_a_version_counter():
         f.mul_(2.0)
         y2 = m.matmul(x)
     torch.testing.assert_close(y2, 4 * y1)
+
+
+# ------------------------------------------------------------ per-key stabilised attend (numerics)
+
+
+def dense_of(mask) -> torch.Tensor:
+    """The mask as a dense float64 (N, N) matrix, by its matmul on the identity."""
+    return mask.matmul(torch.eye(mask.n, dtype=torch.float64))
+
+
+def stabilised_inputs(n: int, lead: tuple = (2, 3), m: int = 4, d: int = 3, spread: float = 2.0, seed: int = 0):
+    """(z, phi_q, v) float64: key exponents z (*lead, n, m) = spread * N(0, 1), query features in
+    [0.1, 1.1), values N(0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    z = spread * torch.randn(*lead, n, m, generator=gen, dtype=torch.float64)
+    phi_q = torch.rand(*lead, n, m, generator=gen, dtype=torch.float64) + 0.1
+    v = torch.randn(*lead, n, d, generator=gen, dtype=torch.float64)
+    return z, phi_q, v
+
+
+def check_stabilised_attend(mask, *, lead: tuple = (2, 3), seed: int = 0, spread: float = 2.0,
+                            units: bool = True) -> None:
+    """attend(phi_q, exp(z - c), v, key_log_scale=c) against the dense products of the TRUE features
+    exp(z) (float64): the quotient to 1e-12 relative, and (units, a nonnegative mask) den_i =
+    exp(-r_i) x the true den_i with r_i = max of c_j over the keys of row i (M_ij > 0); rows that
+    see no key (0, 0) exactly. The plain attend (no key_log_scale) on the true features too."""
+    n = mask.n
+    z, phi_q, v = stabilised_inputs(n, lead, seed=seed, spread=spread)
+    c = mask.key_stabilizer(z)
+    assert c.shape == ((*lead, n, 1) if units else (*lead, 1, 1)) and not c.requires_grad
+    c = c.expand(*lead, n, 1)  # as fast.favor_attention passes it
+    phi_true = torch.exp(z)
+    num, den = mask.attend(phi_q, torch.exp(z - c), v, key_log_scale=c)
+    dense = dense_of(mask)
+    terms = dense * torch.einsum("...im,...jm->...ij", phi_q, phi_true)  # (*lead, n, n)
+    want_num, want_den = terms @ v, terms.sum(-1)
+    seen = want_den != 0
+    out = num / den.unsqueeze(-1)
+    want = want_num / want_den.unsqueeze(-1)
+    scale = (terms.abs() @ v.abs()) / want_den.abs().unsqueeze(-1)
+    assert bool(((out - want).abs() <= 1e-12 * scale + 1e-300)[seen].all())
+    assert bool((den[~seen] == 0).all()) and bool((num[~seen] == 0).all())
+    assert bool(torch.isfinite(num).all()) and bool(torch.isfinite(den).all())
+    if units:
+        cj = c.squeeze(-1).unsqueeze(-2).expand(*lead, n, n)
+        r = torch.where(dense > 0, cj, torch.full_like(cj, -torch.inf)).amax(-1)
+        torch.testing.assert_close(den[seen], (want_den * torch.exp(-r))[seen], rtol=1e-12, atol=0)
+    plain_num, plain_den = mask.attend(phi_q, phi_true, v)
+    torch.testing.assert_close(plain_den, want_den, rtol=1e-12, atol=1e-300)
+    torch.testing.assert_close(plain_num, want_num, rtol=1e-12, atol=1e-12 * float(want_num.abs().max()))
+
+
+def far_keys_inputs(n: int, seed: int = 0, d: int = 4, m: int = 8, lead: tuple = (1, 2), top: float = 24.0):
+    """(q, k, v, projection) float64 for fast.favor_attention whose key exponents fall smoothly along
+    the node order: k_j = a_j e_1 with a_j from 0 to ``top``, so z_j ~ -a_j^2 / (2 sqrt d) spans
+    ~top^2 / 4 = 144 units over the graph while a few hops span ~20. With the per-slice max the
+    keys at the far end underflow in float32 (exp(-144) < 2^-126): their rows are refused."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.linspace(0.0, top, n, dtype=torch.float64)
+    k = torch.zeros(*lead, n, d, dtype=torch.float64)
+    k[..., 0] = a + 0.1 * torch.randn(*lead, n, generator=gen, dtype=torch.float64)
+    q = 0.5 * torch.randn(*lead, n, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(*lead, n, 3, generator=gen, dtype=torch.float64)
+    projection = torch.randn(m, d, generator=gen, dtype=torch.float64)
+    return q, k, v, projection
+
+
+def check_far_keys(mask, *, n: int, seed: int = 0) -> None:
+    """favor_attention in float32 (and bfloat16) against float64 on far_keys_inputs: every row within
+    1e-3 (bfloat16 1e-2) relative. With the per-slice stabiliser the float32 call raised
+    DenominatorError (float32 cannot hold exp(-144))."""
+    from fast import favor_attention
+
+    q, k, v, projection = far_keys_inputs(n, seed)
+    ref64 = favor_attention(q, k, v, projection, mask)
+    for dtype, tol in ((torch.float32, 1e-3), (torch.bfloat16, 1e-2)):
+        args = [t.to(dtype) for t in (q, k, v, projection)]
+        want = ref64 if dtype == torch.float32 else favor_attention(*[t.double() for t in args], mask)
+        out = favor_attention(*args, mask).double()
+        err = (out - want).norm(dim=-1) / want.norm(dim=-1)
+        assert float(err.max()) <= tol, (dtype, float(err.max()))
+
+
+def path_walks(n: int, seed: int, **kw):
+    adj = sp.csr_matrix(nx.to_scipy_sparse_array(nx.path_graph(n), dtype=float))
+    walks = sample_walks(Graph.from_any(adj), 4, generator=torch.Generator().manual_seed(seed),
+                         **(kw or {"p_halt": 0.5}))
+    return Graph.from_any(adj), walks
+
+
+HEAT_F = [1.0, 0.5, 0.125, 1.0 / 48.0]
+
+
+@pytest.mark.parametrize("kind", ["independent", "shared", "asym"])
+@pytest.mark.parametrize("name", ["grid", "weighted", "loops", "isolated"])
+def test_stabilised_attend_equals_the_true_products(kind, name):
+    adj = graphs()[name]
+    graph = Graph.from_any(adj)
+    f = torch.tensor(HEAT_F, dtype=torch.float64)
+    fq = WalkFeatures(graph, sampled(adj, "halting", 1), f)
+    mask = {"independent": lambda: GRFMask(fq, WalkFeatures(graph, sampled(adj, "halting", 2), f)),
+            "shared": lambda: GRFMask(fq), "asym": lambda: GRFAsymMask(fq)}[kind]()
+    assert mask.rescales_keys
+    for lead in [(2, 3), (), (1,)]:
+        check_stabilised_attend(mask, lead=lead, spread=3.0)
+
+
+def test_stabilised_attend_rows_without_keys_and_zero_valued_entries():
+    """f = (0, 1): every t = 0 pair (i, i) is stored with value 0. On the isolated graph no row sees a
+    key: (0, 0), never NaN. On the path, the zero-valued self entries must not set a row's scale:
+    with a huge c_i on every other node, the rows still come out in their own keys' units."""
+    adj = graphs()["isolated"]
+    mask = GRFAsymMask(WalkFeatures(Graph.from_any(adj), sampled(adj, "halting", 1), [0.0, 1.0]))
+    check_stabilised_attend(mask)
+    graph, walks = path_walks(9, 3)
+    mask = GRFAsymMask(WalkFeatures(graph, walks, [0.0, 1.0]))
+    check_stabilised_attend(mask, spread=40.0)
+    both = GRFMask(WalkFeatures(graph, walks, [0.0, 1.0]), WalkFeatures(graph, path_walks(9, 4)[1], [0.0, 1.0]))
+    check_stabilised_attend(both, spread=40.0)
+
+
+@pytest.mark.parametrize("kind", ["independent", "shared", "asym"])
+def test_stabilised_float32_matches_float64_where_the_slice_max_underflows(kind):
+    n = 40
+    graph, wq = path_walks(n, 5)
+    _, wk = path_walks(n, 6)
+    f = torch.tensor(HEAT_F, dtype=torch.float64)
+    mask = {"independent": lambda: GRFMask(WalkFeatures(graph, wq, f), WalkFeatures(graph, wk, f)),
+            "shared": lambda: GRFMask(WalkFeatures(graph, wq, f)),
+            "asym": lambda: GRFAsymMask(WalkFeatures(graph, wq, f))}[kind]()
+    check_far_keys(mask, n=n)
+
+
+def test_stabilised_attend_gradcheck_with_f():
+    adj = small_graph()
+    graph = Graph.from_any(adj)
+    n = adj.shape[0]
+    wq, wk = sampled(adj, "capped", 3, n_walkers=2), sampled(adj, "capped", 4, n_walkers=2)
+    z, phi_q, v = stabilised_inputs(n, (2,), m=2, d=2, spread=3.0, seed=7)
+    c = z.amax(-1, keepdim=True)
+    phi_k = torch.exp(z - c)
+    f = torch.tensor([0.9, 0.4, 0.3], dtype=torch.float64, requires_grad=True)
+    inputs = (phi_q.requires_grad_(True), phi_k.requires_grad_(True), v.requires_grad_(True), f)
+
+    def two_sided(pq, pk, vv, ff):
+        return GRFMask(WalkFeatures(graph, wq, ff), WalkFeatures(graph, wk, ff)).attend(pq, pk, vv, key_log_scale=c)
+
+    def asym(pq, pk, vv, ff):
+        return GRFAsymMask(WalkFeatures(graph, wq, ff)).attend(pq, pk, vv, key_log_scale=c)
+
+    for fn in (two_sided, asym):
+        assert torch.autograd.gradcheck(fn, inputs)
+    # double backward: the block-diagonal value gradient's differentiable (gather) path, S = 2
+    assert torch.autograd.gradgradcheck(two_sided, inputs)
+    # constant f: the adjoint backward of masked_products (rmatmul of the per-call operator)
+    fc = f.detach()
+    assert torch.autograd.gradcheck(lambda pq, pk, vv: two_sided(pq, pk, vv, fc), inputs[:3])
+    assert torch.autograd.gradcheck(lambda pq, pk, vv: asym(pq, pk, vv, fc), inputs[:3])
+
+
+def test_signed_f_keeps_one_constant_per_slice():
+    """Signed f: key_stabilizer gives the per-slice max (the guard's abs_matmul floor needs equal
+    constants); attend with it is the plain product."""
+    adj = graphs()["grid"]
+    mask = GRFMask(WalkFeatures(Graph.from_any(adj), sampled(adj, "halting", 1), F))
+    assert not mask.nonnegative
+    z, _, _ = stabilised_inputs(adj.shape[0])
+    c = mask.key_stabilizer(z)
+    assert c.shape == (2, 3, 1, 1) and torch.equal(c, z.amax(dim=(-2, -1), keepdim=True))
+    check_stabilised_attend(mask, units=False)
+
+
+def test_bad_key_log_scale():
+    adj = graphs()["grid"]
+    mask = GRFMask(WalkFeatures(Graph.from_any(adj), sampled(adj, "halting", 1), HEAT_F))
+    z, phi_q, v = stabilised_inputs(adj.shape[0])
+    with pytest.raises(ValueError, match="key_log_scale"):
+        mask.attend(phi_q, torch.exp(z), v, key_log_scale=torch.zeros(2, 3, adj.shape[0]))
+    with pytest.raises(ValueError, match="key_log_scale"):
+        mask.attend(phi_q, torch.exp(z), v, key_log_scale=torch.zeros(5, adj.shape[0], 1))

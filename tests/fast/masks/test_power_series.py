@@ -306,3 +306,70 @@ def test_inference_mode_alpha_reads_its_sign_every_time():
         assert op.nonnegative
         alpha[1] = -0.5
         assert not op.nonnegative
+
+
+# ------------------------------------------------------------ per-key stabilised attend (numerics)
+
+
+@pytest.mark.parametrize("alpha", [[0.5, 0.3, 0.2, 0.1, 0.05], [0.0, 1.0], [0.0, 0.0, 1.0], [2.5]])
+@pytest.mark.parametrize("graph", ["grid", "weighted", "mixed"])
+def test_stabilised_attend_equals_the_true_products(graph, alpha):
+    """Including alpha_k = 0 (alpha = (0, 1): M = W, a row without self-loop must not take its own
+    key's constant) and the mixed graph's isolated nodes (rows of M = W that see no key: (0, 0))."""
+    from tests.fast.masks.test_grf import check_stabilised_attend
+
+    mask = PowerSeriesMask(normalized_adjacency(as_graph(GRAPHS[graph])), torch.tensor(alpha, dtype=torch.float64))
+    assert mask.rescales_keys
+    for lead in [(2, 3), ()]:
+        check_stabilised_attend(mask, lead=lead, spread=3.0)
+    check_stabilised_attend(mask, spread=40.0)
+
+
+def test_stabilised_float32_matches_float64_where_the_slice_max_underflows():
+    from tests.fast.masks.test_grf import check_far_keys
+
+    check_far_keys(PowerSeriesMask(normalized_adjacency(as_graph(nx.path_graph(40))), heat_alpha(1.0, 4)), n=40)
+
+
+def test_stabilised_attend_gradcheck_with_alpha():
+    from tests.fast.masks.test_grf import stabilised_inputs
+
+    g = normalized_adjacency(as_graph(GRAPHS["mixed"]))
+    z, phi_q, v = stabilised_inputs(g.n, (2,), m=2, d=2, spread=3.0, seed=7)
+    c = z.amax(-1, keepdim=True)
+    alpha = torch.tensor([0.5, 0.3, 0.0, 0.1], dtype=torch.float64, requires_grad=True)
+    inputs = (phi_q.requires_grad_(True), torch.exp(z - c).requires_grad_(True), v.requires_grad_(True))
+
+    def attend(pq, pk, vv, a):
+        return PowerSeriesMask(g, a).attend(pq, pk, vv, key_log_scale=c)
+
+    assert torch.autograd.gradcheck(attend, (*inputs, alpha))
+    # constant alpha: the adjoint backward (the per-call operator's rmatmul)
+    assert torch.autograd.gradcheck(lambda pq, pk, vv: attend(pq, pk, vv, alpha.detach()), inputs)
+
+
+def test_signed_alpha_keeps_one_constant_per_slice():
+    from tests.fast.masks.test_grf import check_stabilised_attend, stabilised_inputs
+
+    mask = PowerSeriesMask(normalized_adjacency(as_graph(GRAPHS["grid"])), ALPHAS["signed"])
+    z, _, _ = stabilised_inputs(mask.n)
+    c = mask.key_stabilizer(z)
+    assert torch.equal(c, z.amax(dim=(-2, -1), keepdim=True))
+    check_stabilised_attend(mask, units=False)
+
+
+def test_no_key_rows_through_favor_attention():
+    """M = W on a graph with isolated nodes: their rows see no key; no_key="zero" gives 0 there and
+    the other rows equal the float64 dense products; "raise" raises."""
+    from fast import DenominatorError, favor_attention
+    from tests.fast.masks.test_grf import far_keys_inputs
+
+    mask = PowerSeriesMask(normalized_adjacency(as_graph(GRAPHS["mixed"])), [0.0, 1.0])
+    q, k, v, w = far_keys_inputs(mask.n, top=4.0)
+    out = favor_attention(q.float(), k.float(), v.float(), w.float(), mask, no_key="zero")
+    empty = mask.matmul(torch.ones(mask.n, 1, dtype=torch.float64))[:, 0] == 0
+    assert bool(empty.any()) and bool((out[..., empty, :] == 0).all())
+    want = favor_attention(q, k, v, w, mask, no_key="zero")
+    assert float((out.double() - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    with pytest.raises(DenominatorError):
+        favor_attention(q, k, v, w, mask)

@@ -96,3 +96,41 @@ def test_monte_carlo_psi_rows_approach_the_closed_form():
     psi = rwgnk_features(Graph.from_any(adj), walks, lam, 0).to_dense().numpy()
     t = (1 / (1 - lam)) * math.sqrt(math.log(2 * n * n / 1e-6) / (2 * n_walkers))
     assert np.abs(psi - ref.rwgnk_expected_frequencies(adj, lam, p_halt=p_halt)).max() <= t
+
+
+# ------------------------------------------------------------ per-key stabilised attend (numerics)
+
+
+@pytest.mark.parametrize("lam", [0.6, 0.0])  # lam = 0 stores zero-valued entries (prefixes of length >= 1)
+@pytest.mark.parametrize("alpha", [0, 1])
+@pytest.mark.parametrize("name", ["grid", "weighted", "loops", "isolated"])
+def test_stabilised_attend_equals_the_true_products(name, alpha, lam):
+    from tests.fast.masks.test_grf import check_stabilised_attend
+
+    adj = graphs()[name]
+    walks = sample_walks(Graph.from_any(adj), 3, generator=torch.Generator().manual_seed(2), **MODES["halting"])
+    mask = RWGNKMask(Graph.from_any(adj), walks, lam, alpha)
+    assert mask.rescales_keys
+    for lead in [(2, 3), ()]:
+        check_stabilised_attend(mask, lead=lead, spread=3.0 if lam else 40.0)
+
+
+def test_stabilised_float32_matches_float64_where_the_slice_max_underflows():
+    from tests.fast.masks.test_grf import check_far_keys, path_walks
+
+    graph, walks = path_walks(40, 5, p_halt=0.5, choice="weighted")
+    check_far_keys(RWGNKMask(graph, walks, 0.8, 0), n=40)
+
+
+def test_stabilised_attend_gradcheck():
+    from tests.fast.masks.test_grf import stabilised_inputs
+
+    adj = small_graph()
+    n = adj.shape[0]
+    walks = sample_walks(Graph.from_any(adj), 2, generator=torch.Generator().manual_seed(3), **MODES["capped"])
+    mask = RWGNKMask(Graph.from_any(adj), walks, 0.7, 1)
+    z, phi_q, v = stabilised_inputs(n, (2,), m=2, d=2, spread=3.0, seed=7)
+    c = mask.key_stabilizer(z)
+    inputs = (phi_q.requires_grad_(True), torch.exp(z - c).requires_grad_(True), v.requires_grad_(True))
+    assert torch.autograd.gradcheck(lambda pq, pk, vv: mask.attend(pq, pk, vv, key_log_scale=c), inputs)
+    assert torch.autograd.gradgradcheck(lambda pq, pk, vv: mask.attend(pq, pk, vv, key_log_scale=c), inputs)
