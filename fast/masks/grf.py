@@ -87,6 +87,8 @@ def as_walks(walks: Any, graph: Graph, name: str = "walks") -> Walks:
             raise TypeError(f"{name} must be a fast.walks.Walks or a dict/object with fields "
                             f"{', '.join(_WALK_FIELDS)}; {type(walks).__name__} lacks {e}") from None
         walks = Walks.from_arrays(**fields, device=graph.device)
+    else:
+        walks.validate()  # a Walks built by hand (dataclasses.replace) is checked as from_arrays checks
     if walks.n_nodes != graph.n:
         raise ValueError(f"{name} were sampled on a graph of {walks.n_nodes} nodes, but the graph has {graph.n} nodes")
     if not 0.0 <= walks.p_halt < 1.0:
@@ -216,20 +218,26 @@ class WalkPrefixes:
         return self._base[key]
 
     def values(self, coef: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """(P,) pair values sum_t base coef[t] in ``dtype`` (differentiable in coef)."""
+        """(P,) pair values sum_t base coef[t] in ``dtype`` (differentiable in coef).
+
+        Formed in float64 and cast once: a load (a product of W deg / (1 - p_halt) over the hops)
+        may exceed float32's range where base * coef[t] does not (heavy weights, long walks, a
+        decaying f), and casting the base first would turn such an entry into inf (or NaN)."""
         ix = self.index(device)
-        contrib = self.bases(device, dtype) * coef.to(device=device, dtype=dtype)[ix["entry_t"]]
-        if self.one_per_pair:
-            return contrib
-        # one segment sum (entries are sorted by pair): out-of-place so double backward can see it
-        return torch.zeros(self.nnz, dtype=dtype, device=device).index_add(0, ix["entry_pair"], contrib)
+        wide = torch.float64 if dtype != torch.float64 and device.type != "mps" else dtype
+        contrib = self.bases(device, wide) * coef.to(device=device, dtype=wide)[ix["entry_t"]]
+        if not self.one_per_pair:
+            # one segment sum (entries are sorted by pair): out-of-place so double backward can see it
+            contrib = torch.zeros(self.nnz, dtype=wide, device=device).index_add(0, ix["entry_pair"], contrib)
+        return contrib.to(dtype)
 
     def coef_grad(self, grad_values: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """d L / d coef (num_t,) from d L / d values (P,): sum over entries of base * grad[pair], by t."""
         ix = self.index(device)
         g = grad_values if self.one_per_pair else grad_values[ix["entry_pair"]]
-        contrib = self.bases(device, dtype) * g
-        return torch.zeros(self.num_t, dtype=dtype, device=device).index_add(0, ix["entry_t"], contrib)
+        wide = torch.float64 if dtype != torch.float64 and device.type != "mps" else dtype  # as ``values``
+        contrib = self.bases(device, wide) * g.to(wide)
+        return torch.zeros(self.num_t, dtype=wide, device=device).index_add(0, ix["entry_t"], contrib).to(dtype)
 
     def matrix(self, values: torch.Tensor, transpose: bool) -> torch.Tensor:
         """The CSR tensor (N, N) of these values (or of the transpose) on values' device."""

@@ -37,7 +37,10 @@ def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) ->
 
 
 def _lam(lam: object) -> float:
-    if isinstance(lam, torch.Tensor) and lam.numel() == 1 and not lam.requires_grad:
+    if isinstance(lam, torch.Tensor) and lam.requires_grad:
+        raise TypeError("lam of RWGNK is not learnable here (Psi is built once from the walks with lam^t "
+                        "weights): pass a number or a tensor that does not require grad")
+    if isinstance(lam, torch.Tensor) and lam.numel() == 1:
         lam = float(lam)
     if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
         raise TypeError(f"lam must be a real number (the discount per hop), got {type(lam).__name__}")

@@ -467,3 +467,21 @@ def test_bad_key_log_scale():
         mask.attend(phi_q, torch.exp(z), v, key_log_scale=torch.zeros(2, 3, adj.shape[0]))
     with pytest.raises(ValueError, match="key_log_scale"):
         mask.attend(phi_q, torch.exp(z), v, key_log_scale=torch.zeros(5, adj.shape[0], 1))
+
+
+def test_float32_values_survive_loads_beyond_float32_range():
+    """A load above float32's max times a tiny f_t is a moderate value: formed in float64, the
+    float32 product is finite and matches float64 (heavy weights, fixed-length walks)."""
+    from fast.graphs import as_graph
+    from fast.masks.grf import GRFAsymMask, grf_features
+    from fast.walks import sample_walks
+    from verify.problems import path_graph
+
+    g = as_graph(path_graph(6) * 1e13)
+    walks = sample_walks(g, 2, fixed_length=3, generator=torch.Generator().manual_seed(0))
+    f = torch.tensor([1.0, 1e-13, 1e-26, 1e-39], dtype=torch.float64)
+    x = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    want = GRFAsymMask(grf_features(g, walks, f)).matmul(x)
+    got = GRFAsymMask(grf_features(g, walks, f)).matmul(x.float())
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))

@@ -134,3 +134,16 @@ def test_stabilised_attend_gradcheck():
     inputs = (phi_q.requires_grad_(True), torch.exp(z - c).requires_grad_(True), v.requires_grad_(True))
     assert torch.autograd.gradcheck(lambda pq, pk, vv: mask.attend(pq, pk, vv, key_log_scale=c), inputs)
     assert torch.autograd.gradgradcheck(lambda pq, pk, vv: mask.attend(pq, pk, vv, key_log_scale=c), inputs)
+
+
+def test_a_learnable_lam_is_refused_saying_so():
+    from fast.graphs import as_graph
+    from fast.masks.rwgnk import RWGNKMask
+    from fast.walks import sample_walks
+    from verify.problems import path_graph
+
+    g = as_graph(path_graph(5))
+    walks = sample_walks(g, 2, p_halt=0.5, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(TypeError, match="not learnable"):
+        RWGNKMask(g, walks, torch.tensor(0.5, requires_grad=True))
+    RWGNKMask(g, walks, torch.tensor(0.5))  # a plain tensor is a number
