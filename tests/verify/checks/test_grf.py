@@ -146,6 +146,20 @@ def test_theorem_31_fails_when_features_are_summed_not_averaged(monkeypatch, few
     assert r.status == "fail" and r.statistic > 1 and r.details["tightness_ratio"] > 1
 
 
+@pytest.mark.parametrize("factor", [0.0, 3.0])
+def test_theorem_31_fails_for_a_mask_off_by_its_own_size(monkeypatch, fewer_draws, factor):
+    """A zero or tripled mask: on the f = (1, 0.1) setting the error |M_ii| ~ 1 (2 |M_ii|)
+    exceeds every t tested (t <= 0.92 c^2 = 1.11)."""
+    class Scaled(C.GRFMask):
+        def matmul(self, x):
+            return super().matmul(x) * factor
+
+    monkeypatch.setattr(C, "GRFMask", Scaled)
+    r = _evaluate("reid25/theorem-3.1")
+    assert r.status == "fail" and r.statistic > 1
+    assert any("f = [1.0, 0.1]" in reason for reason in r.details["reasons"])
+
+
 def test_lemma_32_fails_when_walks_halt_too_rarely(monkeypatch):
     real = C.sample_walks
     monkeypatch.setattr(C, "sample_walks", lambda g, n, **kw: real(g, n, **{**kw, "p_halt": kw["p_halt"] / 4}))
