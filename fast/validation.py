@@ -111,3 +111,21 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], what: str = "leading
             raise ValueError(f"{what} {tuple(a)} and {tuple(b)} do not broadcast")
         out.append(max(x, y) if 1 in (x, y) else x)
     return tuple(reversed(out))
+
+
+def check_key_log_scale(c: object, phi_k: torch.Tensor, n: int) -> torch.Tensor:
+    """key_log_scale (..., N, 1), a floating tensor whose leading dims broadcast to phi_k's, as a
+    detached (*lead, N) tensor on phi_k's device and in its dtype (fast.masks.base, rescales_keys);
+    ValueError naming the expected shape otherwise. Shapes only: no host sync."""
+    lead = tuple(phi_k.shape[:-2])
+    ok = isinstance(c, torch.Tensor) and c.is_floating_point() and c.dim() >= 2 and tuple(c.shape[-2:]) == (n, 1)
+    if ok:
+        try:
+            ok = broadcast_shape(tuple(c.shape[:-2]), lead) == lead
+        except ValueError:
+            ok = False
+    if not ok:
+        got = tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__
+        raise ValueError(f"key_log_scale must be a floating tensor (..., N, 1) = (..., {n}, 1) whose leading dims "
+                         f"broadcast to phi_k's {lead}, got {got}")
+    return c.detach().to(device=phi_k.device, dtype=phi_k.dtype).squeeze(-1).expand(*lead, n)

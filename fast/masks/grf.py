@@ -64,7 +64,7 @@ import torch
 from fast.algebra import default_block_cols, features_per_block, masked_products
 from fast.graphs import Graph, as_graph
 from fast.masks.base import MaskOperator, default_key_stabilizer
-from fast.validation import broadcast_shape, check_tokens, compute_dtype
+from fast.validation import check_key_log_scale, check_tokens, compute_dtype
 from fast.walks import Walks
 
 _WALK_FIELDS = ("n_nodes", "n_walkers", "p_halt", "length", "offsets", "nodes")
@@ -328,19 +328,28 @@ def _unflatten(y: torch.Tensor, lead: tuple, x: torch.Tensor) -> torch.Tensor:
 def log_scale_of(key_log_scale: object, phi_k: torch.Tensor, n: int) -> torch.Tensor:
     """key_log_scale (..., N, 1), broadcastable to phi_k's leading dims (a floating tensor) as a
     detached (S, N) tensor in phi_k's dtype, S = the number of (batch, head) slices of phi_k."""
-    lead = tuple(phi_k.shape[:-2])
-    c = key_log_scale
-    ok = isinstance(c, torch.Tensor) and c.is_floating_point() and c.dim() >= 2 and tuple(c.shape[-2:]) == (n, 1)
-    if ok:
-        try:
-            ok = broadcast_shape(tuple(c.shape[:-2]), lead) == lead
-        except ValueError:
-            ok = False
-    if not ok:
-        got = tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__
-        raise ValueError(f"key_log_scale must be a floating tensor (..., N, 1) = (..., {n}, 1) whose leading dims "
-                         f"broadcast to phi_k's {lead}, got {got}")
-    return c.detach().to(device=phi_k.device, dtype=phi_k.dtype).squeeze(-1).expand(*lead, n).reshape(-1, n)
+    return check_key_log_scale(key_log_scale, phi_k, n).reshape(-1, n)
+
+
+def local_key_stabilizer(op: MaskOperator, z: torch.Tensor) -> torch.Tensor:
+    """key_stabilizer of a graph mask whose rows reach only nearby keys (GRF, RWGNK, power series):
+    per-key constants c_j = max_a z_ja, (..., N, 1) detached, for z (..., N, m), which its attend
+    undoes (rescales_keys). While the mask is not nonnegative (a signed f or alpha) the default
+    per-slice max (..., 1, 1) instead: the driver's guard bounds a signed mask's terms with
+    abs_matmul of the features it is given, which per-key constants would distort."""
+    check_tokens("z", z, op.n)
+    if not op.nonnegative:
+        return default_key_stabilizer(z.detach())
+    return z.detach().amax(-1, keepdim=True)
+
+
+def stabilised_inputs(n: int, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                      key_log_scale: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(phi_q, phi_k, v) in their compute dtype (fast.validation.compute_dtype of the three) and
+    the constants c (S, N) of ``log_scale_of``: the common start of the stabilised attends."""
+    work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
+    phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
+    return phi_q, phi_k, v, log_scale_of(key_log_scale, phi_k, n)
 
 
 def segment_max(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
@@ -652,12 +661,8 @@ class GRFMask(MaskOperator):
         self.n = self.features_q.n
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja, (..., N, 1) detached, for z (..., N, m) (class doc);
-        the default per-slice max (..., 1, 1) while the mask is not nonnegative (signed f)."""
-        check_tokens("z", z, self.n)
-        if not self.nonnegative:
-            return default_key_stabilizer(z.detach())
-        return z.detach().amax(-1, keepdim=True)
+        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (fast.masks.grf.local_key_stabilizer)."""
+        return local_key_stabilizer(self, z)
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -672,9 +677,8 @@ class GRFMask(MaskOperator):
         phi_q, phi_k, v and f on both sides)."""
         if key_log_scale is None:
             return plain_attend(self, phi_q, phi_k, v)
-        work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
-        phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
-        c = log_scale_of(key_log_scale, phi_k, self.n)
+        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
+        work = phi_k.dtype
         if c.shape[0] == 0:
             return _empty_products(phi_q, v)
         fq, fk = self.features_q, self.features_k
@@ -742,12 +746,8 @@ class GRFAsymMask(MaskOperator):
         self.n = features.n
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja, (..., N, 1) detached, for z (..., N, m) (class doc);
-        the default per-slice max (..., 1, 1) while the mask is not nonnegative (signed alpha)."""
-        check_tokens("z", z, self.n)
-        if not self.nonnegative:
-            return default_key_stabilizer(z.detach())
-        return z.detach().amax(-1, keepdim=True)
+        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (fast.masks.grf.local_key_stabilizer)."""
+        return local_key_stabilizer(self, z)
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -758,9 +758,8 @@ class GRFAsymMask(MaskOperator):
         fast.algebra.masked_products (gradients reach phi_q, phi_k, v and alpha)."""
         if key_log_scale is None:
             return plain_attend(self, phi_q, phi_k, v)
-        work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
-        phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
-        c = log_scale_of(key_log_scale, phi_k, self.n)
+        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
+        work = phi_k.dtype
         if c.shape[0] == 0:
             return _empty_products(phi_q, v)
         g = self.features

@@ -63,9 +63,10 @@ import numpy as np
 import torch
 
 from fast.graphs import Graph, as_graph
-from fast.masks.base import MaskOperator, SymmetricMaskOperator, default_key_stabilizer
+from fast.masks.base import MaskOperator, SymmetricMaskOperator
 from fast.masks.explicit import _CSRProduct
-from fast.masks.grf import _empty_products, block_diagonal_index, log_scale_of, plain_attend, segment_max
+from fast.masks.grf import (_empty_products, block_diagonal_index, local_key_stabilizer, plain_attend, segment_max,
+                            stabilised_inputs)
 from fast.validation import check_tokens, compute_dtype
 
 __all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion_alpha",
@@ -174,12 +175,8 @@ class PowerSeriesMask(SymmetricMaskOperator):
     rescales_keys = True
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja, (..., N, 1) detached, for z (..., N, m) (module doc);
-        the default per-slice max (..., 1, 1) while the mask is not nonnegative (signed alpha)."""
-        check_tokens("z", z, self.n)
-        if not self.nonnegative:
-            return default_key_stabilizer(z.detach())
-        return z.detach().amax(-1, keepdim=True)
+        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (fast.masks.grf.local_key_stabilizer)."""
+        return local_key_stabilizer(self, z)
 
     def _structure(self, device: torch.device, slices: int) -> dict:
         """Per device: row (E,) int64, col (E,) int64, w (E,) float64, perm (E,) (the position of
@@ -218,9 +215,7 @@ class PowerSeriesMask(SymmetricMaskOperator):
         and alpha)."""
         if key_log_scale is None:
             return plain_attend(self, phi_q, phi_k, v)
-        work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
-        phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
-        c = log_scale_of(key_log_scale, phi_k, self.n)
+        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
         if c.shape[0] == 0:
             return _empty_products(phi_q, v)
         return plain_attend(_StabilisedHorner(self, c), phi_q, phi_k, v)

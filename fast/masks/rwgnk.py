@@ -26,8 +26,7 @@ from fast.graphs import as_graph
 from fast.masks.base import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.masks.grf import (ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, _empty_products, as_walks,
-                            log_scale_of, plain_attend, stabilising_factors)
-from fast.validation import check_tokens, compute_dtype
+                            local_key_stabilizer, plain_attend, stabilised_inputs, stabilising_factors)
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
@@ -107,9 +106,8 @@ class RWGNKMask(SymmetricMaskOperator):
         self._one = torch.ones(1, dtype=torch.float64, device=crow.device)
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja, (..., N, 1) detached, for z (..., N, m) (module doc)."""
-        check_tokens("z", z, self.n)
-        return z.detach().amax(-1, keepdim=True)
+        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (fast.masks.grf.local_key_stabilizer)."""
+        return local_key_stabilizer(self, z)
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,9 +121,8 @@ class RWGNKMask(SymmetricMaskOperator):
         gradients reach phi_q, phi_k and v."""
         if key_log_scale is None:
             return plain_attend(self, phi_q, phi_k, v)
-        work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
-        phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
-        c = log_scale_of(key_log_scale, phi_k, self.n)
+        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
+        work = phi_k.dtype
         if c.shape[0] == 0:
             return _empty_products(phi_q, v)
         p = self._prefixes

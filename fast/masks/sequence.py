@@ -13,7 +13,7 @@ import math
 import torch
 
 from fast.masks.base import MaskOperator, SymmetricMaskOperator
-from fast.validation import broadcast_shape, check_positive_int, check_tokens
+from fast.validation import broadcast_shape, check_key_log_scale, check_positive_int, check_tokens
 
 
 def check_mask_batch(name: str, mask_shape: tuple, x: torch.Tensor, what: str) -> tuple[int, ...]:
@@ -219,18 +219,7 @@ class CausalMask(MaskOperator):
 
     def _check_log_scale(self, c: object, phi_k: torch.Tensor) -> torch.Tensor:
         """key_log_scale as a detached (..., N) tensor of phi_k's leading dims and dtype (shape only)."""
-        lead = tuple(phi_k.shape[:-2])
-        ok = isinstance(c, torch.Tensor) and c.is_floating_point() and c.dim() >= 2 and c.shape[-2:] == (self.n, 1)
-        if ok:
-            try:
-                ok = broadcast_shape(tuple(c.shape[:-2]), lead) == lead
-            except ValueError:
-                ok = False
-        if not ok:
-            got = tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__
-            raise ValueError(f"key_log_scale must be a floating tensor (..., N, 1) = (..., {self.n}, 1) whose leading "
-                             f"dims broadcast to phi_k's {lead}, got {got}")
-        return c.detach().to(phi_k.dtype).squeeze(-1).expand(*lead, self.n)
+        return check_key_log_scale(c, phi_k, self.n)
 
     def _chunks(self, *tensors: torch.Tensor, chunk: int) -> tuple[int, list[torch.Tensor]]:
         """(chunk C = min(chunk, N), each (..., N, c) zero-padded to a multiple of C and viewed as (..., N/C, C, c))."""
