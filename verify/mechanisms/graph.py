@@ -365,7 +365,7 @@ def rwgnk_problem(n: int, seed: int, *, graph: str = "path", lam: float = LAM_RW
     return graph_problem(n, seed, adj, batch, D_QK, lam=np.float64(lam), alpha=np.int64(alpha), **walks)
 
 
-def power_series_problem(n: int, seed: int, *, graph: str = "path", beta: float = BETA, k_max: int = K_MAX,
+def power_series_problem(n: int, seed: int, *, graph: str = "grid-2d", beta: float = BETA, k_max: int = K_MAX,
                          batch: tuple[int, ...] = ()) -> Problem:
     """FAVOR+ inputs, a graph and alpha (K_MAX + 1,) of the heat kernel exp(beta W)."""
     return graph_problem(n, seed, graph_adjacency(graph, n, seed), batch, D_QK, alpha=heat_alpha(beta, k_max))
