@@ -352,6 +352,33 @@ def stabilised_inputs(n: int, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch
     return phi_q, phi_k, v, log_scale_of(key_log_scale, phi_k, n)
 
 
+class LocallyStabilised:
+    """Mixin of the graph masks whose rows reach only nearby keys (GRFMask, GRFAsymMask, RWGNKMask,
+    PowerSeriesMask): per-key constants (``local_key_stabilizer``) and an ``attend`` that undoes
+    them (``rescales_keys``, fast.masks.base). attend(phi_q, phi_k, v, key_log_scale=None) ->
+    (num (..., N, d), den (..., N)): with key_log_scale None the plain product (the driver's
+    generic path, fast.algebra.masked_products through matmul); otherwise the inputs in their
+    compute dtype and the constants c (S, N) go to the class's ``_attend_stabilised(phi_q, phi_k,
+    v, c)``, which returns (num, den) of the true features times exp(-r_i) per query row i."""
+
+    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
+    rescales_keys = True
+
+    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (``local_key_stabilizer``)."""
+        return local_key_stabilizer(self, z)
+
+    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
+               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with this mask (class doc)."""
+        if key_log_scale is None:
+            return plain_attend(self, phi_q, phi_k, v)
+        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
+        if c.shape[0] == 0:
+            return _empty_products(phi_q, v)
+        return self._attend_stabilised(phi_q, phi_k, v, c)
+
+
 def segment_max(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
     """out[s, u] = max of values[s, p] over the entries p with index[p] = u, -inf where there is none.
     values (S, P), index (P,) int64 -> (S, n): one scatter amax, no loop."""
@@ -635,7 +662,7 @@ def _check_features(name: str, value: object) -> WalkFeatures:
 
 
 
-class GRFMask(MaskOperator):
+class GRFMask(LocallyStabilised, MaskOperator):
     """M_hat = G_q G_k^T (reid25 Sec. 3, Algorithm 1): a sparse low-rank mask, O(nnz c) per product.
 
     features_q, features_k: WalkFeatures of two independent ensembles (unbiased, E M_hat = M_alpha);
@@ -648,9 +675,6 @@ class GRFMask(MaskOperator):
     [phi_k_j (x) v_j, phi_k_j]; r_i = max of s_u over u with G_q[i, u] stored; (num_i, den_i) =
     sum_u G_q[i, u] exp(s_u - r_i) Y_u = exp(-r_i) x the true ones (module doc, "Per-key stabilisation")."""
 
-    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
-    rescales_keys = True
-
     def __init__(self, features_q: WalkFeatures, features_k: WalkFeatures | None = None):
         self.features_q = _check_features("features_q", features_q)
         self.shared = features_k is None
@@ -660,27 +684,17 @@ class GRFMask(MaskOperator):
                              f"and N = {self.features_k.n}")
         self.n = self.features_q.n
 
-    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (fast.masks.grf.local_key_stabilizer)."""
-        return local_key_stabilizer(self, z)
-
-    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
-               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                           c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G_q G_k^T.
 
-        phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims (S slices).
-        key_log_scale None: the plain product through masked_products (the driver's generic path).
-        key_log_scale c (..., N, 1), detached, phi_k_j = phi_true_j exp(-c_j): the class doc's
-        scheme, num_i = exp(-r_i) sum_j M_ij (phi_q_i . phi_true_j) v_j, den_i likewise. The
+        phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims (S slices),
+        in their compute dtype; c (S, N), detached, phi_k_j = phi_true_j exp(-c_j)
+        (LocallyStabilised.attend): the class doc's scheme, num_i = exp(-r_i) sum_j M_ij (phi_q_i . phi_true_j) v_j, den_i likewise. The
         factors are per slice (S P per side, detached); the products run through
         fast.algebra.masked_products (feature blocks, memory-saving backward: gradients reach
         phi_q, phi_k, v and f on both sides)."""
-        if key_log_scale is None:
-            return plain_attend(self, phi_q, phi_k, v)
-        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
         work = phi_k.dtype
-        if c.shape[0] == 0:
-            return _empty_products(phi_q, v)
         fq, fk = self.features_q, self.features_k
         vq, vk = fq.current_values(c.device, work), fk.current_values(c.device, work)
         factor_q, factor_k = stabilising_factors(c, fq.prefixes, fq.valid_entries(vq), fk.prefixes,
@@ -727,7 +741,7 @@ class GRFMask(MaskOperator):
         return list(out.values())
 
 
-class GRFAsymMask(MaskOperator):
+class GRFAsymMask(LocallyStabilised, MaskOperator):
     """M_hat = G (asymmetric GRFs, reid25 App. D, Eq. 24): the key side one-hot, f = alpha.
 
     matmul(x) = G x, rmatmul(x) = G^T x, O(nnz c); nonnegative when alpha >= 0. Masked linear
@@ -738,30 +752,18 @@ class GRFAsymMask(MaskOperator):
     value where alpha is constant); G's values times exp(c_j - r_i); (num_i, den_i) = exp(-r_i)
     x the true ones (module doc, "Per-key stabilisation")."""
 
-    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
-    rescales_keys = True
-
     def __init__(self, features: WalkFeatures):
         self.features = _check_features("features", features)
         self.n = features.n
 
-    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (fast.masks.grf.local_key_stabilizer)."""
-        return local_key_stabilizer(self, z)
-
-    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
-               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                           c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G (shapes as GRFMask.attend).
 
-        key_log_scale None: the plain product; c (..., N, 1): G's values times exp(c_j - r_i) per
+        c (S, N) (LocallyStabilised.attend): G's values times exp(c_j - r_i) per
         slice (class doc), num_i = exp(-r_i) x the true one, den_i likewise; through
         fast.algebra.masked_products (gradients reach phi_q, phi_k, v and alpha)."""
-        if key_log_scale is None:
-            return plain_attend(self, phi_q, phi_k, v)
-        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
         work = phi_k.dtype
-        if c.shape[0] == 0:
-            return _empty_products(phi_q, v)
         g = self.features
         values = g.current_values(c.device, work)
         factor = row_factors(c, g.prefixes, g.valid_entries(values))

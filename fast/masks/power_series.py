@@ -65,8 +65,7 @@ import torch
 from fast.graphs import Graph, as_graph
 from fast.masks.base import MaskOperator, SymmetricMaskOperator
 from fast.masks.explicit import _CSRProduct
-from fast.masks.grf import (_empty_products, block_diagonal_index, local_key_stabilizer, plain_attend, segment_max,
-                            stabilised_inputs)
+from fast.masks.grf import LocallyStabilised, block_diagonal_index, plain_attend, segment_max
 from fast.validation import check_tokens, compute_dtype
 
 __all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion_alpha",
@@ -100,7 +99,7 @@ def _csr(crow, col, values, n: int) -> torch.Tensor:
         return torch.sparse_csr_tensor(crow, col, values, (n, n), check_invariants=False)
 
 
-class PowerSeriesMask(SymmetricMaskOperator):
+class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
     """M = sum_{k=0..K} alpha_k W^k (n, n), W the weighted adjacency of ``graph`` (as given).
 
     graph: anything fast.graphs.as_graph accepts; alpha (K + 1,): a floating tensor (held, not
@@ -171,12 +170,6 @@ class PowerSeriesMask(SymmetricMaskOperator):
         with torch.no_grad():
             return self._horner(x.detach(), self.alpha.detach().abs())
 
-    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
-    rescales_keys = True
-
-    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (fast.masks.grf.local_key_stabilizer)."""
-        return local_key_stabilizer(self, z)
 
     def _structure(self, device: torch.device, slices: int) -> dict:
         """Per device: row (E,) int64, col (E,) int64, w (E,) float64, perm (E,) (the position of
@@ -203,21 +196,15 @@ class PowerSeriesMask(SymmetricMaskOperator):
             self._cache[block_key] = cached
         return cached[1]
 
-    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
-               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                           c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of Algorithm 1 with M = sum_k alpha_k W^k.
 
         phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims (S slices).
-        key_log_scale None: the plain product (fast.algebra.masked_products through matmul, as the
-        driver's generic path). c (..., N, 1), detached (phi_k_j = phi_true_j exp(-c_j)): Horner
+        c (S, N), detached (LocallyStabilised.attend) (phi_k_j = phi_true_j exp(-c_j)): Horner
         with a per-node log scale (module doc), num_i = exp(-l_i) sum_j M_ij (phi_q_i .
         phi_true_j) v_j, den_i likewise; through masked_products (gradients reach phi_q, phi_k, v
         and alpha)."""
-        if key_log_scale is None:
-            return plain_attend(self, phi_q, phi_k, v)
-        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
-        if c.shape[0] == 0:
-            return _empty_products(phi_q, v)
         return plain_attend(_StabilisedHorner(self, c), phi_q, phi_k, v)
 
     def __repr__(self) -> str:

@@ -25,8 +25,8 @@ import torch
 from fast.graphs import as_graph
 from fast.masks.base import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
-from fast.masks.grf import (ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, _empty_products, as_walks,
-                            local_key_stabilizer, plain_attend, stabilised_inputs, stabilising_factors)
+from fast.masks.grf import (LocallyStabilised, ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, as_walks, plain_attend,
+                            stabilising_factors)
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
@@ -78,7 +78,7 @@ def rwgnk_features(graph: Any, walks: Any, lam: float, alpha: int = 0) -> torch.
     return _csr(crow, cols, values, n)
 
 
-class RWGNKMask(SymmetricMaskOperator):
+class RWGNKMask(LocallyStabilised, SymmetricMaskOperator):
     """K_hat = Psi Psi^T (choromanski22 Eq. 5): symmetric, nonnegative, O(nnz(Psi) c) per product.
 
     graph: what ``fast.graphs.as_graph`` accepts; walks: sampled on it (``choice="weighted"`` on a
@@ -86,8 +86,6 @@ class RWGNKMask(SymmetricMaskOperator):
     SparseMask: CSR per device and dtype, its transpose once). Attributes: n, lam, alpha, psi."""
 
     nonnegative = True
-    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
-    rescales_keys = True
 
     def __init__(self, graph: Any, walks: Any, lam: float, alpha: int = 0):
         self.lam, self.alpha = _lam(lam), _alpha(alpha)
@@ -105,26 +103,16 @@ class RWGNKMask(SymmetricMaskOperator):
         self._prefixes = WalkPrefixes(self.n, rows, cols, torch.zeros_like(cols), psi.values(), 1)
         self._one = torch.ones(1, dtype=torch.float64, device=crow.device)
 
-    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (fast.masks.grf.local_key_stabilizer)."""
-        return local_key_stabilizer(self, z)
-
-    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
-               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                           c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of Algorithm 1 with K = Psi Psi^T.
 
         phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims.
-        key_log_scale None: the plain product (fast.algebra.masked_products through matmul, as the
-        driver's generic path). c (..., N, 1), detached (phi_k_j = phi_true_j exp(-c_j)): Psi's
+        c (S, N), detached (LocallyStabilised.attend) (phi_k_j = phi_true_j exp(-c_j)): Psi's
         values times the per-slice factors of fast.masks.grf.stabilising_factors on both sides
         (module doc), num_i = exp(-r_i) sum_j K_ij (phi_q_i . phi_true_j) v_j, den_i likewise;
         gradients reach phi_q, phi_k and v."""
-        if key_log_scale is None:
-            return plain_attend(self, phi_q, phi_k, v)
-        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
         work = phi_k.dtype
-        if c.shape[0] == 0:
-            return _empty_products(phi_q, v)
         p = self._prefixes
         values = p.bases(c.device, work)
         valid = values != 0  # lam = 0 stores zeros for the prefixes of length >= 1
