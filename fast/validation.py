@@ -1,8 +1,10 @@
 """Argument checks shared by fast/: each error names the argument, what was expected and what came."""
 from __future__ import annotations
 
+import math
 import numbers
 
+import numpy as np
 import torch
 
 #: The floating dtypes fast/ computes in (half precisions accumulate in float32).
@@ -129,3 +131,33 @@ def check_key_log_scale(c: object, phi_k: torch.Tensor, n: int) -> torch.Tensor:
         raise ValueError(f"key_log_scale must be a floating tensor (..., N, 1) = (..., {n}, 1) whose leading dims "
                          f"broadcast to phi_k's {lead}, got {got}")
     return c.detach().to(device=phi_k.device, dtype=phi_k.dtype).squeeze(-1).expand(*lead, n)
+
+
+def check_diffusion_time(lam: object, *, positive: bool = False) -> "float | torch.Tensor":
+    """A finite diffusion time lam >= 0 (> 0 with ``positive``): a real number (Python, NumPy, a 0-d
+    array) -> float; a one-element real tensor of any shape -> itself (floating: kept as given, never
+    a view, so a learnable lam is the leaf an optimiser updates; integer: converted to float).
+    Callers reshape it where they use it. ValueError naming lam otherwise (DiffusionMask,
+    HypercubeDiffusionMask)."""
+    scalar = "a positive real scalar" if positive else "a real scalar >= 0"
+    time = "a positive finite diffusion time" if positive else "a finite diffusion time >= 0"
+
+    def bad(value: float) -> bool:
+        return not math.isfinite(value) or (value <= 0 if positive else value < 0)
+
+    if isinstance(lam, np.ndarray) and lam.ndim == 0 and lam.dtype.kind in "iuf":
+        lam = lam.item()
+    if isinstance(lam, torch.Tensor):
+        if lam.numel() != 1 or lam.is_complex() or lam.dtype == torch.bool:
+            raise ValueError(f"lam must be {scalar} (a number or a one-element real tensor), got a "
+                             f"tensor of shape {tuple(lam.shape)} and dtype {lam.dtype}")
+        value = float(lam.detach())
+        if bad(value):
+            raise ValueError(f"lam must be {time}, got a tensor holding {value!r}")
+        return lam if lam.is_floating_point() else value
+    if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
+        raise ValueError(f"lam must be {time} (a real number or a one-element tensor), "
+                         f"got {type(lam).__name__} {lam!r}")
+    if bad(float(lam)):
+        raise ValueError(f"lam must be {time}, got {lam!r}")
+    return float(lam)

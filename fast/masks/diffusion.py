@@ -96,7 +96,7 @@ import torch
 from fast.graphs import Graph, as_graph
 from fast.masks.base import MaskOperator
 from fast.masks.explicit import _CSRProduct
-from fast.validation import check_tokens, compute_dtype
+from fast.validation import check_diffusion_time, check_tokens, compute_dtype
 
 __all__ = ["KINDS", "DiffusionMask", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
            "MAX_PRODUCTS"]
@@ -208,27 +208,8 @@ def _check_tol(tol: object) -> float:
 
 
 def _check_lam(lam: object) -> float | torch.Tensor:
-    """A finite diffusion time >= 0: a real number (Python, NumPy, 0-d array) -> float; a one-element
-    real tensor of any shape -> itself (floating: kept as given, never a view, so a learnable lam is
-    the leaf an optimiser updates; integer: converted to float). Users reshape it where used."""
-    if isinstance(lam, np.ndarray) and lam.ndim == 0 and lam.dtype.kind in "iuf":
-        lam = lam.item()
-    if isinstance(lam, torch.Tensor):
-        if lam.numel() != 1 or lam.is_complex() or lam.dtype == torch.bool:
-            raise ValueError(f"lam must be a real scalar >= 0 (a number or a one-element real tensor), got a "
-                             f"tensor of shape {tuple(lam.shape)} and dtype {lam.dtype}")
-        value = float(lam.detach())
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"lam must be a finite diffusion time >= 0, got a tensor holding {value!r}")
-        if not lam.is_floating_point():
-            return value
-        return lam
-    if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
-        raise ValueError(f"lam must be a finite diffusion time >= 0 (a real number or a one-element tensor), "
-                         f"got {type(lam).__name__} {lam!r}")
-    if not math.isfinite(lam) or lam < 0:
-        raise ValueError(f"lam must be a finite diffusion time >= 0, got {lam!r}")
-    return float(lam)
+    """fast.validation.check_diffusion_time: lam >= 0, a tensor kept as given."""
+    return check_diffusion_time(lam, positive=False)
 
 
 def _lam_value(lam: float | torch.Tensor) -> float:

@@ -14,14 +14,12 @@ no FFT; M is positive (t in (0, 1)).
 """
 from __future__ import annotations
 
-import math
 import numbers
 
-import numpy as np
 import torch
 
 from fast.masks.base import SymmetricMaskOperator
-from fast.validation import check_tokens, compute_dtype
+from fast.validation import check_diffusion_time, check_tokens, compute_dtype
 
 #: Bits per Kronecker pass: the 2^g x 2^g factor applied as one batched GEMM.
 GROUP_BITS = 5
@@ -35,27 +33,8 @@ def hypercube_dimension(n: int) -> int:
 
 
 def _check_lam(lam: object) -> float | torch.Tensor:
-    """A positive finite diffusion time: a real number (Python or NumPy, a 0-d NumPy array) -> float;
-    a real one-element tensor (0-d, or shape (1,) ...) -> a 0-d view of it (floating: kept, so a
-    learnable lam stays a leaf's view and gets its gradient; integer: converted to float)."""
-    if isinstance(lam, np.ndarray) and lam.ndim == 0 and lam.dtype.kind in "iuf":
-        lam = lam.item()
-    if isinstance(lam, torch.Tensor):
-        if lam.numel() != 1 or lam.is_complex() or lam.dtype == torch.bool:
-            raise ValueError(f"lam must be a positive real scalar (a number or a one-element real tensor), got a "
-                             f"tensor of shape {tuple(lam.shape)} and dtype {lam.dtype}")
-        value = float(lam.detach())
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"lam must be a positive finite diffusion time, got a tensor holding {value!r}")
-        if not lam.is_floating_point():
-            return value
-        return lam if lam.dim() == 0 else lam.reshape(())
-    if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
-        raise ValueError(f"lam must be a positive finite diffusion time (a real number or a one-element tensor), "
-                         f"got {type(lam).__name__} {lam!r}")
-    if not math.isfinite(lam) or lam <= 0:
-        raise ValueError(f"lam must be a positive finite diffusion time, got {lam!r}")
-    return float(lam)
+    """fast.validation.check_diffusion_time: lam > 0, a tensor kept as given."""
+    return check_diffusion_time(lam, positive=True)
 
 
 class HypercubeDiffusionMask(SymmetricMaskOperator):
@@ -85,7 +64,7 @@ class HypercubeDiffusionMask(SymmetricMaskOperator):
 
     def t(self, device=None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """The Kronecker factor's off-diagonal tanh(lam), as a 0-d tensor."""
-        return torch.tanh(torch.as_tensor(self.lam, dtype=dtype, device=device))
+        return torch.tanh(torch.as_tensor(self.lam, dtype=dtype, device=device)).reshape(())
 
     def group_factor(self, bits: int, device=None, dtype: torch.dtype = torch.float64, *,
                      absolute: bool = False) -> torch.Tensor:
