@@ -6,11 +6,11 @@ from verify.result import Check
 
 def all_checks() -> list[Check]:
     """Every check of every family, in a stable order."""
-    from verify.checks import (complexity, equivalence, features, graph, grf, guards, numerics, perf, performer,
-                               positional, reproducibility, scale, tree)
+    from verify.checks import (complexity, equivalence, features, graph, grf, guards, latent, numerics, perf,
+                               performer, positional, reproducibility, scale, tree)
 
     out: list[Check] = []
     for family in (equivalence, guards, numerics, reproducibility, performer, features, positional, tree, graph, grf,
-                   complexity, perf, scale):
+                   latent, complexity, perf, scale):
         out.extend(family.checks())
     return out

@@ -64,11 +64,29 @@ def _issue_12_ids() -> list[str]:
     return ISSUE_12_PAPER_IDS + generic + scale
 
 
+#: The latent-graph claims (issue 13): wu22.
+ISSUE_13_PAPER_IDS = ["wu22/lemma-1", "wu22/theorem-1", "wu22/lemma-2", "wu22/lemma-3", "wu22/theorem-2",
+                      "wu22/large-tau", "wu22/gumbel-unbiased"]
+#: The mechanisms issue 13 registers: equivalence/ and complexity/ each, scale/ where flagged.
+ISSUE_13_MECHANISMS = ("nodeformer", "nodeformer-gumbel", "relational-bias", "edge-loss", "difformer", "sgformer")
+
+
+def _issue_13_ids() -> list[str]:
+    """The wu22 checks, equivalence/ and complexity/ of the latent-graph mechanisms, their scale/ checks."""
+    from verify.mechanisms import mechanisms
+
+    registered = {m.id for m in mechanisms()}
+    generic = [f"{family}/{m}" for m in ISSUE_13_MECHANISMS if m in registered for family in ("equivalence", "complexity")]
+    scale = [f"scale/{m.id}{suffix}" for m in mechanisms() if m.id in ISSUE_13_MECHANISMS
+             for suffix, on in (("", m.scale), ("-train", m.scale_train)) if on]
+    return ISSUE_13_PAPER_IDS + generic + scale
+
+
 def test_ids_are_the_old_ones_plus_the_new_families():
     ids = [c.id for c in all_checks()]
     assert len(ids) == len(set(ids))
     assert set(ids) == (set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids()) | set(_issue_10_ids()) | set(_issue_11_ids())
-                        | set(_issue_12_ids()))
+                        | set(_issue_12_ids()) | set(_issue_13_ids()))
     assert len(_issue_9_ids()) >= 2 * 11  # every masked mechanism is linear and random
     # the old ids keep their order (the scale family was regrouped by issue 8)
     old = set(OLD_IDS)
