@@ -1,0 +1,228 @@
+"""Batches of several graphs in one node set: the PyG batch vector (wu22; issue 13).
+
+Nodes of G graphs are concatenated along the node axis N (PyG convention) and a batch vector
+``batch`` (N,) gives each node's graph id: sorted nondecreasing, values in [0, G), graph g
+owning the contiguous nodes ptr[g]:ptr[g + 1]. Labels may skip values (an empty graph g has
+ptr[g] == ptr[g + 1]). ``check_batch`` validates a batch vector and returns a ``BatchIndex``,
+which offers the three per-graph reductions the latent-graph mechanisms need, all O(N c) (or
+O(N m d) for the outer products) and never across graphs:
+
+    segment_sum(x (..., N, c))                -> (..., G, c)       sum over each graph's nodes
+    segment_max(x (..., N, c))                -> (..., G, c)       max (-inf for an empty graph)
+    gather(y (..., G, c))                     -> (..., N, c)       row u gets y[batch[u]]
+    segment_outer(a (..., N, m), b (..., N, d)) -> (..., G, m, d)  sum_{u in g} a_u b_u^T
+
+Host reads: ``check_batch`` reads the device ONCE per call (sortedness, smallest and largest
+label, in one transfer: G comes from the largest label); a failure reads it again to name the
+offending position. ``segment_outer``'s per-graph loop needs the graph boundaries on the host:
+read once per BatchIndex and cached. Nothing else synchronises.
+
+Every reduction here sums each graph's rows in a fixed order that depends only on that graph's
+rows: perturbing one graph's inputs leaves every other graph's outputs bit for bit unchanged.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+__all__ = ["BatchIndex", "check_batch", "SMALL_GRAPH_COUNT", "OUTER_BLOCK_ELEMENTS"]
+
+#: segment_outer loops over graphs (one GEMM each) when there are at most this many graphs;
+#: more graphs take the blocked scatter (module doc of ``BatchIndex.segment_outer``).
+SMALL_GRAPH_COUNT = 64
+#: The blocked scatter of segment_outer forms at most about this many outer-product entries at once
+#: (2^22: 16 MiB in float32) per block, whatever N.
+OUTER_BLOCK_ELEMENTS = 1 << 22
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+class BatchIndex:
+    """A validated, sorted PyG batch vector (module doc). Build with ``check_batch``.
+
+    Attributes: ``n`` (N), ``num_graphs`` (G), ``index`` (N,) int64 tensor (sorted graph ids),
+    ``ptr`` (G + 1,) int64 tensor (graph g = nodes ptr[g]:ptr[g + 1]), ``sizes`` (G,) int64
+    tensor (nodes per graph; 0 for an empty label), ``device``.
+    """
+
+    __slots__ = ("n", "num_graphs", "index", "ptr", "sizes", "_host_ptr")
+
+    def __init__(self, index: torch.Tensor, num_graphs: int):
+        """Trusts its arguments (``check_batch`` validates): index (N,) int64 sorted in [0, num_graphs)."""
+        self.n = int(index.numel())
+        self.num_graphs = int(num_graphs)
+        self.index = index
+        self.sizes = torch.bincount(index, minlength=self.num_graphs)
+        ptr = torch.zeros(self.num_graphs + 1, dtype=torch.int64, device=index.device)
+        torch.cumsum(self.sizes, 0, out=ptr[1:])
+        self.ptr = ptr
+        self._host_ptr: list[int] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.index.device
+
+    def to(self, device) -> "BatchIndex":
+        """The same batch on ``device`` (self when already there)."""
+        device = torch.device(device)
+        if device == self.device or (device.index is None and device.type == self.device.type):
+            return self
+        out = BatchIndex.__new__(BatchIndex)
+        out.n, out.num_graphs = self.n, self.num_graphs
+        out.index, out.ptr, out.sizes = self.index.to(device), self.ptr.to(device), self.sizes.to(device)
+        out._host_ptr = self._host_ptr
+        return out
+
+    def host_ptr(self) -> list[int]:
+        """ptr as a Python list (one host read, cached)."""
+        if self._host_ptr is None:
+            self._host_ptr = [int(p) for p in self.ptr.tolist()]
+        return self._host_ptr
+
+    def __repr__(self) -> str:
+        return f"BatchIndex(n={self.n}, num_graphs={self.num_graphs}, device={self.device})"
+
+    # ------------------------------------------------------------------ reductions
+    def _nodes(self, name: str, x: object, min_dim: int = 2) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() < min_dim or x.shape[-2] != self.n:
+            raise ValueError(f"{name} must have shape (..., N, c) with N = {self.n} nodes (the batch's) on axis -2, "
+                             f"got {tuple(x.shape)}")
+        return x
+
+    def _index_on(self, x: torch.Tensor) -> torch.Tensor:
+        return self.index if self.index.device == x.device else self.index.to(x.device)
+
+    def segment_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """sum_{u in g} x_u per graph: x (..., N, c) -> (..., G, c) (0 for an empty graph). O(N c);
+        differentiable (index_add)."""
+        x = self._nodes("x", x)
+        out = torch.zeros(*x.shape[:-2], self.num_graphs, x.shape[-1], dtype=x.dtype, device=x.device)
+        return out.index_add(-2, self._index_on(x), x)
+
+    def segment_max(self, x: torch.Tensor) -> torch.Tensor:
+        """max_{u in g} x_u per graph, entrywise: x (..., N, c) -> (..., G, c) (-inf for an empty graph).
+        Meant for stabilising constants (callers detach it); differentiable as torch's amax scatter."""
+        x = self._nodes("x", x)
+        idx = self._index_on(x).view(*([1] * (x.dim() - 2)), self.n, 1).expand(x.shape)
+        out = torch.full((*x.shape[:-2], self.num_graphs, x.shape[-1]), -torch.inf, dtype=x.dtype, device=x.device)
+        return out.scatter_reduce(-2, idx, x, reduce="amax", include_self=True)
+
+    def gather(self, y: torch.Tensor) -> torch.Tensor:
+        """Per-graph rows back to nodes: y (..., G, c) -> (..., N, c), row u = y[..., batch[u], :]."""
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+        if y.dim() < 2 or y.shape[-2] != self.num_graphs:
+            raise ValueError(f"y must have shape (..., G, c) with G = {self.num_graphs} graphs on axis -2, got "
+                             f"{tuple(y.shape)}")
+        return y.index_select(-2, self._index_on(y))
+
+    def segment_outer(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """sum_{u in g} a_u b_u^T per graph: a (..., N, m), b (..., N, d) -> (..., G, m, d).
+
+        Never materialises the N x m x d outer products:
+        - G <= SMALL_GRAPH_COUNT (64): a loop over the graphs' contiguous slices, one GEMM
+          a[ptr[g]:ptr[g+1]]^T b[ptr[g]:ptr[g+1]] each (G GEMMs of total work O(N m d), the
+          graph boundaries read to the host once per BatchIndex);
+        - more graphs (a GEMM per graph would be dominated by call overhead): node blocks of B
+          rows, B * m * d * (leading size) <= OUTER_BLOCK_ELEMENTS, whose outer products are
+          formed and scattered into their graphs (index_add_); peak extra memory
+          O(OUTER_BLOCK_ELEMENTS + G m d), work O(N m d).
+        a and b broadcast in their leading dims. Differentiable in a and b (both routes).
+        """
+        a, b = self._nodes("a", a), self._nodes("b", b)
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        m, d = a.shape[-1], b.shape[-1]
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        a, b = a.to(dtype), b.to(dtype)
+        if self.num_graphs <= SMALL_GRAPH_COUNT:
+            ptr = self.host_ptr()
+            at = a.transpose(-1, -2)
+            parts = [at[..., :, s:e] @ b[..., s:e, :] for s, e in zip(ptr[:-1], ptr[1:])]
+            parts = [p.expand(*lead, m, d) for p in parts]
+            if not parts:
+                return torch.zeros(*lead, 0, m, d, dtype=dtype, device=a.device)
+            return torch.stack(parts, dim=-3)
+        lead_size = 1
+        for s in lead:
+            lead_size *= int(s)
+        block = max(1, OUTER_BLOCK_ELEMENTS // max(1, lead_size * m * d))
+        index = self._index_on(a)
+        out = torch.zeros(*lead, self.num_graphs, m * d, dtype=dtype, device=a.device)
+        for s in range(0, self.n, block):
+            e = min(self.n, s + block)
+            outer = (a[..., s:e, :].unsqueeze(-1) * b[..., s:e, :].unsqueeze(-2)).flatten(-2)  # (..., B, m d)
+            out.index_add_(-2, index[s:e], outer.expand(*lead, e - s, m * d))
+        return out.unflatten(-1, (m, d))
+
+
+def check_batch(batch: object, n: int, *, name: str = "batch", device=None,
+                num_graphs: int | None = None) -> BatchIndex | None:
+    """Validate a PyG batch vector for inputs with N = n nodes: None -> None, else a BatchIndex.
+
+    batch: None (one graph), a BatchIndex (its n is checked; moved to ``device``), or an integer
+    torch tensor / NumPy array (or sequence of ints) of shape (N,), sorted nondecreasing (each
+    graph's nodes contiguous), labels >= 0. G = max label + 1 (labels that never occur are empty
+    graphs), or ``num_graphs`` when given (then labels must be < num_graphs). device: where the
+    index lives (default: the tensor's device, CPU for arrays).
+
+    One host read per call (sortedness, min and max in one transfer). Errors name ``name``:
+    TypeError for a non-integer dtype (bool and floats refused); ValueError for a wrong shape
+    ("batch has 37 entries but the inputs have N = 38 nodes"), a negative label, a label >=
+    num_graphs, or an unsorted vector ("batch must be sorted (PyG convention: each graph's nodes
+    are contiguous); batch[12] = 0 follows batch[11] = 2").
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"n (the number of nodes) must be a positive integer, got {n!r}")
+    n = int(n)
+    if num_graphs is not None and (isinstance(num_graphs, bool) or not isinstance(num_graphs, numbers.Integral)
+                                   or num_graphs < 1):
+        raise ValueError(f"num_graphs must be a positive integer or None, got {num_graphs!r}")
+    if batch is None:
+        return None
+    if isinstance(batch, BatchIndex):
+        if batch.n != n:
+            raise ValueError(f"{name} has {batch.n} entries but the inputs have N = {n} nodes")
+        if num_graphs is not None and batch.num_graphs > num_graphs:
+            raise ValueError(f"{name} has {batch.num_graphs} graphs but num_graphs = {num_graphs}")
+        return batch if device is None else batch.to(device)
+    if isinstance(batch, torch.Tensor):
+        if batch.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense integer tensor (N,) of graph ids, got layout {batch.layout}")
+        if batch.dtype not in _INT_DTYPES:
+            raise TypeError(f"{name} must be an integer tensor or array (N,) of graph ids (PyG batch vector), "
+                            f"got dtype {batch.dtype}")
+        t = batch.detach()
+    else:
+        try:
+            arr = np.asarray(batch)
+        except Exception:  # noqa: BLE001 - anything that is not array-like
+            arr = np.asarray(None, dtype=object)
+        if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+            got = f"dtype {arr.dtype}" if arr.dtype != object else type(batch).__name__
+            raise TypeError(f"{name} must be an integer tensor or array (N,) of graph ids (PyG batch vector), "
+                            f"got {got}")
+        t = torch.as_tensor(arr.astype(np.int64, copy=False))
+    if t.dim() != 1:
+        raise ValueError(f"{name} must have shape (N,) = ({n},) (one graph id per node), got {tuple(t.shape)}")
+    if t.shape[0] != n:
+        raise ValueError(f"{name} has {t.shape[0]} entries but the inputs have N = {n} nodes")
+    t = t.to(device=device if device is not None else t.device, dtype=torch.int64)
+    ordered = (t[1:] >= t[:-1]).all() if n > 1 else torch.ones((), dtype=torch.bool, device=t.device)
+    ok, lo, hi = torch.stack([ordered.to(torch.int64), t.min(), t.max()]).tolist()  # the one host read
+    if lo < 0:
+        i = int(torch.nonzero(t < 0)[0, 0])
+        raise ValueError(f"{name} labels must be >= 0 (graph ids in [0, G)), got {name}[{i}] = {int(t[i])}")
+    if not ok:
+        i = int(torch.nonzero(t[1:] < t[:-1])[0, 0]) + 1
+        raise ValueError(f"{name} must be sorted (PyG convention: each graph's nodes are contiguous); "
+                         f"{name}[{i}] = {int(t[i])} follows {name}[{i - 1}] = {int(t[i - 1])}")
+    g = hi + 1
+    if num_graphs is not None:
+        if hi >= num_graphs:
+            raise ValueError(f"{name} labels must be < num_graphs = {num_graphs}, got {hi}")
+        g = int(num_graphs)
+    return BatchIndex(t.contiguous(), g)

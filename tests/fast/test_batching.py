@@ -1,0 +1,113 @@
+"""fast/batching.py: the PyG batch vector, its checks and its per-graph reductions."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fast.batching as fb
+from fast.batching import BatchIndex, check_batch
+from tests.helpers import gen, randn
+
+#: three graphs of uneven sizes and one empty label (2) between them
+LABELS = [0, 0, 0, 1, 1, 1, 1, 1, 3, 3]
+
+
+def _dense_same(labels) -> torch.Tensor:
+    b = torch.as_tensor(labels)
+    return (b[:, None] == b[None, :]).double()
+
+
+def test_check_batch_builds_the_index():
+    b = check_batch(torch.tensor(LABELS), len(LABELS))
+    assert isinstance(b, BatchIndex)
+    assert b.n == 10 and b.num_graphs == 4
+    assert b.index.dtype == b.ptr.dtype == b.sizes.dtype == torch.int64
+    assert b.ptr.tolist() == [0, 3, 8, 8, 10]
+    assert b.sizes.tolist() == [3, 5, 0, 2]
+    assert check_batch(None, 5) is None
+    # NumPy arrays and lists of ints work as well; num_graphs can add trailing empty graphs
+    assert check_batch(np.array(LABELS, dtype=np.int32), 10).ptr.tolist() == [0, 3, 8, 8, 10]
+    assert check_batch(LABELS, 10, num_graphs=6).num_graphs == 6
+    assert check_batch(b, 10) is b
+
+
+@pytest.mark.parametrize("batch, n, err, match", [
+    (torch.tensor([0.0, 1.0]), 2, TypeError, "batch must be an integer"),
+    (torch.tensor([True, False]), 2, TypeError, "batch must be an integer"),
+    (np.array([0.5, 1.0]), 2, TypeError, "batch must be an integer"),
+    (torch.zeros(37, dtype=torch.int64), 38, ValueError, r"batch has 37 entries but the inputs have N = 38 nodes"),
+    (torch.zeros(2, 19, dtype=torch.int64), 38, ValueError, r"batch must have shape \(N,\)"),
+    (torch.tensor([0, -1, 1]), 3, ValueError, r"batch labels must be >= 0.*batch\[1\] = -1"),
+    (torch.tensor([0] * 8 + [2] * 4 + [0]), 13,
+     ValueError, r"batch must be sorted \(PyG convention: each graph's nodes are contiguous\); "
+                 r"batch\[12\] = 0 follows batch\[11\] = 2"),
+    ("abc", 3, TypeError, "batch must be an integer"),
+])
+def test_check_batch_errors(batch, n, err, match):
+    with pytest.raises(err, match=match):
+        check_batch(batch, n)
+
+
+def test_check_batch_other_errors():
+    with pytest.raises(ValueError, match="labels must be < num_graphs = 2"):
+        check_batch(torch.tensor([0, 1, 2]), 3, num_graphs=2)
+    with pytest.raises(ValueError, match="n .* must be a positive integer"):
+        check_batch(torch.tensor([0]), 0)
+    with pytest.raises(ValueError, match="segs has 10 entries but the inputs have N = 9"):
+        check_batch(check_batch(torch.tensor(LABELS), 10), 9, name="segs")
+
+
+def test_segment_sum_gather_max_against_dense():
+    b = check_batch(torch.tensor(LABELS), 10)
+    x = randn((2, 3, 10, 4), gen(0))
+    onehot = torch.nn.functional.one_hot(b.index, 4).double()  # (N, G)
+    expected = onehot.T @ x
+    torch.testing.assert_close(b.segment_sum(x), expected, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(b.gather(b.segment_sum(x)), _dense_same(LABELS) @ x, rtol=1e-14, atol=1e-14)
+    mx = b.segment_max(x)
+    assert torch.isinf(mx[..., 2, :]).all() and (mx[..., 2, :] < 0).all()  # the empty graph
+    for g, (s, e) in enumerate([(0, 3), (3, 8), (8, 10)]):
+        gid = [0, 1, 3][g]
+        torch.testing.assert_close(mx[..., gid, :], x[..., s:e, :].amax(-2))
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_segment_outer_both_routes(small, monkeypatch):
+    if not small:
+        monkeypatch.setattr(fb, "SMALL_GRAPH_COUNT", 0)
+        monkeypatch.setattr(fb, "OUTER_BLOCK_ELEMENTS", 50)  # several blocks of a few rows
+    b = check_batch(torch.tensor(LABELS), 10)
+    a = randn((2, 10, 3), gen(1)).requires_grad_()
+    v = randn((2, 1, 10, 5), gen(2))  # leading dims broadcast
+    out = b.segment_outer(a, v)
+    assert out.shape == (2, 2, 4, 3, 5)
+    dense = torch.einsum("ng,...nm,...nd->...gmd", torch.nn.functional.one_hot(b.index, 4).double(), a, v)
+    torch.testing.assert_close(out, dense.expand_as(out), rtol=1e-13, atol=1e-13)
+    assert torch.equal(out[..., 2, :, :], torch.zeros_like(out[..., 2, :, :]))
+    out.sum().backward()  # d/da_u of the sum of out: a[i] meets v[j] for every j
+    torch.testing.assert_close(a.grad, v.sum(-1, keepdim=True).sum(0).expand(2, 10, 3))
+    torch.autograd.gradcheck(lambda x, y: b.segment_outer(x, y),
+                             (randn((10, 2), gen(3)).requires_grad_(), randn((10, 2), gen(4)).requires_grad_()))
+
+
+def test_graphs_never_mix():
+    """Perturbing one graph's rows leaves the other graphs' sums bit for bit unchanged."""
+    b = check_batch(torch.tensor(LABELS), 10)
+    x = randn((3, 10, 4), gen(5))
+    y = x.clone()
+    y[..., 3:8, :] += 1.0
+    for f in (b.segment_sum, b.segment_max, lambda t: b.segment_outer(t, t)):
+        p, r = f(x), f(y)
+        assert torch.equal(p[:, [0, 3]], r[:, [0, 3]])
+        assert not torch.equal(p[:, 1], r[:, 1])
+
+
+def test_reduction_shape_errors():
+    b = check_batch(torch.tensor(LABELS), 10)
+    with pytest.raises(ValueError, match=r"x must have shape \(..., N, c\) with N = 10"):
+        b.segment_sum(torch.zeros(9, 2))
+    with pytest.raises(ValueError, match=r"y must have shape \(..., G, c\) with G = 4"):
+        b.gather(torch.zeros(3, 2))
+    with pytest.raises(TypeError, match="a must be a torch.Tensor"):
+        b.segment_outer(np.zeros((10, 2)), torch.zeros(10, 2))
