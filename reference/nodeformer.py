@@ -1,0 +1,185 @@
+"""NodeFormer (wu22) the obvious way: dense float64 NumPy, N x N matrices (twin of fast/nodeformer.py).
+
+Shapes: q, k (..., N, d_qk); v (..., N, d); w the (m, d_qk) projection. Kernel scaling as in
+fast/: FAVOR+ features (wu22 Eq. 4, reference.features.favor_plus) of x = q d_qk^(-1/4) / sqrt(tau),
+so phi(q) . phi(k) estimates exp(q.k / (sqrt(d_qk) tau)). The kernel matrix is formed in log
+space, log A_uv = LSE_f(z_uf + z_vf) - log m with z = w.x - |x|^2/2, so that small tau does not
+overflow here either: A = exp(log A) itself is never formed unshifted. A batch vector ``batch``
+(N,) (sorted graph ids, PyG convention) masks A to the block diagonal same[u, v] = batch[u] == batch[v].
+
+Gumbel noise (Eqs. 6-7, 14-17): noise (K, *k.shape[:-1]), one standard Gumbel per sample, leading
+slice and key node; sample s weights key v by exp(g_sv / tau) (added to log A); the output is the
+mean over samples of the normalised outputs. Relational bias (Eq. 8): sum_r sigmoid(b_r) A~_r v
+with A_r the 0/1 pattern of A^r, A~_r = D_r^-1/2 A_r D_r^-1/2 (normalize="sym") or A_r (None).
+Edge loss (Eqs. 10, 12): l_u = mean over the stored entries (u, v) of row u of log pi_uv (0 for an
+isolated node), loss = -mean over nodes and leading dims.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from reference._checks import generator, integer, real_array, real_scalar
+from reference.budget import check_dense_budget
+from reference.features import favor_plus
+from reference.graphs import adjacency
+
+__all__ = ["batch_mask", "gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "exact_gumbel_softmax",
+           "adjacency_orders", "relational_bias", "nodeformer_attention", "attention_weights",
+           "edge_log_likelihood", "edge_loss"]
+
+
+def _tau(tau) -> float:
+    t = real_scalar("tau", tau)
+    if not np.isfinite(t) or t <= 0:
+        raise ValueError(f"tau must be a finite number > 0, got {t!r}")
+    return t
+
+
+def batch_mask(batch, n: int) -> np.ndarray:
+    """same (N, N) float64: 1 where batch[u] == batch[v] (all ones for batch None)."""
+    n = integer("n", n)
+    if batch is None:
+        return np.ones((n, n))
+    b = np.asarray(batch)
+    if b.dtype == np.bool_ or not np.issubdtype(b.dtype, np.integer):
+        raise TypeError(f"batch must be an integer array (N,), got dtype {b.dtype}")
+    if b.shape != (n,):
+        raise ValueError(f"batch has shape {b.shape} but the inputs have N = {n} nodes")
+    if (b < 0).any():
+        raise ValueError("batch labels must be >= 0")
+    if (np.diff(b) < 0).any():
+        raise ValueError("batch must be sorted (PyG convention: each graph's nodes are contiguous)")
+    return (b[:, None] == b[None, :]).astype(np.float64)
+
+
+def gumbel_noise(shape, rng: np.random.Generator) -> np.ndarray:
+    """Standard Gumbel noise -log(-log U) of ``shape``, U uniform on (0, 1) (clamped into [tiny, 1 - eps/2])."""
+    rng = generator("rng", rng)
+    u = np.clip(rng.random(shape), np.finfo(float).tiny, 1.0 - np.finfo(float).eps / 2)
+    return -np.log(-np.log(u))
+
+
+def _log_kernel(q, k, w, tau) -> np.ndarray:
+    """log (phi(q_u) . phi(k_v)) (..., N, N) at the 1/sqrt(tau) scaling, by log-sum-exp over the m features."""
+    q, k, w = real_array("q", q, finite=True), real_array("k", k, finite=True), real_array("w", w, finite=True)
+    d, m = w.shape[1], w.shape[0]
+    s = d ** -0.25 / np.sqrt(tau)
+    xq, xk = q * s, k * s
+    zq = xq @ w.T - 0.5 * np.sum(xq * xq, -1, keepdims=True)  # = log(sqrt(m) favor_plus(xq, w))
+    zk = xk @ w.T - 0.5 * np.sum(xk * xk, -1, keepdims=True)
+    lead = np.broadcast_shapes(zq.shape[:-2], zk.shape[:-2])
+    check_dense_budget(zq.shape[-2], "NodeFormer log-kernel matrix", copies=3 * max(1, int(np.prod(lead))))
+    out = np.full((*lead, zq.shape[-2], zk.shape[-2]), -np.inf)
+    for f in range(m):  # log sum_f exp(zq_uf + zk_vf), one feature at a time: N x N memory
+        out = np.logaddexp(out, zq[..., :, None, f] + zk[..., None, :, f])
+    return out - np.log(m)
+
+
+def _normalise(log_a: np.ndarray, same: np.ndarray) -> np.ndarray:
+    """pi = A / row sums over the same graph, from log A (..., N, N) (zero outside the graph)."""
+    log_a = np.where(same > 0, log_a, -np.inf)
+    top = log_a.max(-1, keepdims=True)
+    a = np.exp(log_a - top)
+    return a / a.sum(-1, keepdims=True)
+
+
+def attention_weights(q, k, w, *, tau: float = 1.0, batch=None) -> np.ndarray:
+    """pi (..., N, N): pi_uv = phi(q_u).phi(k_v) / sum_{w in graph(u)} phi(q_u).phi(k_w) (Eq. 5's weights)."""
+    tau = _tau(tau)
+    log_a = _log_kernel(q, k, w, tau)
+    return _normalise(log_a, batch_mask(batch, log_a.shape[-1]))
+
+
+def kernelized_softmax(q, k, v, w, *, tau: float = 1.0, batch=None) -> np.ndarray:
+    """wu22 Eq. 5 (at the 1/sqrt(tau) scaling): pi v, dense. (..., N, d)."""
+    v = real_array("v", v, finite=True)
+    return attention_weights(q, k, w, tau=tau, batch=batch) @ v
+
+
+def kernelized_gumbel_softmax(q, k, v, w, noise, *, tau: float, batch=None) -> np.ndarray:
+    """wu22 Eqs. 7, 14-17: mean over samples s of normalise(A * exp(g_s / tau) per key) v, dense."""
+    tau = _tau(tau)
+    v = real_array("v", v, finite=True)
+    noise = real_array("noise", noise, finite=True)
+    log_a = _log_kernel(q, k, w, tau)
+    same = batch_mask(batch, log_a.shape[-1])
+    outs = [_normalise(log_a + g[..., None, :] / tau, same) @ v for g in noise]
+    return np.mean(outs, axis=0)
+
+
+def exact_gumbel_softmax(q, k, v, noise=None, *, tau: float, batch=None) -> np.ndarray:
+    """wu22 Eq. 6 with the exact kernel: mean over samples of softmax_v((q_u.k_v / sqrt(d) + g_sv) / tau) v.
+
+    noise None: the plain softmax at temperature tau (no samples)."""
+    tau = _tau(tau)
+    q, k, v = real_array("q", q, finite=True), real_array("k", k, finite=True), real_array("v", v, finite=True)
+    logits = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
+    same = batch_mask(batch, logits.shape[-1])
+    if noise is None:
+        return _normalise(logits / tau, same) @ v
+    noise = real_array("noise", noise, finite=True)
+    return np.mean([_normalise((logits + g[..., None, :]) / tau, same) @ v for g in noise], axis=0)
+
+
+def adjacency_orders(adj, order: int) -> list[sp.csr_matrix]:
+    """[A_1, ..., A_order]: the 0/1 patterns of A^r (A = the pattern of adj), as scipy csr, via dense powers."""
+    order = integer("order", order)
+    a = (adjacency(adj).toarray() != 0).astype(np.float64)
+    out, p = [], np.eye(a.shape[0])
+    for _ in range(order):
+        p = p @ a
+        out.append(sp.csr_matrix((p > 0).astype(np.float64)))
+    return out
+
+
+def relational_bias(v, adj, b, *, order: int = 1, normalize: str | None = "sym") -> np.ndarray:
+    """wu22 Eq. 8's bias term sum_r sigmoid(b_r) A~_r v, dense. b: a number or a (order,) array."""
+    v = real_array("v", v, finite=True)
+    order = integer("order", order)
+    if normalize not in ("sym", None):
+        raise ValueError(f'normalize must be "sym" or None, got {normalize!r}')
+    bs = np.broadcast_to(real_array("b", b, finite=True), (order,))
+    out = np.zeros_like(v)
+    for r, a in enumerate(adjacency_orders(adj, order)):
+        a = a.toarray()
+        if normalize == "sym":
+            deg = a.sum(1)
+            inv = np.where(deg > 0, 1.0 / np.sqrt(np.where(deg > 0, deg, 1.0)), 0.0)
+            a = inv[:, None] * a * inv[None, :]
+        out = out + (1.0 / (1.0 + np.exp(-bs[r]))) * (a @ v)
+    return out
+
+
+def nodeformer_attention(q, k, v, w, *, graph=None, adj=None, b=None, order: int = 1,
+                         normalize: str | None = "sym", tau: float = 0.25, noise=None, batch=None) -> np.ndarray:
+    """wu22 Eq. 8: kernelized Gumbel-softmax (noise given) or kernelized softmax (noise None: evaluation)
+    plus the relational bias when ``graph`` (an adjacency reference.graphs.adjacency accepts; ``adj``
+    is another name for it) is given."""
+    if adj is not None:
+        if graph is not None:
+            raise ValueError("give the adjacency as graph or as adj, not both")
+        graph = adj
+    if noise is None:
+        z = kernelized_softmax(q, k, v, w, tau=tau, batch=batch)
+    else:
+        z = kernelized_gumbel_softmax(q, k, v, w, noise, tau=tau, batch=batch)
+    if graph is None:
+        return z
+    return z + relational_bias(v, graph, b, order=order, normalize=normalize)
+
+
+def edge_log_likelihood(q, k, w, adj, *, tau: float = 1.0, batch=None) -> np.ndarray:
+    """l_u = (1/d_u) sum_{(u,v) stored in adj} log pi_uv (..., N), 0 for an isolated node (wu22 Eq. 10)."""
+    pi = attention_weights(q, k, w, tau=tau, batch=batch)
+    a = (adjacency(adj).toarray() != 0).astype(np.float64)
+    with np.errstate(divide="ignore"):
+        log_pi = np.log(pi)
+    terms = np.where(a > 0, log_pi, 0.0).sum(-1)
+    deg = a.sum(1)
+    return terms / np.maximum(deg, 1.0)
+
+
+def edge_loss(q, k, w, adj, *, tau: float = 1.0, batch=None) -> float:
+    """-(1/N) sum_u l_u averaged over the leading dims (wu22 Eq. 10, one layer)."""
+    return float(-np.mean(edge_log_likelihood(q, k, w, adj, tau=tau, batch=batch)))

@@ -1,0 +1,346 @@
+"""fast/nodeformer.py against reference/nodeformer.py, graph isolation, log-space robustness, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import fast.nodeformer as F
+import reference.nodeformer as R
+from fast.graphs import Graph
+from tests.helpers import EQUIV_TOL, gen, np_, randn, rel_frobenius
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning"),
+              pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled:UserWarning")]
+
+#: three graphs of uneven sizes (3, 5, 4 nodes)
+N = 12
+BATCH = torch.tensor([0] * 3 + [1] * 5 + [2] * 4)
+SLICES = [(0, 3), (3, 8), (8, 12)]
+#: a symmetric edge_index inside the three graphs: a path, a triangle with a tail and a self-loop,
+#: an edge plus an isolated node (11)
+EDGES = torch.tensor([[0, 1, 1, 2, 3, 4, 4, 5, 5, 3, 6, 7, 7, 8, 9],
+                      [1, 0, 2, 1, 4, 3, 5, 4, 3, 5, 7, 6, 7, 9, 8]])
+
+
+def _adj() -> sp.csr_matrix:
+    e = EDGES.numpy()
+    return sp.csr_matrix((np.ones(e.shape[1]), (e[0], e[1])), shape=(N, N))
+
+
+def _inputs(dtype=torch.float64, seed=0, m=8, d=4, dv=3, scale=1.0):
+    g = gen(seed)
+    q = randn((2, 2, N, d), g, dtype, scale)
+    k = randn((2, 2, N, d), g, dtype, scale)
+    v = randn((2, 2, N, dv), g, dtype)
+    w = randn((m, d), g, dtype)
+    return q, k, v, w
+
+
+def _np(*ts):
+    return [np_(t) for t in ts]
+
+
+@pytest.fixture(params=["slices", "packing"])
+def route(request, monkeypatch):
+    """slices: few graphs, one GEMM pair per graph (the default); packing: the PackingMask segment-sum
+    route of many graphs, with tiny edge and row blocks so the blocked loops run several times."""
+    if request.param == "packing":
+        monkeypatch.setattr(F, "SMALL_GRAPH_COUNT", 0)
+        monkeypatch.setattr(F, "EDGE_BLOCK_ELEMENTS", 40)
+        monkeypatch.setattr(F, "ROWS_BLOCK_ELEMENTS", 40)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("batched", [False, True])
+def test_against_reference(dtype, batched, route):
+    q, k, v, w = _inputs(dtype)
+    batch = BATCH if batched else None
+    bn = None if batch is None else batch.numpy()
+    qn, kn, vn, wn = _np(q, k, v, w)
+    tol = EQUIV_TOL[dtype]
+    out = F.kernelized_softmax(q, k, v, w, tau=0.5, batch=batch)
+    assert out.dtype == dtype and out.shape == v.shape
+    assert rel_frobenius(out, R.kernelized_softmax(qn, kn, vn, wn, tau=0.5, batch=bn)) < tol
+    noise = F.gumbel_noise((3, 2, 2, N), generator=gen(1), dtype=dtype)
+    out = F.kernelized_gumbel_softmax(q, k, v, w, tau=0.25, noise=noise, batch=batch)
+    assert rel_frobenius(out, R.kernelized_gumbel_softmax(qn, kn, vn, wn, np_(noise), tau=0.25, batch=bn)) < tol
+    b = torch.tensor([0.3, -1.2], dtype=dtype)
+    for order in (1, 2):
+        for normalize in ("sym", None):
+            out = F.nodeformer_attention(q, k, v, w, graph=EDGES, b=b[:order], order=order, normalize=normalize,
+                                         noise=noise, batch=batch)
+            ref = R.nodeformer_attention(qn, kn, vn, wn, graph=_adj(), b=np_(b[:order]), order=order,
+                                         normalize=normalize, noise=np_(noise), batch=bn)
+            assert rel_frobenius(out, ref) < tol
+    rows = torch.tensor([0, 4, 11, 4])
+    out = F.kernelized_attention_rows(q, k, w, rows, tau=0.5, batch=batch)
+    ref = R.attention_weights(qn, kn, wn, tau=0.5, batch=bn)[..., rows.numpy(), :]
+    assert out.shape == (2, 2, 4, N) and rel_frobenius(out, ref) < tol
+    ell = F.edge_log_likelihood(q, k, w, EDGES, tau=0.5, batch=batch)
+    assert ell.shape == (2, 2, N) and float(ell[..., 11].abs().max()) == 0.0  # isolated node
+    assert rel_frobenius(ell, R.edge_log_likelihood(qn, kn, wn, _adj(), tau=0.5, batch=bn)) < tol
+    loss = F.edge_loss(q, k, w, EDGES, tau=0.5, batch=batch)
+    ref = R.edge_loss(qn, kn, wn, _adj(), tau=0.5, batch=bn)
+    assert loss.dim() == 0 and abs(float(loss) - ref) <= tol * abs(ref)
+
+
+def test_rows_are_distributions_within_their_graph():
+    q, k, _, w = _inputs()
+    pi = F.kernelized_attention_rows(q, k, w, torch.arange(N), tau=0.25, batch=BATCH)
+    same = (BATCH[:, None] == BATCH[None, :])
+    assert torch.equal(pi.masked_fill(same, 0.0), torch.zeros_like(pi))
+    torch.testing.assert_close(pi.sum(-1), torch.ones(2, 2, N, dtype=torch.float64), rtol=1e-13, atol=1e-13)
+
+
+def test_graphs_never_mix(route):
+    """Perturbing one graph's q, k, v and noise leaves every other graph's outputs bit for bit unchanged."""
+    q, k, v, w = _inputs()
+    noise = F.gumbel_noise((2, 2, 2, N), generator=gen(3), dtype=torch.float64)
+    s, e = SLICES[1]
+    q2, k2, v2, n2 = q.clone(), k.clone(), v.clone(), noise.clone()
+    q2[..., s:e, :] += 0.7
+    k2[..., s:e, :] -= 0.4
+    v2[..., s:e, :] *= 3.0
+    n2[..., s:e] += 1.0
+    calls = [
+        lambda q, k, v, n: F.kernelized_softmax(q, k, v, w, tau=0.5, batch=BATCH),
+        lambda q, k, v, n: F.kernelized_gumbel_softmax(q, k, v, w, noise=n, batch=BATCH),
+        lambda q, k, v, n: F.nodeformer_attention(q, k, v, w, graph=EDGES, b=0.2, order=2, noise=n, batch=BATCH),
+        lambda q, k, v, n: F.edge_log_likelihood(q, k, w, EDGES, batch=BATCH).unsqueeze(-1),
+    ]
+    others = torch.tensor([0, 1, 2, 8, 9, 10, 11])
+    for call in calls:
+        a, b = call(q, k, v, noise), call(q2, k2, v2, n2)
+        assert torch.equal(a[..., others, :], b[..., others, :])
+        assert not torch.equal(a[..., s:e, :], b[..., s:e, :])
+
+
+def test_eval_mode_is_kernelized_softmax():
+    q, k, v, w = _inputs()
+    ref = F.kernelized_softmax(q, k, v, w, tau=0.25, batch=BATCH)
+    out = F.kernelized_gumbel_softmax(q, k, v, w, tau=0.25, training=False, generator=gen(0), batch=BATCH)
+    assert torch.equal(out, ref)
+    out = F.nodeformer_attention(q, k, v, w, tau=0.25, training=False, batch=BATCH)
+    assert torch.equal(out, ref)
+    assert torch.equal(F.nodeformer_attention(q, k, v, w, tau=0.25, gumbel=False, batch=BATCH), ref)
+    # training draws noise: the output moves
+    assert not torch.allclose(F.kernelized_gumbel_softmax(q, k, v, w, tau=0.25, generator=gen(0)),
+                              F.kernelized_softmax(q, k, v, w, tau=0.25))
+
+
+@pytest.mark.parametrize("tau", [1e-3, 1e-6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_small_tau_is_finite(tau, dtype):
+    """exp(g / tau) with g up to ~16 and |x|^2 / tau in the thousands: never inf or NaN (log space)."""
+    q, k, v, w = _inputs(dtype, seed=4, scale=3.0)
+    noise = F.gumbel_noise((4, 2, 2, N), generator=gen(5), dtype=dtype)
+    for batch in (None, BATCH):
+        out = F.kernelized_gumbel_softmax(q, k, v, w, tau=tau, noise=noise, batch=batch)
+        assert torch.isfinite(out).all()
+        # a convex combination of the values of the node's graph
+        assert float(out.abs().max()) <= float(v.abs().max()) * (1 + 1e-5)
+        assert torch.isfinite(F.kernelized_softmax(q, k, v, w, tau=tau, batch=batch)).all()
+        assert torch.isfinite(F.edge_loss(q, k, w, EDGES, tau=tau, batch=batch))
+    # at tiny tau each sample picks one key per query: the reference agrees (float64, same noise)
+    if dtype == torch.float64 and tau == 1e-3:
+        ref = R.kernelized_gumbel_softmax(*_np(q, k, v, w), np_(noise), tau=tau)
+        assert rel_frobenius(F.kernelized_gumbel_softmax(q, k, v, w, tau=tau, noise=noise), ref) < 1e-8
+
+
+def test_gumbel_noise_reproducible_and_global_rng_untouched():
+    state = torch.random.get_rng_state()
+    a = F.gumbel_noise((3, 5, 7), generator=gen(11))
+    b = F.gumbel_noise((3, 5, 7), generator=gen(11))
+    c = F.gumbel_noise((3, 5, 7))  # a fresh OS-seeded generator
+    q, k, v, w = _inputs()
+    F.kernelized_gumbel_softmax(q, k, v, w)
+    F.nodeformer_attention(q, k, v, w, generator=gen(2))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.dtype == torch.float32 and torch.isfinite(a).all()
+    big = F.gumbel_noise((200_000,), generator=gen(12), dtype=torch.float64)
+    assert abs(float(big.mean()) - np.euler_gamma) < 0.01  # Gumbel(0, 1): mean gamma, variance pi^2/6
+    assert abs(float(big.var()) - np.pi ** 2 / 6) < 0.03
+    # the generator route of kernelized_gumbel_softmax draws gumbel_noise((K, *k.shape[:-1])) in float64
+    noise = F.gumbel_noise((4, 2, 2, N), generator=gen(7), dtype=torch.float64)
+    assert torch.equal(F.kernelized_gumbel_softmax(q, k, v, w, samples=4, generator=gen(7)),
+                       F.kernelized_gumbel_softmax(q, k, v, w, noise=noise))
+
+
+def _dense_pattern(power: int) -> torch.Tensor:
+    a = torch.zeros(N, N, dtype=torch.float64)
+    a[EDGES[0], EDGES[1]] = 1.0
+    return (torch.linalg.matrix_power(a, power) > 0).double()
+
+
+@pytest.mark.parametrize("normalize", ["sym", None])
+def test_relational_bias_against_dense_powers(normalize):
+    v = randn((2, N, 3), gen(8))
+    b = torch.tensor([0.5, -0.25], dtype=torch.float64)
+    orders = F.adjacency_orders(EDGES, 2, n=N)
+    assert all(isinstance(a, Graph) for a in orders)
+    expected = torch.zeros_like(v)
+    for r in (1, 2):
+        a = _dense_pattern(r)
+        assert torch.equal(orders[r - 1].csr().to_dense(), a)
+        if normalize == "sym":
+            deg = a.sum(1)
+            inv = torch.where(deg > 0, deg.clamp(min=1).rsqrt(), torch.zeros_like(deg))
+            a = inv[:, None] * a * inv[None, :]
+        expected = expected + torch.sigmoid(b[r - 1]) * (a @ v)
+    out = F.relational_bias(v, EDGES, b, order=2, normalize=normalize)
+    torch.testing.assert_close(out, expected, rtol=1e-13, atol=1e-13)
+    # A_2 closes walks: node 0 (a path end) reaches itself and node 2, node 11 (isolated) nothing
+    a2 = orders[1].csr().to_dense()
+    assert a2[0, 0] == 1 and a2[0, 2] == 1 and a2[0, 1] == 0 and a2[11].sum() == 0
+    # a float b is shared by every order; inputs from scipy and a Graph give the same
+    same = F.relational_bias(v, _adj(), 0.5, order=2, normalize=normalize)
+    torch.testing.assert_close(same, F.relational_bias(v, orders[0], torch.tensor([0.5, 0.5]).double(), order=2,
+                                                       normalize=normalize), rtol=1e-14, atol=1e-14)
+
+
+def test_gradcheck(route):
+    g = gen(9)
+    n, d, m = 5, 3, 4
+    q, k, v = (randn((2, n, d), g).requires_grad_() for _ in range(3))
+    w = randn((m, d), g)
+    noise = F.gumbel_noise((2, 2, n), generator=gen(10), dtype=torch.float64)
+    b = torch.tensor([0.1, -0.4], dtype=torch.float64, requires_grad=True)
+    edges = torch.tensor([[0, 1, 1, 2, 3, 4], [1, 0, 2, 1, 4, 3]])
+    batch = torch.tensor([0, 0, 0, 1, 1])
+    torch.autograd.gradcheck(lambda q, k, v: F.kernelized_softmax(q, k, v, w, tau=0.5, batch=batch), (q, k, v))
+    torch.autograd.gradcheck(lambda q, k, v, b: F.nodeformer_attention(q, k, v, w, graph=edges, b=b, order=2,
+                                                                       noise=noise, tau=0.5), (q, k, v, b))
+    torch.autograd.gradcheck(lambda q, k: F.edge_loss(q, k, w, edges, tau=0.5, batch=batch), (q, k))
+    torch.autograd.gradcheck(lambda q, k: F.kernelized_attention_rows(q, k, w, [0, 3], tau=0.5), (q, k))
+
+
+def test_edge_loss_large_inputs_float32():
+    """std 8 q and k: exponents in the hundreds, float32: finite, and close to the float64 reference."""
+    q, k, _, w = _inputs(torch.float32, seed=12, d=8, scale=8.0)
+    for batch in (None, BATCH):
+        bn = None if batch is None else batch.numpy()
+        loss = F.edge_loss(q, k, w, EDGES, batch=batch)
+        ell = F.edge_log_likelihood(q, k, w, EDGES, batch=batch)
+        assert torch.isfinite(loss) and torch.isfinite(ell).all()
+        ref = R.edge_log_likelihood(*_np(q, k, w), _adj(), batch=bn)
+        assert np.isfinite(ref).all()
+        # cancellation of exponents of size ~|x|^2/2 ~ 300: float32 keeps ~1e-4 of them
+        assert rel_frobenius(ell, ref) < 1e-3
+        (gq, gk) = torch.autograd.grad(F.edge_loss(q.requires_grad_(), k.requires_grad_(), w, EDGES, batch=batch),
+                                       (q, k))
+        assert torch.isfinite(gq).all() and torch.isfinite(gk).all()
+
+
+def test_bad_inputs():
+    q, k, v, w = _inputs()
+    noise = F.gumbel_noise((2, 2, 2, N), generator=gen(0), dtype=torch.float64)
+    for tau in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="tau must be a finite number > 0"):
+            F.kernelized_softmax(q, k, v, w, tau=tau)
+        with pytest.raises(ValueError, match="tau must be a finite number > 0"):
+            F.edge_loss(q, k, w, EDGES, tau=tau)
+    with pytest.raises(ValueError, match="samples must be an int >= 1"):
+        F.kernelized_gumbel_softmax(q, k, v, w, samples=0)
+    with pytest.raises(ValueError, match="projection must have m >= 1 rows"):
+        F.kernelized_softmax(q, k, v, w[:0])
+    with pytest.raises(ValueError, match=r"noise must have shape \(K, \*k.shape\[:-1\]\) = \(K, 2, 2, 12\)"):
+        F.kernelized_gumbel_softmax(q, k, v, w, noise=noise[:, 0])
+    bad = noise.clone()
+    bad[0, 0, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="noise contains non-finite values"):
+        F.kernelized_gumbel_softmax(q, k, v, w, noise=bad)
+    with pytest.raises(ValueError, match="noise was given with training=False"):
+        F.kernelized_gumbel_softmax(q, k, v, w, noise=noise, training=False)
+    with pytest.raises(ValueError, match="samples = 3 disagrees with noise's K = 2"):
+        F.kernelized_gumbel_softmax(q, k, v, w, noise=noise, samples=3)
+    for order in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="order must be an int >= 1"):
+            F.relational_bias(v, EDGES, 0.0, order=order)
+        with pytest.raises(ValueError, match="order must be an int >= 1"):
+            F.adjacency_orders(EDGES, order)
+    with pytest.raises(ValueError, match=r"edge_index entries must be < n=12"):
+        F.edge_loss(q, k, w, torch.tensor([[0, 12], [12, 0]]))
+    with pytest.raises(ValueError, match=r"edge_index entries must be < n=12"):
+        F.nodeformer_attention(q, k, v, w, graph=torch.tensor([[0, 12], [12, 0]]), b=0.0)
+    with pytest.raises(ValueError, match=r"graph has an edge \(2, 3\) between two graphs of the batch"):
+        F.edge_loss(q, k, w, torch.tensor([[2, 3], [3, 2]]), batch=BATCH)
+    with pytest.raises(ValueError, match="batch must be sorted"):
+        F.kernelized_softmax(q, k, v, w, batch=BATCH.flip(0))
+    with pytest.raises(ValueError, match="batch has 11 entries but the inputs have N = 12"):
+        F.kernelized_gumbel_softmax(q, k, v, w, batch=BATCH[:11])
+    with pytest.raises(ValueError, match="graph was given without b"):
+        F.nodeformer_attention(q, k, v, w, graph=EDGES)
+    with pytest.raises(ValueError, match=r"b must be a float, a 0-dim tensor or a tensor of shape \(order,\) = \(2,\)"):
+        F.relational_bias(v, EDGES, torch.zeros(3, dtype=torch.float64), order=2)
+    with pytest.raises(ValueError, match='normalize must be "sym"'):
+        F.relational_bias(v, EDGES, 0.0, normalize="row")
+    with pytest.raises(ValueError, match=r"rows must be node ids in \[0, N = 12\)"):
+        F.kernelized_attention_rows(q, k, w, [0, 12])
+    for name in ("q", "k", "v", "w"):
+        args = dict(q=q.clone(), k=k.clone(), v=v.clone(), w=w.clone())
+        args[name].view(-1)[5] = float("nan")
+        want = "projection" if name == "w" else name
+        with pytest.raises(ValueError, match=f"{want} contains non-finite values"):
+            F.kernelized_softmax(args["q"], args["k"], args["v"], args["w"], batch=BATCH)
+        with pytest.raises(ValueError, match=f"{want} contains non-finite values"):
+            F.kernelized_gumbel_softmax(args["q"], args["k"], args["v"], args["w"], noise=noise)
+        if name != "v":
+            with pytest.raises(ValueError, match=f"{want} contains non-finite values"):
+                F.edge_loss(args["q"], args["k"], args["w"], EDGES)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        F.gumbel_noise((2, 3), generator=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_extreme_exponents_match_reference(dtype):
+    """|q|, |k| ~ 60 and tau = 1e-4: FAVOR+ exponents ~1e7 apart. The balanced features keep every
+    denominator >= 1 (no DenominatorError, no inf/NaN) and the result is the reference's (which
+    works in log space too): each query attends to its best key."""
+    q, k, v, w = _inputs(dtype, seed=13, scale=30.0)
+    for batch in (None, BATCH):
+        bn = None if batch is None else batch.numpy()
+        out = F.kernelized_softmax(q, k, v, w, tau=1e-4, batch=batch)
+        assert rel_frobenius(out, R.kernelized_softmax(*_np(q, k, v, w), tau=1e-4, batch=bn)) < EQUIV_TOL[dtype]
+
+
+def test_is_favor_attention_with_a_packing_mask():
+    """Without noise, the kernelized softmax with a batch vector is fast.favor_attention of q, k
+    scaled by 1/sqrt(tau) under fast.PackingMask(batch): the same maths, another stabiliser."""
+    from fast import PackingMask, favor_attention
+
+    q, k, v, w = _inputs(seed=14)
+    tau = 0.3
+    out = F.kernelized_softmax(q, k, v, w, tau=tau, batch=BATCH)
+    ref = favor_attention(q / tau ** 0.5, k / tau ** 0.5, v, w, mask=PackingMask(BATCH))
+    assert rel_frobenius(out, ref) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    """Half inputs compute in float32: attention comes back in v's dtype, edge terms in float32."""
+    q, k, v, w = (t.to(dtype) for t in _inputs(seed=15))
+    out = F.kernelized_gumbel_softmax(q, k, v, w, generator=gen(1), batch=BATCH)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    ref = F.kernelized_gumbel_softmax(*(t.float() for t in (q, k, v, w)), generator=gen(1), batch=BATCH)
+    assert rel_frobenius(out, ref) < 1e-2
+    loss = F.edge_loss(q, k, w, EDGES, batch=BATCH)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    q, k, v, w = _inputs(seed=16)
+    noise = F.gumbel_noise((3, 2, 2, N), generator=gen(2), dtype=torch.float64)
+    cpu = F.nodeformer_attention(q, k, v, w, graph=EDGES, b=0.1, order=2, noise=noise, batch=BATCH)
+    dev = F.nodeformer_attention(*(t.cuda() for t in (q, k, v, w)), graph=EDGES.cuda(), b=0.1, order=2,
+                                 noise=noise.cuda(), batch=BATCH.cuda())
+    assert rel_frobenius(dev, cpu) < 1e-12
+    # a CPU generator with CUDA inputs: drawn on the CPU, moved
+    out = F.kernelized_gumbel_softmax(*(t.cuda() for t in (q, k, v, w)), samples=2, generator=gen(3))
+    assert out.device.type == "cuda" and torch.isfinite(out).all()
+    loss = F.edge_loss(q.cuda(), k.cuda(), w.cuda(), EDGES.cuda(), batch=BATCH.cuda())
+    assert abs(float(loss) - float(F.edge_loss(q, k, w, EDGES, batch=BATCH))) < 1e-12
