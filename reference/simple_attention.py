@@ -1,0 +1,110 @@
+"""Simple attention with Frobenius-normalised queries and keys (DIFFormer, SGFormer), dense float64.
+
+Shapes: q, k (..., N, d_qk); v (..., N, d) -> (..., N, d); leading dims (batch, heads) equal in
+q, k and v. batch: None (one graph) or an integer array (N,), sorted nondecreasing (PyG
+convention), labels >= 0; the block-diagonal mask same[u, w] = batch[u] == batch[w].
+
+The formulas (the tutorial "DIFFormer: simplified attention computation", docs/papers.md; the
+SGFormer paper), written as dense attention with the N x N score matrix
+S = 1 + q~ k~^T masked to each graph, M = same * S:
+
+    DIFFormer:  z_u = sum_w M_uw v_w / sum_w M_uw
+    SGFormer:   z_u = (N_g v_u + sum_w same_uw (q~_u . k~_w) v_w) / sum_w M_uw
+
+with q~ = Q_g / ||Q_g||_F, k~ = K_g / ||K_g||_F per graph g (frobenius_normalize): the norm over
+the graph's nodes and features, and with joint_heads=True and ndim >= 3 over the head axis -3
+too; joint_heads=False: per leading slice. A graph whose x is all zero normalises to 0 (the
+limit the fast path uses). A denominator that is zero to float64 round-off (a one-node graph
+whose q is a negative multiple of its k; otherwise den >= N_g - sqrt(N_g) > 0) raises
+reference.DenominatorError. O(N^2 d): the obviously right form the fast O(N d^2) path must equal.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from reference._checks import describe, real_array
+from reference.budget import check_dense_budget
+from reference.errors import DenominatorError
+
+__all__ = ["frobenius_normalize", "difformer_attention", "sgformer_attention"]
+
+
+def _batch(batch, n: int) -> np.ndarray:
+    """The batch vector as an int64 array (N,) (all zeros for None), checked: integer, shape (N,),
+    labels >= 0, sorted (ValueError / TypeError naming batch)."""
+    if batch is None:
+        return np.zeros(n, dtype=np.int64)
+    b = np.asarray(batch)
+    if b.dtype.kind not in "iu":
+        raise TypeError(f"batch must be an integer array of graph labels, got {describe(b)}")
+    if b.shape != (n,):
+        raise ValueError(f"batch has {b.size} entries (shape {b.shape}) but the inputs have N = {n} nodes")
+    b = b.astype(np.int64)
+    if n and b.min() < 0:
+        raise ValueError(f"batch must hold graph labels >= 0, got {int(b.min())}")
+    down = np.flatnonzero(b[1:] < b[:-1])
+    if down.size:
+        i = int(down[0]) + 1
+        raise ValueError(f"batch must be sorted (PyG convention: each graph's nodes are contiguous); "
+                         f"batch[{i}] = {b[i]} follows batch[{i - 1}] = {b[i - 1]}")
+    return b
+
+
+def _array(name: str, x) -> np.ndarray:
+    a = real_array(name, x, finite=True)
+    if a.ndim < 2 or a.shape[-2] == 0 or a.shape[-1] == 0:
+        raise ValueError(f"{name} must have shape (..., N, features) with N >= 1 and features >= 1, got {a.shape}")
+    return a
+
+
+def frobenius_normalize(x, *, batch=None, joint_heads: bool = True) -> np.ndarray:
+    """x / ||x_g||_F per graph g; x (..., N, c) -> the same shape, float64. A zero graph gives 0."""
+    x = _array("x", x)
+    b = _batch(batch, x.shape[-2])
+    joint = bool(joint_heads) and x.ndim >= 3
+    out = np.zeros_like(x)
+    for g in np.unique(b):
+        rows = b == g
+        part = x[..., rows, :]
+        axes = (-3, -2, -1) if joint else (-2, -1)
+        norm = np.sqrt((part ** 2).sum(axis=axes, keepdims=True))
+        out[..., rows, :] = np.where(norm > 0, part / np.where(norm > 0, norm, 1.0), 0.0)
+    return out
+
+
+def _simple(q, k, v, batch, joint_heads: bool, own_value: bool, what: str) -> np.ndarray:
+    q, k, v = _array("q", q), _array("k", k), _array("v", v)
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape (..., N, d_qk), got q {q.shape} and k {k.shape}")
+    if v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"v must have shape (..., N, d) with the leading dims and N of q {q.shape[:-1]}, got v {v.shape}")
+    n = q.shape[-2]
+    b = _batch(batch, n)
+    check_dense_budget(n, f"{what} score matrix", copies=3)
+    same = (b[:, None] == b[None, :]).astype(np.float64)  # (N, N) block diagonal
+    sizes = same.sum(axis=-1)[:, None]  # (N, 1): N_g of each node's graph
+    qn = frobenius_normalize(q, batch=b, joint_heads=joint_heads)
+    kn = frobenius_normalize(k, batch=b, joint_heads=joint_heads)
+    dots = same * (qn @ np.swapaxes(kn, -1, -2))  # (..., N, N): q~_u . k~_w within each graph
+    scores = same + dots  # the masked score matrix M = same * (1 + q~ k~^T)
+    den = scores.sum(axis=-1, keepdims=True)
+    num = scores @ v if not own_value else sizes * v + dots @ v
+    # den >= N_g - sqrt(N_g) (Cauchy-Schwarz): it vanishes only on a one-node graph with q~ . k~ = -1,
+    # and a den within float64 round-off of the terms it sums (<= 2 N_g) is no denominator either
+    vanished = den <= 64 * np.finfo(np.float64).eps * 2 * sizes
+    if vanished.any():
+        first = tuple(int(i) for i in np.argwhere(vanished[..., 0])[0])
+        raise DenominatorError(f"{what}: the denominator N_g + q~_u . sum_w k~_w is zero (to float64 round-off) at "
+                               f"(leading index, node) {first}: a one-node graph whose q is a negative multiple "
+                               f"of its k")
+    return num / den
+
+
+def difformer_attention(q, k, v, *, batch=None, joint_heads: bool = True) -> np.ndarray:
+    """z_u = (sum_{w in g} v_w + q~_u . sum_{w in g} k~_w v_w^T) / (N_g + q~_u . sum_{w in g} k~_w), dense."""
+    return _simple(q, k, v, batch, joint_heads, own_value=False, what="difformer_attention")
+
+
+def sgformer_attention(q, k, v, *, batch=None, joint_heads: bool = True) -> np.ndarray:
+    """z_u = (N_g v_u + q~_u . sum_{w in g} k~_w v_w^T) / (N_g + q~_u . sum_{w in g} k~_w), dense."""
+    return _simple(q, k, v, batch, joint_heads, own_value=True, what="sgformer_attention")
