@@ -11,6 +11,7 @@ from fast.attention import (
     masked_linear_attention,
     softmax_attention,
 )
+from fast.batching import BatchIndex, check_batch
 from fast.features import (
     EluPlusOne,
     FavorPlus,
@@ -40,6 +41,18 @@ from fast.masks.tree import (
     forest_diameter,
     tree_mask_operator,
 )
+from fast.nodeformer import (
+    adjacency_orders,
+    edge_log_likelihood,
+    edge_loss,
+    gumbel_noise,
+    kernelized_attention_rows,
+    kernelized_gumbel_softmax,
+    kernelized_softmax,
+    nodeformer_attention,
+    relational_bias,
+)
+from fast.simple_attention import difformer_attention, frobenius_normalize, sgformer_attention
 from fast.walks import Walks, sample_walks
 
 __all__ = [
@@ -51,4 +64,7 @@ __all__ = [
     "Forest", "TreeExpMask", "TreeDiamMask", "TreeDCMask", "forest_diameter", "tree_mask_operator",
     "Graph", "as_graph", "normalized_adjacency", "Walks", "sample_walks", "DiffusionMask", "expm_action",
     "PowerSeriesMask", "WalkFeatures", "grf_features", "GRFMask", "GRFAsymMask", "RWGNKMask",
+    "BatchIndex", "check_batch", "gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders",
+    "relational_bias", "nodeformer_attention", "kernelized_attention_rows", "edge_log_likelihood", "edge_loss",
+    "frobenius_normalize", "difformer_attention", "sgformer_attention",
 ]
