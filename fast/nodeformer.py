@@ -599,8 +599,15 @@ def edge_log_likelihood(q: torch.Tensor, k: torch.Tensor, projection: torch.Tens
     entries of row u of the graph (a self-loop counts once; l_u = 0 for an isolated node). Log
     space, O(E m) using the shared per-graph key sums LSE_w zk_wf (never -inf or NaN from finite
     input, whatever |q|, |k| or tau). q, k: (..., N, d_qk); graph: anything fast.as_graph accepts
-    for N nodes (edge indices out of [0, N): ValueError) -> (..., N) in q's dtype (float32 for halves).
+    for N nodes (edge indices out of [0, N): ValueError) -> (..., N) in q's dtype (computed in float32 for
+    halves, then cast, as every fast path returns its input dtype).
     """
+    return _edge_terms(q, k, projection, graph, tau, batch).to(q.dtype)
+
+
+def _edge_terms(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, graph: object, tau: float,
+                batch) -> torch.Tensor:
+    """edge_log_likelihood in the compute dtype (float32 for halves)."""
     _check_qk(q, k, projection)
     tau = _check_tau(tau)
     n = q.shape[-2]
@@ -626,5 +633,6 @@ def edge_loss(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, graph:
               tau: float = 1.0, batch=None) -> torch.Tensor:
     """The edge-level regularisation of one layer (wu22 Eq. 10): -(1/N) sum_u l_u, averaged over the
     leading (batch, head) dims -> 0-dim tensor. l_u: edge_log_likelihood. (NodeFormer's code averages
-    over edges instead: N/E times this; documented difference.) Differentiable in q and k."""
-    return -edge_log_likelihood(q, k, projection, graph, tau=tau, batch=batch).mean()
+    over edges instead: N/E times this; documented difference.) Differentiable in q and k. A loss:
+    float32 for half-precision inputs (summed from the float32 terms, never rounded to 8 bits)."""
+    return -_edge_terms(q, k, projection, graph, tau, batch).mean()

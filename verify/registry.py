@@ -171,6 +171,8 @@ class Mechanism:
         (reproducibility/<id>); None for a deterministic mechanism.
     roofline: what perf/<id> times and against which roofline (``Roofline``); None: perf/<id>
         is skipped with that reason (every registered mechanism declares one).
+    output_columns: the width of the output's last dim where it is not v's (edge-loss returns one
+        number per node, (..., N, 1)); None: d_v, as every attention returns.
     """
 
     id: str
@@ -201,6 +203,7 @@ class Mechanism:
     mask_params: tuple[str, ...] = ()
     draw: Callable | None = None
     roofline: Roofline | None = None
+    output_columns: int | None = None
 
     def __post_init__(self):
         if self.complexity not in COMPLEXITY_CLASSES:

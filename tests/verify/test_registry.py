@@ -66,7 +66,7 @@ def test_every_variants_problem_builds_at_small_n(mech):
             n = mech.admissible(n)
             p = mech.problem(n, 3, v)
             assert p.n == n and p.q.shape[-2] == n
-            assert mech.reference(p).shape == (n, p.v.shape[-1])
+            assert mech.reference(p).shape == (n, mech.output_columns or p.v.shape[-1])
             if mech.dense_mask is not None:
                 assert mech.dense_mask(p).shape == (n, n)
     # the default variant's problem is make_problem's own: callers without a variant agree
@@ -136,8 +136,10 @@ def test_n_plus_e_is_a_cost_factor_class():
 
 
 def test_scale_flags():
-    assert {m.id for m in MECHS if m.scale} == {"linear", "causal", "block-toeplitz", "tree-exp", "grf"}
-    assert {m.id for m in MECHS if m.scale_train} == {"linear", "causal", "block-toeplitz", "grf"}
+    assert {m.id for m in MECHS if m.scale} == {"linear", "causal", "block-toeplitz", "tree-exp", "grf", "nodeformer",
+                                                "sgformer"}
+    assert {m.id for m in MECHS if m.scale_train} == {"linear", "causal", "block-toeplitz", "grf", "nodeformer",
+                                                      "sgformer"}
 
 
 def test_register_refuses_duplicate_id(monkeypatch):

@@ -248,7 +248,7 @@ def run_call(mech: Mechanism, problem: Problem, dtype: torch.dtype, device) -> C
             got = mech.fast_setup(p, device, dtype)()
         if not isinstance(got, torch.Tensor) or got.dtype != dtype:
             raise TypeError(f"fast returned {getattr(got, 'dtype', type(got).__name__)} for {dtype} inputs")
-        want = (*p.q.shape[:-1], p.v.shape[-1])
+        want = (*p.q.shape[:-1], mech.output_columns or p.v.shape[-1])
         if tuple(got.shape) != want:
             raise ValueError(f"fast returned shape {tuple(got.shape)}, expected {want}")
         return numpy_values(got)

@@ -8,7 +8,7 @@ A new family adds one import line below.
 """
 from __future__ import annotations
 
-from verify.mechanisms import sequence, tree, positional, graph  # noqa: F401  (registration side effects; this order is the ids' order)
+from verify.mechanisms import sequence, tree, positional, graph, latent  # noqa: F401  (registration side effects; this order is the ids' order)
 from verify.registry import Mechanism, lookup, registered
 
 

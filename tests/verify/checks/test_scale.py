@@ -26,7 +26,8 @@ def test_checks_follow_the_registry_flags():
         want += [f"scale/{m.id}"] * m.scale + [f"scale/{m.id}-train"] * m.scale_train
     assert ids == want
     assert {"scale/linear", "scale/causal", "scale/block-toeplitz", "scale/tree-exp", "scale/grf", "scale/linear-train",
-            "scale/causal-train", "scale/block-toeplitz-train", "scale/grf-train"} == set(ids)
+            "scale/causal-train", "scale/block-toeplitz-train", "scale/grf-train", "scale/nodeformer",
+            "scale/nodeformer-train", "scale/sgformer", "scale/sgformer-train"} == set(ids)
     for c in S.checks():
         assert (c.kind, c.compare, c.unit, c.threshold) == ("scale", "<=", "ratio", S.RATIO_LIMIT)
         mech = get(c.id.split("/")[1].removesuffix("-train"))

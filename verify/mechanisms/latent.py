@@ -1,0 +1,347 @@
+"""Registry records: nodeformer, nodeformer-gumbel, relational-bias, edge-loss, difformer, sgformer
+(wu22 Eqs. 5, 7, 8, 10; the tutorial's simple attention; SGFormer; docs/papers.md Sec. 4).
+
+Every problem is a PyG-style batch of graphs: ``graphs`` graphs of one family (verify.mechanisms.
+graph.GRAPH_FAMILIES) concatenated along N, their adjacencies block-diagonal, and a sorted batch
+vector saying which graph each node belongs to. What the records need lives in problem.extras as
+flat NumPy arrays (the consumers of verify.mechanisms.graph's module doc):
+
+- ``graph_indptr``, ``graph_indices``, ``graph_data``: the block-diagonal adjacency (CSR, unit
+  weights), ``batch_index`` (N,) int64 sorted, ``graphs`` the number of graphs;
+- nodeformer-gumbel: ``noise`` (K, *batch, N), Gumbel(0, 1) per sample, leading slice and KEY node
+  (rng_for(seed, NOISE_SALT)), and ``tau``;
+- relational-bias: ``b`` (order,), ``order``, ``normalize``; every record: ``tau``.
+
+One graph (graphs = 1, the default variants, sweeps and scale) runs the fast paths with batch None
+(their plain GEMM path); a batch of GRAPHS = 3 graphs of uneven sizes (about N/2, N/3, N/6) is each
+graph variant's problem, so equivalence checks on every family that no graph's output reads
+another graph's nodes (the global Frobenius norm of DIFFormer / SGFormer is per graph; NodeFormer's
+key sums are per graph). For the all-pair mechanisms (nodeformer, nodeformer-gumbel, difformer,
+sgformer) the family only sets the graph sizes; relational-bias and edge-loss read the edges.
+
+Widths: d_qk = d_v = D_LATENT = 32 (the issue's scale setting, N = 2^20 at d = 32) and an m = 32
+FAVOR+ projection (NodeFormer's default is m = 30), drawn as verify.mechanisms.graph.graph_problem
+draws them (favor_problem's seeds and batch magnitude profile at width 32).
+
+Temperatures: tau = 1 (Eq. 5 as printed: the kernel exp(q.k / sqrt(d))) for nodeformer,
+relational-bias and edge-loss; TAU_GUMBEL = 0.25 (NodeFormer's default) for nodeformer-gumbel, with
+K = GUMBEL_SAMPLES = 3 samples (the default 10 only multiplies the cost).
+
+Rooflines: perf/<id> times the forward of the user-facing function on (1, 4, N, 64) inputs with
+m = 64 (verify.roofline.attention_inputs) against the fp32 matmul rate with its useful FLOP count
+(``*_flops`` below), reported only.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+import fast
+import reference.nodeformer as ref_nodeformer
+import reference.simple_attention as ref_simple
+from verify import roofline
+from verify.mechanisms.graph import (GRAPH_FAMILIES, GRAPH_TITLES, QUICK, adjacency, graph_adjacency, graph_extras,
+                                     graph_problem, num_edges, projection_draw)
+from verify.problems import Problem, rng_for
+from verify.registry import Mechanism, Roofline, Variant, register
+
+D_LATENT = 32
+#: Graphs per problem in the graph variants (uneven sizes: WEIGHTS).
+GRAPHS = 3
+WEIGHTS = (3, 2, 1)
+TAU = 1.0
+TAU_GUMBEL = 0.25
+GUMBEL_SAMPLES = 3
+NOISE_SALT = 130
+#: relational-bias: sigmoid(B_BIAS) ~ 0.62 per order.
+B_BIAS = 0.5
+
+# ---------------------------------------------------------------------------------- problems
+
+
+def graph_sizes(n: int, graphs: int) -> list[int]:
+    """Sizes (each >= 1) of min(graphs, n) graphs summing to n, in proportion WEIGHTS (cycled)."""
+    g = max(1, min(int(graphs), n))
+    weights = np.array([WEIGHTS[i % len(WEIGHTS)] for i in range(g)], dtype=float)
+    sizes = np.maximum(1, np.floor(n * weights / weights.sum()).astype(int))
+    sizes[0] += n - sizes.sum()  # the remainder (or an excess from the max(1, .)) to the largest
+    return [int(s) for s in sizes]
+
+
+def batched_adjacency(family: str, n: int, seed: int, graphs: int) -> tuple[sp.csr_matrix, np.ndarray]:
+    """(block-diagonal adjacency (N, N), sorted batch vector (N,) int64) of ``graphs`` graphs."""
+    sizes = graph_sizes(n, graphs)
+    blocks = [graph_adjacency(family, s, seed + 7919 * i) for i, s in enumerate(sizes)]
+    adj = blocks[0] if len(blocks) == 1 else sp.block_diag(blocks, format="csr")
+    batch = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    return sp.csr_matrix(adj), batch
+
+
+def latent_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), graph: str = "grid-2d", graphs: int = 1,
+                   tau: float = TAU, gumbel: bool = False, samples: int = GUMBEL_SAMPLES, b: float = B_BIAS,
+                   order: int = 1, normalize: str | None = "sym") -> Problem:
+    """The problem of every latent-graph record (module doc): q, k, v (*batch, N, 32), W (32, 32)."""
+    adj, batch_index = batched_adjacency(graph, n, seed, graphs)
+    extras: dict[str, Any] = {**graph_extras(adj), "batch_index": batch_index, "graphs": int(batch_index[-1]) + 1,
+                              "tau": float(tau), "b": np.full(int(order), float(b)), "order": int(order),
+                              "normalize": normalize}
+    p = graph_problem(n, seed, adj, tuple(batch), D_LATENT)
+    if gumbel:
+        u = rng_for(seed, NOISE_SALT).uniform(size=(int(samples), *p.k.shape[:-1]))
+        extras["noise"] = -np.log(-np.log(np.clip(u, np.finfo(float).tiny, 1.0 - 2.0**-53)))
+    return replace(p, extras={**p.extras, **extras})
+
+
+def batch_of(p: Problem) -> np.ndarray | None:
+    """The batch vector, or None for one graph (the fast paths' plain route)."""
+    return None if p.extras["graphs"] == 1 else p.extras["batch_index"]
+
+
+def _fast_batch(p: Problem, device) -> torch.Tensor | None:
+    b = batch_of(p)
+    return None if b is None else torch.as_tensor(b, device=device)
+
+
+def gumbel_draw(p: Problem, generator: torch.Generator) -> Problem:
+    """The problem with its projection drawn by fast.gaussian_projection and its Gumbel noise by
+    fast.gumbel_noise, both from ``generator`` (reproducibility/<id>)."""
+    p = projection_draw(p, generator)
+    g = fast.gumbel_noise(tuple(p.extras["noise"].shape), generator=generator, device=generator.device,
+                          dtype=torch.float64)
+    return replace(p, extras={**p.extras, "noise": g.cpu().numpy()})
+
+
+def _tensors(p: Problem, device, dtype, requires_grad: bool) -> list[torch.Tensor]:
+    out = [torch.as_tensor(a, device=device, dtype=dtype) for a in (p.q, p.k, p.v, p.projection)]
+    if requires_grad:
+        out[:3] = [t.detach().clone().requires_grad_(True) for t in out[:3]]
+    return out
+
+
+def _graph(p: Problem, device) -> fast.Graph:
+    return fast.Graph.from_any(adjacency(p), device=device)
+
+
+# ---------------------------------------------------------------------------------- fast / reference
+
+
+def _nodeformer_setup(p: Problem, device, dtype, requires_grad: bool = False):
+    q, k, v, w = _tensors(p, device, dtype, requires_grad)
+    batch = _fast_batch(p, device)
+    tau = p.extras["tau"]
+    return lambda: fast.kernelized_softmax(q, k, v, w, tau=tau, batch=batch)
+
+
+def _nodeformer_ref(p: Problem) -> np.ndarray:
+    return ref_nodeformer.kernelized_softmax(p.q, p.k, p.v, p.projection, tau=p.extras["tau"], batch=batch_of(p))
+
+
+def _gumbel_setup(p: Problem, device, dtype, requires_grad: bool = False):
+    q, k, v, w = _tensors(p, device, dtype, requires_grad)
+    batch = _fast_batch(p, device)
+    # the noise is mask data, not an activation: float32 at least (bfloat16 noise would move
+    # g / tau = 4 g by up to ~0.08, an 8% key weight, which no input rounding accounts for)
+    noise = torch.as_tensor(p.extras["noise"], device=device, dtype=torch.promote_types(dtype, torch.float32))
+    tau = p.extras["tau"]
+    return lambda: fast.kernelized_gumbel_softmax(q, k, v, w, tau=tau, noise=noise, training=True, batch=batch)
+
+
+def _gumbel_ref(p: Problem) -> np.ndarray:
+    return ref_nodeformer.kernelized_gumbel_softmax(p.q, p.k, p.v, p.projection, p.extras["noise"],
+                                                    tau=p.extras["tau"], batch=batch_of(p))
+
+
+def _bias(p: Problem, device, dtype) -> torch.Tensor:
+    return torch.as_tensor(p.extras["b"], device=device, dtype=dtype)
+
+
+def _relational_setup(p: Problem, device, dtype, requires_grad: bool = False):
+    q, k, v, w = _tensors(p, device, dtype, requires_grad)
+    batch, graph, b = _fast_batch(p, device), _graph(p, device), _bias(p, device, dtype)
+    e = p.extras
+    return lambda: fast.nodeformer_attention(q, k, v, w, graph=graph, b=b, order=e["order"],
+                                             normalize=e["normalize"], tau=e["tau"], gumbel=False, training=False,
+                                             batch=batch)
+
+
+def _relational_ref(p: Problem) -> np.ndarray:
+    e = p.extras
+    return ref_nodeformer.nodeformer_attention(p.q, p.k, p.v, p.projection, adj=adjacency(p), b=e["b"],
+                                               order=e["order"], normalize=e["normalize"], tau=e["tau"],
+                                               batch=batch_of(p))
+
+
+def _edge_setup(p: Problem, device, dtype, requires_grad: bool = False):
+    q, k, _, w = _tensors(p, device, dtype, requires_grad)
+    batch, graph = _fast_batch(p, device), _graph(p, device)
+    tau = p.extras["tau"]
+    return lambda: fast.edge_log_likelihood(q, k, w, graph, tau=tau, batch=batch).unsqueeze(-1)
+
+
+def _edge_ref(p: Problem) -> np.ndarray:
+    return ref_nodeformer.edge_log_likelihood(p.q, p.k, p.projection, adjacency(p), tau=p.extras["tau"],
+                                              batch=batch_of(p))[..., None]
+
+
+def _simple_setup(fn):
+    def setup(p: Problem, device, dtype, requires_grad: bool = False):
+        q, k, v, _ = _tensors(p, device, dtype, requires_grad)
+        batch = _fast_batch(p, device)
+        return lambda: fn(q, k, v, batch=batch)
+    return setup
+
+
+def _simple_ref(fn):
+    return lambda p: fn(p.q, p.k, p.v, batch=batch_of(p))
+
+
+def _packing_dense(p: Problem) -> np.ndarray:
+    """The (N, N) mask of the all-pair mechanisms: 1 within a graph, 0 across."""
+    b = p.extras["batch_index"]
+    return (b[:, None] == b[None, :]).astype(float)
+
+
+def _packing_fast(p: Problem, device):
+    b = batch_of(p)
+    return None if b is None else fast.PackingMask(torch.as_tensor(b, device=device))
+
+
+def _adjacency_dense(p: Problem) -> np.ndarray:
+    return adjacency(p).toarray()
+
+
+def cost_factor_n_plus_e(p: Problem) -> float:
+    """(N + |E|) / N (class "N + E"); |E| the stored entries of the adjacency."""
+    return (p.n + num_edges(p)) / p.n
+
+
+# ---------------------------------------------------------------------------------- perf cases
+
+#: perf/<id>: (1, 4, N, 64) inputs, m = 64 (verify.roofline.attention_inputs).
+PERF_BATCH, PERF_D, PERF_M = roofline.BATCH, roofline.D, roofline.M
+
+
+def _perf_case(kind: str):
+    def case(mech: Mechanism, n: int, device, seed: int) -> roofline.PerfCase:
+        q, k, v, w = roofline.attention_inputs(n, device, seed)
+        slices = int(np.prod(PERF_BATCH))
+        lin = roofline.linear_attention_flops(n, PERF_D, PERF_M, PERF_D, slices)
+        info: dict[str, Any] = {"batch": list(PERF_BATCH)}
+        if kind == "nodeformer":
+            run, flops = (lambda: fast.kernelized_softmax(q, k, v, w)), lin
+        elif kind == "gumbel":
+            gen = torch.Generator(device=device).manual_seed(seed)
+            noise = fast.gumbel_noise((GUMBEL_SAMPLES, *k.shape[:-1]), generator=gen, device=device)
+            run = lambda: fast.kernelized_gumbel_softmax(q, k, v, w, tau=TAU_GUMBEL, noise=noise)  # noqa: E731
+            # K sets of key features and products; the query features are formed once
+            flops = GUMBEL_SAMPLES * lin - (GUMBEL_SAMPLES - 1) * slices * roofline.feature_map_flops(n, PERF_D, PERF_M)
+            info["samples"] = GUMBEL_SAMPLES
+        elif kind in ("relational", "edge"):
+            p = mech.problem(n, seed)
+            graph, e = _graph(p, device), num_edges(p)
+            info["edges"] = e
+            if kind == "relational":
+                b = torch.full((1,), B_BIAS, device=device)
+                run = lambda: fast.nodeformer_attention(q, k, v, w, graph=graph, b=b, gumbel=False,  # noqa: E731
+                                                        training=False, tau=TAU)
+                flops = lin + slices * 2.0 * e * PERF_D
+            else:
+                run = lambda: fast.edge_log_likelihood(q, k, w, graph, tau=TAU)  # noqa: E731
+                # features, the key sums (N m), one LSE over m per edge (~3 m) and per node
+                flops = slices * (2 * roofline.feature_map_flops(n, PERF_D, PERF_M) + n * PERF_M
+                                  + 3.0 * (e + n) * PERF_M)
+        else:  # difformer / sgformer: two norms, K~^T V, K~^T 1, Q~ (.), the division
+            fn = fast.difformer_attention if kind == "difformer" else fast.sgformer_attention
+            run = lambda: fn(q, k, v)  # noqa: E731
+            flops = slices * (4.0 * n * PERF_D + 4.0 * n * PERF_D * PERF_D + 4.0 * n * PERF_D + 2.0 * n * PERF_D)
+        shape = (*PERF_BATCH, n) if kind == "edge" else tuple(v.shape)
+        what = (f"fast ({mech.id}) forward, (B, H, N, d) = ({PERF_BATCH[0]}, {PERF_BATCH[1]}, {n}, {PERF_D}), "
+                f"m = {PERF_M}; useful FLOPs / CPU seconds vs the fp32 matmul rate")
+        return roofline.PerfCase(kernel=run, expected_shape=shape, n=n, what=what, flops_useful=float(flops),
+                                 flops_executed=None, d=PERF_D, m=PERF_M, info=info)
+    return case
+
+
+def _roofline(kind: str) -> Roofline:
+    return Roofline("matmul", _perf_case(kind))
+
+
+# ---------------------------------------------------------------------------------- records
+
+#: Sweep grids: the graph package's (fast 2^7 .. 2^14 quick, 2^17 full; dense 2^7 .. 2^11 / 2^12).
+SIZES = QUICK
+#: The batched graph variants are equivalence-only for the all-pair records (the family sets only
+#: the graph sizes there), swept on the shorter grid for the two that read edges.
+FAMILY_SIZES = dict(quick_fast_sizes=tuple(2**p for p in range(7, 14)), fast_sizes=tuple(2**p for p in range(7, 16)))
+
+
+def batched_variants(default: str, *, reads_edges: bool) -> tuple[Variant, ...]:
+    """One graph of ``default`` first; then a batch of GRAPHS graphs of every family."""
+    one = Variant(default, f"one graph: {GRAPH_TITLES[default]}", params={"graph": default})
+    batched = tuple(
+        Variant(f"{g}-batch", f"{GRAPHS} graphs (~N/2, N/3, N/6), each a {GRAPH_TITLES[g]}",
+                params={"graph": g, "graphs": GRAPHS},
+                sweep=reads_edges and g != "karate", **(FAMILY_SIZES if reads_edges and g != "karate" else {}))
+        for g in GRAPH_FAMILIES)
+    return (one, *batched)
+
+
+def _problem(**fixed):
+    def make(n: int, seed: int, **kw) -> Problem:
+        return latent_problem(n, seed, **{**fixed, **kw})
+    return make
+
+
+register(Mechanism(
+    id="nodeformer", title="NodeFormer kernelized softmax message passing", source="wu22 Eq. 5", complexity="N",
+    make_problem=_problem(), reference=_nodeformer_ref, fast_setup=_nodeformer_setup,
+    dense_mask=_packing_dense, variants=batched_variants("grid-2d", reads_edges=False), **SIZES,
+    linear=True, fast_mask=_packing_fast, draw=projection_draw, scale=True, scale_train=True,
+    roofline=_roofline("nodeformer"),
+    notes=f"FAVOR+ of q d^-1/4 / sqrt(tau), tau = {TAU}, m = d = {D_LATENT}; a batch vector keeps graphs apart.",
+))
+register(Mechanism(
+    id="nodeformer-gumbel", title="NodeFormer kernelized Gumbel-softmax (K samples)", source="wu22 Eqs. 6-7, 14-17",
+    complexity="N", make_problem=_problem(gumbel=True, tau=TAU_GUMBEL), reference=_gumbel_ref,
+    fast_setup=_gumbel_setup, dense_mask=_packing_dense, variants=batched_variants("grid-2d", reads_edges=False),
+    **SIZES, exact=True, draw=gumbel_draw, roofline=_roofline("gumbel"),
+    notes=(f"tau = {TAU_GUMBEL}, K = {GUMBEL_SAMPLES} samples of Gumbel noise per key node (given: equivalence is "
+           "exact on identical noise), the mean of the K normalised outputs."),
+))
+register(Mechanism(
+    id="relational-bias", title="NodeFormer relational bias sigma(b) A v", source="wu22 Eq. 8", complexity="N + E",
+    make_problem=_problem(), reference=_relational_ref, fast_setup=_relational_setup, dense_mask=_adjacency_dense,
+    variants=(*batched_variants("grid-2d", reads_edges=True),
+              Variant("raw", "grid-2d, raw adjacency (Eq. 8 as printed)", params={"normalize": None}, sweep=False),
+              Variant("order-2", "grid-2d, orders 1 and 2 (walks of exactly 2 hops), one bias each",
+                      params={"order": 2}, sweep=False)),
+    **SIZES, cost_factor=cost_factor_n_plus_e, cost_factor_name="(N+E)/N", roofline=_roofline("relational"),
+    notes=f"kernelized softmax (tau = {TAU}) + sigmoid(b) D^-1/2 A D^-1/2 v, b = {B_BIAS}.",
+))
+register(Mechanism(
+    id="edge-loss", title="NodeFormer edge-level loss terms (log-space)", source="wu22 Eqs. 10, 12",
+    complexity="N + E", make_problem=_problem(), reference=_edge_ref, fast_setup=_edge_setup,
+    dense_mask=_adjacency_dense, variants=batched_variants("grid-2d", reads_edges=True), **SIZES,
+    cost_factor=cost_factor_n_plus_e, cost_factor_name="(N+E)/N", roofline=_roofline("edge"), output_columns=1,
+    notes=("output: the per-node terms l_u = (1/d_u) sum_{v in N(u)} log pi_uv as (..., N, 1); the loss is "
+           "-(1/N) sum_u l_u (fast.edge_loss)."),
+))
+register(Mechanism(
+    id="difformer", title="DIFFormer simple attention", source="the tutorial (DIFFormer)", complexity="N",
+    make_problem=_problem(), reference=_simple_ref(ref_simple.difformer_attention),
+    fast_setup=_simple_setup(fast.difformer_attention), dense_mask=_packing_dense,
+    variants=batched_variants("grid-2d", reads_edges=False), **SIZES, roofline=_roofline("difformer"),
+    notes="(sum_v v_v + q~ . sum_v k~_v v_v^T) / (N + q~ . sum_w k~_w), Frobenius norms per graph over heads.",
+))
+register(Mechanism(
+    id="sgformer", title="SGFormer simple global attention", source="SGFormer", complexity="N",
+    make_problem=_problem(), reference=_simple_ref(ref_simple.sgformer_attention),
+    fast_setup=_simple_setup(fast.sgformer_attention), dense_mask=_packing_dense,
+    variants=batched_variants("grid-2d", reads_edges=False), **SIZES, scale=True, scale_train=True,
+    roofline=_roofline("sgformer"),
+    notes="(N v_u + q~ . sum_v k~_v v_v^T) / (N + q~ . sum_w k~_w), Frobenius norms per graph over heads.",
+))
