@@ -13,11 +13,18 @@ flat NumPy arrays (the consumers of verify.mechanisms.graph's module doc):
 - relational-bias: ``b`` (order,), ``order``, ``normalize``; every record: ``tau``.
 
 One graph (graphs = 1, the default variants, sweeps and scale) runs the fast paths with batch None
-(their plain GEMM path); a batch of GRAPHS = 3 graphs of uneven sizes (about N/2, N/3, N/6) is each
-graph variant's problem, so equivalence checks on every family that no graph's output reads
-another graph's nodes (the global Frobenius norm of DIFFormer / SGFormer is per graph; NodeFormer's
-key sums are per graph). For the all-pair mechanisms (nodeformer, nodeformer-gumbel, difformer,
-sgformer) the family only sets the graph sizes; relational-bias and edge-loss read the edges.
+(their plain GEMM path). A batch is GRAPHS = 3 graphs of uneven sizes (about N/2, N/3, N/6) plus
+a graph of ONE node, labelled 0, 1, 3, 4 (label 2 is an empty graph, which the batch vector
+contract allows; ``graph_sizes``, ``batch_labels``), so equivalence checks that no graph's output
+reads another graph's nodes (NodeFormer's key sums, DIFFormer's and SGFormer's Frobenius norms and
+the edge loss's denominators are per graph), and the one-node and empty-label edge cases. The
+records that read edges (relational-bias, edge-loss) run such a batch of every graph family; the
+all-pair records (nodeformer, nodeformer-gumbel, difformer, sgformer) read no edge, so the family
+would only set the sizes: they run one batch.
+
+difformer and sgformer shift q and k (SHIFT_DIF, SHIFT_SG; ``latent_problem``): on
+random unit rows their score term moves the outputs by ~1e-5, below float32's tolerance, so
+equivalence could not see an error in it there.
 
 Widths: d_qk = d_v = D_LATENT = 32 (the issue's scale setting, N = 2^20 at d = 32) and an m = 32
 FAVOR+ projection (NodeFormer's default is m = 30), drawn as verify.mechanisms.graph.graph_problem
@@ -57,6 +64,16 @@ TAU = 1.0
 TAU_GUMBEL = 0.25
 GUMBEL_SAMPLES = 3
 NOISE_SALT = 130
+SHIFT_SALT = 131
+#: The shifts of q and k (latent_problem): sgformer's common shift of the order of the batch
+#: profile's quiet keys (norm 32), so the score term reaches every slice (1e-3 .. 4e-2 relative);
+#: difformer's signed shift 4: its score term moves each slice by >= 3e-4 at N = 300, while a
+#: one-node graph whose key got the minus sign keeps its denominator 1 + q~.k~ >= ~1/17 (at 32 it
+#: cancels to ~1e-3 and float32 loses 1e-4 there: measured 1.2e-4 at N = 1).
+SHIFT_SG = 32.0
+SHIFT_DIF = 4.0
+#: Graph labels skip this value in batches of more than GAP_LABEL graphs (batch_labels).
+GAP_LABEL = 2
 #: relational-bias: sigmoid(B_BIAS) ~ 0.62 per order.
 B_BIAS = 0.5
 
@@ -64,32 +81,63 @@ B_BIAS = 0.5
 
 
 def graph_sizes(n: int, graphs: int) -> list[int]:
-    """Sizes (each >= 1) of min(graphs, n) graphs summing to n, in proportion WEIGHTS (cycled)."""
-    g = max(1, min(int(graphs), n))
+    """Sizes (each >= 1) summing to n: one graph for graphs = 1; otherwise min(graphs, n) graphs in
+    proportion WEIGHTS (cycled) and, when n > graphs, one more graph of ONE node at the end (the
+    edge case of a batch: a node that attends only to itself, an isolated node of the edge loss)."""
+    if int(graphs) <= 1 or n == 1:
+        return [n]
+    lone = n > graphs
+    rest = n - lone
+    g = max(1, min(int(graphs), rest))
     weights = np.array([WEIGHTS[i % len(WEIGHTS)] for i in range(g)], dtype=float)
-    sizes = np.maximum(1, np.floor(n * weights / weights.sum()).astype(int))
-    sizes[0] += n - sizes.sum()  # the remainder (or an excess from the max(1, .)) to the largest
-    return [int(s) for s in sizes]
+    sizes = np.maximum(1, np.floor(rest * weights / weights.sum()).astype(int))
+    sizes[0] += rest - sizes.sum()  # the remainder (or an excess from the max(1, .)) to the largest
+    return [int(s) for s in sizes] + [1] * lone
+
+
+def batch_labels(count: int) -> np.ndarray:
+    """Graph labels 0, 1, 3, 4, ...: label GAP_LABEL is skipped (an empty graph, which the batch
+    vector contract allows) once there are more than GAP_LABEL graphs."""
+    labels = np.arange(count, dtype=np.int64)
+    return np.where(labels >= GAP_LABEL, labels + 1, labels) if count > GAP_LABEL else labels
 
 
 def batched_adjacency(family: str, n: int, seed: int, graphs: int) -> tuple[sp.csr_matrix, np.ndarray]:
-    """(block-diagonal adjacency (N, N), sorted batch vector (N,) int64) of ``graphs`` graphs."""
+    """(block-diagonal adjacency (N, N), sorted batch vector (N,) int64) of the graphs of ``graph_sizes``."""
     sizes = graph_sizes(n, graphs)
     blocks = [graph_adjacency(family, s, seed + 7919 * i) for i, s in enumerate(sizes)]
     adj = blocks[0] if len(blocks) == 1 else sp.block_diag(blocks, format="csr")
-    batch = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    batch = np.repeat(batch_labels(len(sizes)), sizes)
     return sp.csr_matrix(adj), batch
 
 
 def latent_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), graph: str = "grid-2d", graphs: int = 1,
                    tau: float = TAU, gumbel: bool = False, samples: int = GUMBEL_SAMPLES, b: float = B_BIAS,
-                   order: int = 1, normalize: str | None = "sym") -> Problem:
-    """The problem of every latent-graph record (module doc): q, k, v (*batch, N, 32), W (32, 32)."""
+                   order: int = 1, normalize: str | None = "sym", shift: float = 0.0,
+                   signed_keys: bool = False) -> Problem:
+    """The problem of every latent-graph record (module doc): q, k, v (*batch, N, 32), W (32, 32).
+
+    shift: q and k plus ``shift`` times one fixed unit vector c (SHIFT_SALT); with ``signed_keys``
+    each key gets +-shift c (a fixed random sign per key). On random unit rows the score term of
+    DIFFormer / SGFormer, q~_u . sum k~ (resp. q~_u . K~^T V), moves the outputs by ~1e-5, below
+    float32's 1e-4 tolerance, so equivalence could not see an error in it. SGFormer's constant
+    term is N_g v_u, and a common shift makes its score term ~1/N_g of it (1e-3 .. 4e-2 at
+    N = 37 .. 300, measured per slice); DIFFormer's constant term is sum v, which a common shift
+    only rescales (the score term becomes ~uniform attention again), so its keys take signed
+    shifts: q~_u . K~^T V ~ sum_w sign_w v_w / N_g is then no multiple of sum v.
+    """
     adj, batch_index = batched_adjacency(graph, n, seed, graphs)
-    extras: dict[str, Any] = {**graph_extras(adj), "batch_index": batch_index, "graphs": int(batch_index[-1]) + 1,
+    sizes = graph_sizes(n, graphs)
+    extras: dict[str, Any] = {**graph_extras(adj), "batch_index": batch_index, "graphs": len(sizes),
                               "tau": float(tau), "b": np.full(int(order), float(b)), "order": int(order),
                               "normalize": normalize}
     p = graph_problem(n, seed, adj, tuple(batch), D_LATENT)
+    if shift:
+        rng = rng_for(seed, SHIFT_SALT)
+        c = rng.standard_normal(D_LATENT)
+        c *= float(shift) / np.linalg.norm(c)
+        signs = rng.choice([-1.0, 1.0], size=(n, 1)) if signed_keys else np.ones((n, 1))
+        p = replace(p, q=p.q + c, k=p.k + signs * c)
     if gumbel:
         u = rng_for(seed, NOISE_SALT).uniform(size=(int(samples), *p.k.shape[:-1]))
         extras["noise"] = -np.log(-np.log(np.clip(u, np.finfo(float).tiny, 1.0 - 2.0**-53)))
@@ -237,8 +285,11 @@ def _perf_case(kind: str):
             gen = torch.Generator(device=device).manual_seed(seed)
             noise = fast.gumbel_noise((GUMBEL_SAMPLES, *k.shape[:-1]), generator=gen, device=device)
             run = lambda: fast.kernelized_gumbel_softmax(q, k, v, w, tau=TAU_GUMBEL, noise=noise)  # noqa: E731
-            # K sets of key features and products; the query features are formed once
-            flops = GUMBEL_SAMPLES * lin - (GUMBEL_SAMPLES - 1) * slices * roofline.feature_map_flops(n, PERF_D, PERF_M)
+            # the features of q and k once (the noise is added to the key exponents afterwards),
+            # then per sample: the noise (N m adds), both products and normalisers, the division,
+            # and the mean over the K outputs (N d per sample)
+            per_sample = n * PERF_M + 4.0 * n * PERF_M * PERF_D + 4.0 * n * PERF_M + 2.0 * n * PERF_D
+            flops = slices * (2 * roofline.feature_map_flops(n, PERF_D, PERF_M) + GUMBEL_SAMPLES * per_sample)
             info["samples"] = GUMBEL_SAMPLES
         elif kind in ("relational", "edge"):
             p = mech.problem(n, seed)
@@ -280,14 +331,18 @@ FAMILY_SIZES = dict(quick_fast_sizes=tuple(2**p for p in range(7, 14)), fast_siz
 
 
 def batched_variants(default: str, *, reads_edges: bool) -> tuple[Variant, ...]:
-    """One graph of ``default`` first; then a batch of GRAPHS graphs of every family."""
+    """One graph of ``default`` first; then batches of GRAPHS graphs plus a one-node graph, labels
+    with a gap (``graph_sizes``, ``batch_labels``): of every family for the records that read the
+    edges (relational-bias, edge-loss), one batch for the all-pair records, which read no edge
+    (the family would only set the sizes, six copies of one problem)."""
     one = Variant(default, f"one graph: {GRAPH_TITLES[default]}", params={"graph": default})
-    batched = tuple(
-        Variant(f"{g}-batch", f"{GRAPHS} graphs (~N/2, N/3, N/6), each a {GRAPH_TITLES[g]}",
-                params={"graph": g, "graphs": GRAPHS},
-                sweep=reads_edges and g != "karate", **(FAMILY_SIZES if reads_edges and g != "karate" else {}))
-        for g in GRAPH_FAMILIES)
-    return (one, *batched)
+    sizes = f"{GRAPHS} graphs (~N/2, N/3, N/6) and a one-node graph, labels 0, 1, 3, 4"
+    if not reads_edges:
+        return (one, Variant("batch", f"{sizes} (graphs never mix)", params={"graph": default, "graphs": GRAPHS},
+                             sweep=False))
+    return (one, *(Variant(f"{g}-batch", f"{sizes}, each a {GRAPH_TITLES[g]}", params={"graph": g, "graphs": GRAPHS},
+                           sweep=g != "karate", **(FAMILY_SIZES if g != "karate" else {}))
+                   for g in GRAPH_FAMILIES))
 
 
 def _problem(**fixed):
@@ -332,14 +387,14 @@ register(Mechanism(
 ))
 register(Mechanism(
     id="difformer", title="DIFFormer simple attention", source="the tutorial (DIFFormer)", complexity="N",
-    make_problem=_problem(), reference=_simple_ref(ref_simple.difformer_attention),
+    make_problem=_problem(shift=SHIFT_DIF, signed_keys=True), reference=_simple_ref(ref_simple.difformer_attention),
     fast_setup=_simple_setup(fast.difformer_attention), dense_mask=_packing_dense,
     variants=batched_variants("grid-2d", reads_edges=False), **SIZES, roofline=_roofline("difformer"),
     notes="(sum_v v_v + q~ . sum_v k~_v v_v^T) / (N + q~ . sum_w k~_w), Frobenius norms per graph over heads.",
 ))
 register(Mechanism(
     id="sgformer", title="SGFormer simple global attention", source="SGFormer", complexity="N",
-    make_problem=_problem(), reference=_simple_ref(ref_simple.sgformer_attention),
+    make_problem=_problem(shift=SHIFT_SG), reference=_simple_ref(ref_simple.sgformer_attention),
     fast_setup=_simple_setup(fast.sgformer_attention), dense_mask=_packing_dense,
     variants=batched_variants("grid-2d", reads_edges=False), **SIZES, scale=True, scale_train=True,
     roofline=_roofline("sgformer"),
