@@ -23,6 +23,7 @@ from fast.features import (
     gaussian_projection,
 )
 from fast.graphs import Graph, as_graph, normalized_adjacency
+from fast.layers import DIFFormerAttention, NodeFormerConv, SGFormerAttention
 from fast.masks.base import MaskOperator, SymmetricMaskOperator
 from fast.masks.diffusion import DiffusionMask, expm_action
 from fast.masks.explicit import DenseMask, SparseMask, as_mask_operator
@@ -66,5 +67,6 @@ __all__ = [
     "PowerSeriesMask", "WalkFeatures", "grf_features", "GRFMask", "GRFAsymMask", "RWGNKMask",
     "BatchIndex", "check_batch", "gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders",
     "relational_bias", "nodeformer_attention", "kernelized_attention_rows", "edge_log_likelihood", "edge_loss",
-    "frobenius_normalize", "difformer_attention", "sgformer_attention",
+    "frobenius_normalize", "difformer_attention", "sgformer_attention", "NodeFormerConv", "DIFFormerAttention",
+    "SGFormerAttention",
 ]

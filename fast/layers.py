@@ -1,0 +1,261 @@
+"""nn.Module layers for learned latent graphs: NodeFormer, DIFFormer and SGFormer attention.
+
+Drop-in layers over node features x (N, in_dim) -> (N, out_dim), built on the functional ops of
+fast.nodeformer and fast.simple_attention (the maths and the equation numbers are documented
+there; docs/papers.md: wu22 and the tutorial). Several graphs in one call follow the PyG
+convention: nodes concatenated along N with a sorted ``batch`` vector (fast.batching.check_batch).
+
+Randomness only from explicit generators: each layer takes ``generator`` (a torch.Generator, or
+None for a fresh OS-seeded one) and draws its weights from it at construction (never torch's
+global RNG, which nn.Linear's own initialisation would advance); NodeFormerConv also draws its
+FAVOR+ projection from it at construction and, in training mode, its Gumbel noise at every
+forward (unless ``noise`` is passed). Two layers built from generators seeded alike, fed alike,
+give identical outputs.
+
+Memory: every layer is linear in N. Autograd keeps O(N (m + d)) per head for NodeFormer
+(O(K N m) with K Gumbel samples, O(E m) for the relational bias and the edge loss) and
+O(N d) for DIFFormer / SGFormer: no N x N or N x m x d tensor (tests/fast/test_layers.py
+measures the saved tensors).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from fast.features import gaussian_projection
+
+__all__ = ["NodeFormerConv", "DIFFormerAttention", "SGFormerAttention"]
+
+_NORMALIZE = ("sym", None)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _generator(generator: torch.Generator | None) -> torch.Generator:
+    if generator is None:
+        generator = torch.Generator()
+        generator.seed()  # fresh, OS-seeded: torch's global RNG is never read or advanced
+        return generator
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    return generator
+
+
+def linear(in_dim: int, out_dim: int, generator: torch.Generator, bias: bool = True) -> nn.Linear:
+    """nn.Linear with PyTorch's default initialisation (Kaiming-uniform weights, uniform bias in
+    +-1/sqrt(in_dim)) drawn from ``generator``; torch's global RNG is not touched."""
+    layer = torch.nn.utils.skip_init(nn.Linear, in_dim, out_dim, bias=bias)
+    with torch.no_grad():
+        nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=generator)
+        if bias:
+            bound = 1.0 / math.sqrt(in_dim)
+            layer.bias.uniform_(-bound, bound, generator=generator)
+    return layer
+
+
+def _check_x(x: object, in_dim: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor (N, {in_dim}), got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
+    if x.dim() != 2 or x.shape[1] != in_dim:
+        raise ValueError(f"x must have shape (N, {in_dim}) (nodes, in_dim), got {tuple(x.shape)}")
+    if x.shape[0] < 1:
+        raise ValueError("x has no nodes (N = 0)")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"x has {int((~torch.isfinite(x)).sum())} non-finite entries (NaN or inf)")
+    return x
+
+
+def _batch(batch, n: int, device):
+    from fast.batching import check_batch
+
+    return check_batch(batch, n, name="batch", device=device)
+
+
+def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(N, H d) -> (H, N, d)."""
+    n = t.shape[0]
+    return t.reshape(n, heads, -1).transpose(0, 1)
+
+
+class NodeFormerConv(nn.Module):
+    """One NodeFormer layer (wu22 Sec. 3, Eqs. 5-8, 10): all-pair message passing over a latent
+    graph sampled by the kernelized Gumbel-softmax, plus the relational bias of the input graph.
+
+    Per head h (H = ``heads``, head width d = out_dim)::
+
+        q = x W_q^h, k = x W_k^h, v = x W_v^h                      (N, d) each
+        z^h = mean_{s=1..K} [phi_s(q) (sum_v phi_s(k_v) v_v^T)] / [phi_s(q) . sum_w phi_s(k_w)]
+              (Eq. 7; phi the FAVOR+ map of x d^-1/4 / sqrt(tau), the keys' features weighted by
+               exp(g_sv / tau), g Gumbel(0, 1) per sample, head and key node: training mode only;
+               evaluation mode: the noise-free kernelized softmax, Eq. 5, at the same tau)
+            + sum_{r=1..order} sigmoid(b_r) A_r v                  (Eq. 8, relational bias)
+        out = [z^1 ... z^H] W_o                                     (N, out_dim)
+
+    and the edge loss (Eq. 10, this layer's term) -(1/N) sum_u (1/d_u) sum_{(u,v) in E} log pi_uv,
+    pi_uv the noise-free attention weight of u on v, averaged over heads (fast.nodeformer.edge_loss).
+    The model adds lambda times the mean over layers to the classification loss (Eq. 12).
+
+    Args:
+        in_dim, out_dim: feature widths (out_dim is also the head width d).
+        heads: H >= 1. m: FAVOR+ features (>= 1). tau: Gumbel temperature (> 0, finite).
+        samples: K >= 1 Gumbel samples per forward in training mode. gumbel: False uses the plain
+            kernelized softmax in training too. relational_bias: add Eq. 8 when a graph is given;
+            order >= 1 and normalize ("sym": D^-1/2 A_r D^-1/2, NodeFormer's code; None: raw A_r)
+            as in fast.nodeformer.relational_bias; b (shape (order,), learnable) starts at 0.
+        generator: torch.Generator for the weights, the projection (drawn once here; orthogonal
+            blocks, Performer's ORF) and the Gumbel noise; None: a fresh OS-seeded one.
+        redraw: draw a new projection from ``generator`` at every training-mode forward
+            (NodeFormer's code redraws each forward; default False keeps it fixed, so eval and
+            train see the same kernel).
+
+    forward(x (N, in_dim), graph=None, batch=None, *, noise=None) -> (out (N, out_dim),
+    edge_loss: a 0-dim tensor in training mode with a graph; None without a graph or in evaluation
+    mode, where NodeFormer's code skips it too: call fast.nodeformer.edge_loss for a value there).
+    ``graph``: anything fast.as_graph accepts (edge_index (2, E), scipy.sparse, networkx,
+    fast.Graph) on the N nodes (pass a fast.Graph built once, fast.as_graph, to skip the
+    conversion at every call); ``noise``: Gumbel noise of shape (K, H, N) to use instead of
+    drawing it (training mode only).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, *, heads: int = 4, m: int = 30, tau: float = 0.25,
+                 samples: int = 10, gumbel: bool = True, relational_bias: bool = True, order: int = 1,
+                 normalize: str | None = "sym", generator: torch.Generator | None = None, redraw: bool = False,
+                 orthogonal: bool = True):
+        super().__init__()
+        self.in_dim = _positive_int("in_dim", in_dim)
+        self.out_dim = _positive_int("out_dim", out_dim)
+        self.heads = _positive_int("heads", heads)
+        self.m = _positive_int("m", m)
+        self.samples = _positive_int("samples", samples)
+        self.order = _positive_int("order", order)
+        tau_f = float(tau)
+        if not (math.isfinite(tau_f) and tau_f > 0):
+            raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
+        self.tau = tau_f
+        if normalize not in _NORMALIZE:
+            raise ValueError(f"normalize must be 'sym' or None, got {normalize!r}")
+        self.normalize = normalize
+        self.gumbel, self.relational_bias, self.redraw, self.orthogonal = (bool(gumbel), bool(relational_bias),
+                                                                           bool(redraw), bool(orthogonal))
+        self.generator = _generator(generator)
+        width = self.heads * self.out_dim
+        self.w_q = linear(self.in_dim, width, self.generator)
+        self.w_k = linear(self.in_dim, width, self.generator)
+        self.w_v = linear(self.in_dim, width, self.generator)
+        self.w_o = linear(width, self.out_dim, self.generator)
+        self.b = nn.Parameter(torch.zeros(self.order))
+        self.register_buffer("projection", gaussian_projection(self.m, self.out_dim, orthogonal=self.orthogonal,
+                                                               generator=self.generator))
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_dim}, {self.out_dim}, heads={self.heads}, m={self.m}, tau={self.tau}, "
+                f"samples={self.samples}, gumbel={self.gumbel}, relational_bias={self.relational_bias}, "
+                f"order={self.order}, normalize={self.normalize!r}")
+
+    def redraw_projection(self) -> None:
+        """Draw a new projection (m, d) from the layer's generator, in place."""
+        w = gaussian_projection(self.m, self.out_dim, orthogonal=self.orthogonal, generator=self.generator)
+        self.projection.copy_(w.to(self.projection))
+
+    def _qkv(self, x: torch.Tensor):
+        return (_heads(self.w_q(x), self.heads), _heads(self.w_k(x), self.heads), _heads(self.w_v(x), self.heads))
+
+    def forward(self, x: torch.Tensor, graph=None, batch=None, *, noise: torch.Tensor | None = None):
+        from fast.nodeformer import edge_loss, nodeformer_attention
+
+        x = _check_x(x, self.in_dim)
+        _batch(batch, x.shape[0], x.device)
+        if noise is not None and not self.training:
+            raise ValueError("noise was given in evaluation mode (model.eval()): evaluation uses no Gumbel noise")
+        if self.redraw and self.training:
+            self.redraw_projection()
+        q, k, v = self._qkv(x)
+        proj = self.projection.to(q.dtype)
+        use_graph = graph if self.relational_bias else None
+        z = nodeformer_attention(q, k, v, proj, graph=use_graph, b=self.b if use_graph is not None else None,
+                                 order=self.order, normalize=self.normalize, tau=self.tau, samples=self.samples,
+                                 noise=noise, generator=self.generator if noise is None else None,
+                                 training=self.training, gumbel=self.gumbel, batch=batch)
+        out = self.w_o(z.transpose(0, 1).reshape(x.shape[0], -1))
+        loss = None if graph is None or not self.training else edge_loss(q, k, proj, graph, tau=self.tau,
+                                                                           batch=batch)
+        return out, loss
+
+    def attention_rows(self, x: torch.Tensor, rows, batch=None) -> torch.Tensor:
+        """The learned latent graph's weights (heads, R, N): row r is the noise-free attention
+        pi_{u, .} of the query node u = rows[r] over every node of its graph (rows sum to 1;
+        0 outside u's graph), fast.nodeformer.kernelized_attention_rows at this layer's tau.
+        O(R N m) per head. Call under torch.no_grad() for a picture."""
+        from fast.nodeformer import kernelized_attention_rows
+
+        x = _check_x(x, self.in_dim)
+        _batch(batch, x.shape[0], x.device)
+        rows = torch.as_tensor(rows, dtype=torch.long, device=x.device)
+        q, k, _ = self._qkv(x)
+        return kernelized_attention_rows(q, k, self.projection.to(q.dtype), rows, tau=self.tau, batch=batch)
+
+
+class _SimpleAttention(nn.Module):
+    """Shared body of DIFFormerAttention and SGFormerAttention (``_op`` picks the formula)."""
+
+    _op_name = ""
+
+    def __init__(self, in_dim: int, out_dim: int, *, heads: int = 1, joint_heads: bool = True,
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        self.in_dim = _positive_int("in_dim", in_dim)
+        self.out_dim = _positive_int("out_dim", out_dim)
+        self.heads = _positive_int("heads", heads)
+        self.joint_heads = bool(joint_heads)
+        gen = _generator(generator)
+        width = self.heads * self.out_dim
+        self.w_q = linear(self.in_dim, width, gen)
+        self.w_k = linear(self.in_dim, width, gen)
+        self.w_v = linear(self.in_dim, width, gen)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_dim}, {self.out_dim}, heads={self.heads}, joint_heads={self.joint_heads}"
+
+    def forward(self, x: torch.Tensor, batch=None) -> torch.Tensor:
+        import fast.simple_attention as sa
+
+        x = _check_x(x, self.in_dim)
+        _batch(batch, x.shape[0], x.device)
+        q, k, v = (_heads(w(x), self.heads) for w in (self.w_q, self.w_k, self.w_v))
+        z = getattr(sa, self._op_name)(q, k, v, batch=batch, joint_heads=self.joint_heads)  # (H, N, d)
+        return z.mean(0)
+
+
+class DIFFormerAttention(_SimpleAttention):
+    """DIFFormer's simple (linear) global attention (tutorial; DIFFormer), heads averaged.
+
+    Per head, with Q = x W_q, K = x W_k, V = x W_v (N, d) and q~ = Q / ||Q||_F, k~ = K / ||K||_F
+    (Frobenius norm per graph, over heads too with joint_heads=True, the authors' code)::
+
+        z_u = (sum_v v_v + q~_u . sum_v k~_v v_v^T) / (N_g + q~_u . sum_w k~_w)
+
+    out = mean over heads of z (N, out_dim): O(N d^2), fast.simple_attention.difformer_attention.
+    forward(x (N, in_dim), batch=None) -> (N, out_dim); weights drawn from ``generator``.
+    """
+
+    _op_name = "difformer_attention"
+
+
+class SGFormerAttention(_SimpleAttention):
+    """SGFormer's simple global attention (SGFormer), heads averaged: as DIFFormerAttention but
+    the constant term is the node's own value N_g v_u instead of the sum of all values::
+
+        z_u = (N_g v_u + q~_u . sum_v k~_v v_v^T) / (N_g + q~_u . sum_w k~_w)
+
+    O(N d^2), fast.simple_attention.sgformer_attention. forward(x (N, in_dim), batch=None) -> (N, out_dim).
+    """
+
+    _op_name = "sgformer_attention"
