@@ -13,5 +13,6 @@ NumPy, matplotlib, Jinja2 and the standard library (tests/reports/test_imports.p
     page         the view model and the Jinja2 rendering (templates/*.html.j2, autoescaped)
     peers        the peers section: the peer suite's summary JSON (make bench-ops) read, tabulated, drawn
     roofline     the roofline section: the perf/<id> checks' fractions tabulated and drawn
+    training     the training section: learned latent graphs trained end to end (Results.training)
     render       Results -> the PNGs and index.html in one folder
 """

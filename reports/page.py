@@ -22,13 +22,14 @@ from reports.figures import (default_sweep, has_variant_view, memory_curves, met
                              numerics_checks, numerics_totals, variant_sweeps)
 from reports.peers import PeersSummary, peers_view
 from reports.roofline import roofline_view
+from reports.training import training_view
 from verify.result import CheckResult
 from verify.schema import Comparison, Fit, MechanismInfo, MemoryCurve, Results, SweepResult
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The single figures of the page (reports.render.make_figures); a missing one reads "no data".
 FIGURE_KEYS = ("gallery", "time", "crossover", "memory", "peers", "roofline", "favor", "numerics", "asv_history",
-               "asv_track")
+               "asv_track", "training_curves", "training_latent")
 
 
 # ------------------------------------------------------------------------------- rows
@@ -449,7 +450,8 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
            ("peers", "Peers: maskbench beside other libraries"), ("roofline", "Roofline: fraction of this machine"),
            ("variants", "Variants of a mechanism"), ("verification", "Verification"),
            ("numerics", "Numerics: float32 and bfloat16 against float64"),
-           ("favor", "FAVOR+ estimation error vs m"), ("history", "History across commits (asv)"),
+           ("favor", "FAVOR+ estimation error vs m"), ("training", "Training: learned latent graphs"),
+           ("history", "History across commits (asv)"),
            ("environment", "Environment")]
     return {
         "env": env, "mode": env.get("mode", "?"), "date": env.get("date", ""), "commit": env.get("git_commit", ""),
@@ -465,6 +467,7 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
         "sweep": _sweep_facts(results), "toc": toc, "schema": results.schema,
         "has_variants": bool(sections), "numerics": numerics_view(results),
         "peers": peers_view(peers), "roofline": roofline_view(results),
+        "training": training_view(results),
     }
 
 

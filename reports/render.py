@@ -10,6 +10,7 @@ from reports.asv_history import AsvHistory, MechanismHistory, load_history, mech
 from reports.page import render_page
 from reports.peers import PeersSummary, plot_peers
 from reports.roofline import plot_roofline
+from reports.training import plot_latent, plot_training_curves
 from verify.schema import Results
 
 
@@ -31,7 +32,9 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
                       ("favor", lambda: fig.plot_favor(results.favor_error, out)),
                       ("peers", lambda: plot_peers(peers, out)),
                       ("roofline", lambda: plot_roofline(results, out)),
-                      ("numerics", lambda: fig.plot_numerics(results, out))):
+                      ("numerics", lambda: fig.plot_numerics(results, out)),
+                      ("training_curves", lambda: plot_training_curves(results, out)),
+                      ("training_latent", lambda: plot_latent(results, out))):
         note(f"figure: {key}")
         figures[key] = draw()
     note("figure: curves of the checks")

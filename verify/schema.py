@@ -14,7 +14,8 @@ reference/ (reports/ imports this module and nothing that measures). One file ho
       "gallery": Gallery | null,          dense masks of small instances (matrices included)
       "checks": [CheckResult] | null,     python -m verify's results (the --json list, unchanged)
       "checks_note": str,                 how the checks were obtained, or why they are missing
-      "stage_seconds": {stage: seconds}
+      "stage_seconds": {stage: seconds},
+      "training": Training | null         the training demo of learned latent graphs (verify.training)
     }
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has none) and read back.
@@ -295,6 +296,146 @@ class Gallery:
         return cls(**{**d, "panels": [MaskPanel(**p) for p in d.get("panels", [])]})
 
 
+# ------------------------------------------------------------------------------ training demo (issue 13)
+
+
+@dataclass
+class TrainingDataset:
+    """One data set of the training demo (verify.datasets): sizes and how its graph was made."""
+
+    name: str
+    title: str
+    description: str
+    graph: str
+    n: int
+    edges: int  # undirected
+    features: int
+    classes: int
+    train: int
+    val: int
+    test: int
+    homophily: float | None = None  # fraction of edges joining two nodes of one class
+
+
+@dataclass
+class TrainingRun:
+    """One (data set, model, seed) run: per-epoch curves (index = epoch - 1; train_loss: the
+    training-mode cross-entropy on the training nodes, val_loss: the evaluation-mode one on the
+    validation nodes), the epoch with the best validation accuracy (ties: the lowest validation
+    loss) and the test accuracy there. edge_loss: NodeFormer's Eq. 10 term (mean over layers) per
+    epoch, None for the other models. error: what stopped it."""
+
+    dataset: str
+    model: str
+    seed: int
+    epochs: int
+    train_loss: list[float] = field(default_factory=list)
+    train_acc: list[float] = field(default_factory=list)
+    val_acc: list[float] = field(default_factory=list)
+    test_acc: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    edge_loss: list[float] | None = None
+    best_epoch: int | None = None
+    best_val_acc: float | None = None
+    test_at_best_val: float | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainingRun":
+        d = dict(d)
+        for k in ("train_loss", "train_acc", "val_acc", "test_acc", "val_loss", "edge_loss"):
+            d[k] = _nums(d.get(k))
+        for k in ("best_val_acc", "test_at_best_val"):
+            d[k] = num(d.get(k))
+        return cls(**d)
+
+
+@dataclass
+class TrainingSummary:
+    """Test accuracy at the best validation epoch of one (data set, model) over its seeds: mean,
+    sample std (ddof 1; 0 with one seed), min, max; the paired difference to the MLP on the same
+    seeds, with a Student-t ``confidence`` interval (None with fewer than 2 seeds or no MLP)."""
+
+    dataset: str
+    model: str
+    seeds: int
+    mean: float
+    std: float
+    min: float
+    max: float
+    mlp_mean: float | None = None
+    diff_mean: float | None = None
+    diff_low: float | None = None
+    diff_high: float | None = None
+    confidence: float = 0.95
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainingSummary":
+        return cls(**{k: num(v) if k not in ("dataset", "model", "seeds") else v for k, v in d.items()})
+
+
+@dataclass
+class LatentGraph:
+    """The learned latent graph of a few nodes of one trained NodeFormer (its last layer, heads
+    averaged, evaluation mode: fast.layers.NodeFormerConv.attention_rows) beside the same rows of
+    the input adjacency. nodes: the query nodes (R); order: a permutation of the N columns that
+    groups them by class (the heatmaps draw columns in this order); attention, adjacency (R, N)
+    in the original node order; labels (N,)."""
+
+    dataset: str
+    model: str
+    seed: int
+    layer: int
+    nodes: list[int]
+    labels: list[int]
+    order: list[int]
+    attention: list[list[float]]
+    adjacency: list[list[float]]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LatentGraph":
+        d = dict(d)
+        d["attention"] = [_nums(r) for r in d.get("attention", [])]
+        d["adjacency"] = [_nums(r) for r in d.get("adjacency", [])]
+        return cls(**d)
+
+
+@dataclass
+class Training:
+    """The training demo of issue 13 (verify.training.train_all): NodeFormer, SGFormer, DIFFormer
+    and an MLP on small graphs (verify.datasets), several seeds each. settings: the shared
+    hyper-parameters (epochs, lr, hidden width, lambda, m, tau, K, ...); mode "quick" | "full"."""
+
+    mode: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    datasets: list[TrainingDataset] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    runs: list[TrainingRun] = field(default_factory=list)
+    summary: list[TrainingSummary] = field(default_factory=list)
+    latent: list[LatentGraph] = field(default_factory=list)
+    seconds: float = 0.0
+    threads: int | None = None
+
+    def to_dict(self) -> dict:
+        return _enc(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Training | None":
+        if d is None:
+            return None
+        d = dict(d)
+        d["datasets"] = [TrainingDataset(**{**x, "homophily": num(x.get("homophily"))}) for x in d.get("datasets", [])]
+        d["runs"] = [TrainingRun.from_dict(r) for r in d.get("runs", [])]
+        d["summary"] = [TrainingSummary.from_dict(r) for r in d.get("summary", [])]
+        d["latent"] = [LatentGraph.from_dict(r) for r in d.get("latent", [])]
+        return cls(**d)
+
+    def run(self, dataset: str, model: str, seed: int) -> "TrainingRun | None":
+        return next((r for r in self.runs if (r.dataset, r.model, r.seed) == (dataset, model, seed)), None)
+
+
 @dataclass
 class Results:
     """One run of verify's measurements and checks: everything the report shows."""
@@ -310,6 +451,7 @@ class Results:
     checks_note: str = ""
     stage_seconds: dict[str, float] = field(default_factory=dict)
     schema: str = SCHEMA
+    training: Training | None = None  # the training demo (issue 13); absent from older files
 
     # ------------------------------------------------------------------ lookups
 
@@ -347,6 +489,7 @@ class Results:
             "checks": None if self.checks is None else [r.to_dict() for r in self.checks],
             "checks_note": self.checks_note,
             "stage_seconds": self.stage_seconds,
+            "training": None if self.training is None else self.training.to_dict(),
         })
 
     @classmethod
@@ -370,6 +513,7 @@ class Results:
             checks_note=d.get("checks_note", ""),
             stage_seconds=d.get("stage_seconds", {}),
             schema=schema,
+            training=Training.from_dict(d.get("training")),
         )
 
     def write(self, path: str | Path) -> Path:

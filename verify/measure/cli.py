@@ -28,6 +28,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, Path]:
     ap.add_argument("--verify-full", action="store_true", help="run the full checks instead of --quick")
     ap.add_argument("--verify-json", metavar="PATH",
                     help="take the checks from a python -m verify --json PATH file instead of running them")
+    ap.add_argument("--skip-training", action="store_true",
+                    help="do not run the training demo (NodeFormer, SGFormer, DIFFormer, MLP; verify.training); "
+                         "--only skips it too")
     ap.add_argument("--no-progress", action="store_true", help="hide progress bars (status lines remain)")
     args = ap.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
@@ -47,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, Path]:
     opts = Options(quick=args.quick, device=args.device, rounds=args.rounds, only=list(dict.fromkeys(args.only)),
                    skip_variants=args.skip_variants, skip_memory=args.skip_memory, skip_verify=args.skip_verify,
                    verify_full=args.verify_full, verify_json=args.verify_json, progress=not args.no_progress,
-                   argv=list(sys.argv[1:] if argv is None else argv))
+                   skip_training=args.skip_training, argv=list(sys.argv[1:] if argv is None else argv))
     return opts, Path(args.out)
 
 

@@ -30,6 +30,7 @@ class Options:
     verify_json: str | None = None
     progress: bool = True
     argv: list[str] | None = None  # recorded as the command; None: sys.argv
+    skip_training: bool = False  # the training demo (issue 13; stages.training_stage); --only skips it too
 
     @property
     def sweep_rounds(self) -> int:
@@ -113,6 +114,12 @@ def collect(opts: Options) -> Results:
             res.checks, res.checks_note = stages.checks_stage(
                 not opts.verify_full, opts.device, cache, [m.id for m in mechs] if opts.only else None,
                 opts.progress, status)
+    if opts.only and not opts.skip_training:
+        status("training demo skipped: --only restricts the run to some mechanisms (the demo is about none)")
+    elif not opts.skip_training:
+        with _stage("training", secs, load, 1):
+            res.training = _guard("training", errors, lambda: stages.training_stage(
+                opts.quick, opts.progress, status))
     res.environment["load"] = load.summary()
     res.environment["load_warning"] = load.warning()
     if errors:

@@ -212,3 +212,18 @@ def checks_stage(quick: bool, device: str, cache: dict, only_mechanisms: list[st
         note = f"verify could not run: {type(exc).__name__}: {exc}"
         status(note)
         return None, note
+
+
+# ------------------------------------------------------------------------------ training demo (issue 13)
+
+
+def training_stage(quick: bool, progress: bool = True, status: Status = lambda msg: None):
+    """The training demo (verify.training.train_all): NodeFormer, SGFormer, DIFFormer and an MLP
+    on the small graphs of verify.datasets, several seeds each (3 seeds x 80 epochs quick,
+    5 x 150 full), torch pinned to verify.training.THREADS thread(s) while it runs."""
+    from verify.training import table, train_all
+
+    res = train_all(quick=quick, progress=progress, status=status)
+    for line in table(res):
+        status(f"  {line}")
+    return res
