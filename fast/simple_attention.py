@@ -16,15 +16,21 @@ SGFormer paper for the second). Per graph g with N_g nodes, and per leading slic
 
 i.e. attention with the scores 1 + q~_u . k~_v (the first-order Taylor expansion of exp) within
 each graph; SGFormer replaces the sum of the values in the constant term by N_g times the node's
-own value. Computed in O(N d_qk d): per graph the (d_qk, d) state K~_g^T V_g and the key sum
-K~_g^T 1 (fast.batching.BatchIndex.segment_outer / segment_sum; plain GEMMs when batch is None),
-then each node's query against its graph's state. The N x N score matrix is never formed.
+own value. Computed in O(N d_qk d): per graph the (d_qk, d) state K~_g^T V_g and the key sum K~_g^T 1, then
+each node's query against its graph's state (below). The N x N score matrix is never formed.
 
 The norm (``joint_heads``). The Frobenius norm runs over the graph's nodes and the features and,
-with joint_heads=True (the default, the authors' code, which normalises the whole [N, H, D]
-tensor) and q.dim() >= 3, over the head dim -3 as well (layout (*batch, H, N, d): the H heads
-of one sample share one norm). joint_heads=False: one norm per leading slice (per head). Graphs
-never share a norm: every output depends on its own graph's nodes only. (The public batched
+when dim -3 holds the heads of one sample, over the head dim -3 as well (the H heads of a sample
+share one norm, the authors' code, which normalises the whole [N, H, D] tensor of a graph):
+
+    joint_heads=None (default)  q.dim() >= 4, (*batch, H, N, d): joint over H, per batch index;
+                                q.dim() == 3, (B, N, d): one norm per slice (dim -3 is read as a
+                                batch: samples never share a norm); q.dim() == 2: one norm.
+    joint_heads=True            q.dim() >= 3: dim -3 is heads, joint over it; in particular a 3-D
+                                (H, N, d) input (what fast.layers passes) shares one norm over H.
+    joint_heads=False           one norm per leading slice (per head).
+
+Graphs never share a norm: every output depends on its own graph's nodes only. (The public batched
 DIFFormer code normalises across the whole batch, so graphs leak into each other; the tutorial's
 snippet divides [N, H, D] by [N, H] without unsqueeze and uses the query count for N: neither is
 copied here.)
@@ -46,16 +52,23 @@ of the absolute terms) raises fast.DenominatorError naming the first such row (n
 For N_g >= 2 the floor is far below the lower bound N_g - sqrt(N_g), so it can only refuse the
 one-node case.
 
-What is checked when (as fast.attention: no extra pass over the data on the common path). Before
-anything is computed: metadata (types, dtypes, shapes, devices, the batch vector, which is read
-once by check_batch). On the way: the per-graph sums of squares of q and k (every NaN or inf in
-q or k reaches them; a zero, subnormal or overflowing norm sends the call to the rare path), the
-denominators (guard above) and the output (one aminmax pass: a NaN or inf in v reaches it), as
-0-dim device flags read ONCE per call. Only when that read fails: q, k, v are scanned (ValueError
-naming the first non-finite one), the norms recomputed with rescaling, and the guard's per-row
-analysis run. With a batch vector, check_batch reads the device once and the per-graph GEMMs
-read the graph boundaries once (cached on the BatchIndex). Finite inputs whose output overflows
-(values near the dtype's maximum) return inf in those rows, as fast.attention does.
+How it is computed, and what is checked when (as fast.attention: no extra pass over the data on
+the common path). q~ and k~ are never materialised: per graph, c_g = 1 / (||Q_g|| ||K_g||) is
+folded into the small state S_g = c_g K_g^T V_g (d_qk, d) and key sum s_g = c_g K_g^T 1, so
+z_u = (q_u . S_g + C_u) / (N_g + q_u . s_g): one GEMM for the numerators and one GEMV for the
+denominators per graph (a loop over up to LOOP_GRAPHS graphs' contiguous node slices; beyond it,
+segment reductions and the states, augmented by s_g, gathered per block of nodes). The sums of
+squares come from torch.linalg.vector_norm (no (N, d) temporary). Before anything is computed:
+metadata (types, dtypes, shapes, devices, joint_heads, the batch vector, which is read once by
+check_batch). On the way, as 0-dim device flags read ONCE per call: the per-graph sums of squares
+of q and k lie in a window [max(2^-2E, n_g tiny / eps), 2^2E], E = maxexp // 3 (float32: norms
+within [2^-42, 2^42]; every NaN or inf in q or k reaches them, and inside the window the sums lost
+nothing to overflow or underflow and c_g is a normal number); S_g, s_g and (DIFFormer) the value
+sum are finite (a NaN or inf in k or v reaches S_g); the denominators pass the guard. The output
+itself is not scanned. Only when that read fails (the rare path): q, k, v are scanned (ValueError
+naming the first non-finite one), q~ and k~ are formed with the rescaled norms and the zero-norm
+convention, and the guard's per-row analysis is run. Finite inputs whose output overflows (values
+near the dtype's maximum) return inf in those rows, as fast.attention does.
 
 float16 / bfloat16 inputs compute in float32 and the result is cast back (v's dtype, after
 promotion of q, k, v as fast.masked_linear_attention). Differentiable in q, k and v (the
@@ -86,8 +99,14 @@ BLOCK_ELEMS = 1 << 22
 # ------------------------------------------------------------------------------ normalisation
 
 
-def _joint(x: torch.Tensor, joint_heads: bool) -> bool:
-    return bool(joint_heads) and x.dim() >= 3
+def _joint(x: torch.Tensor, joint_heads: bool | None) -> bool:
+    """Whether the norm spans the head dim -3 (module doc, "The norm"): None (the default) when
+    x.dim() >= 4 ((*batch, H, N, c)); True when x.dim() >= 3 ((H, N, c) read as heads); False never."""
+    if joint_heads is None:
+        return x.dim() >= 4
+    if not isinstance(joint_heads, bool):
+        raise TypeError(f"joint_heads must be None, True or False, got {joint_heads!r}")
+    return joint_heads and x.dim() >= 3
 
 
 def _node_reduce(t: torch.Tensor, joint: bool) -> torch.Tensor:
@@ -115,19 +134,37 @@ def _empty_graphs(bi: BatchIndex | None, like: torch.Tensor) -> torch.Tensor | f
     return (bi.sizes == 0).to(like.dtype).unsqueeze(-1)
 
 
-def _norm_ok(sumsq: torch.Tensor, bi: BatchIndex | None) -> torch.Tensor:
-    """0-dim flag: every nonempty graph's sum of squares is finite and a normal number (a zero,
-    subnormal, overflowed or NaN one takes the rare path)."""
-    info = torch.finfo(sumsq.dtype)
+def _common_ok(ssq: torch.Tensor, bi: BatchIndex | None, count: int) -> torch.Tensor:
+    """0-dim flag for the folded common path: every nonempty graph's sum of squares lies in the
+    window [max(2^(-2E), count tiny / eps), 2^(2E)], E = maxexp // 3 (float32: norms in
+    [2^-42, 2^42]). Inside it the sums of squares neither overflowed nor lost precision to
+    underflow (count tiny / eps bounds the subnormal round-off of count squares by eps ssq), and
+    the folded scales 1 / (||Q_g|| ||K_g||) stay normal numbers. NaN fails every comparison."""
+    info = torch.finfo(ssq.dtype)
+    e = math.frexp(info.max)[1] // 3  # maxexp // 3: 42 (float32), 341 (float64)
+    lo = max(2.0 ** (-2 * e), count * info.tiny / info.eps)
     with torch.no_grad():
-        lo, hi = torch.aminmax((sumsq.detach() + _empty_graphs(bi, sumsq)))
-        return (lo >= info.tiny) & (hi <= info.max)
+        lo_v, hi_v = torch.aminmax(ssq.detach() + _empty_graphs(bi, ssq))
+        return (lo_v >= lo) & (hi_v <= 2.0 ** (2 * e))
+
+
+def _sumsq(x: torch.Tensor, bi: BatchIndex | None, joint: bool) -> torch.Tensor:
+    """Per-graph sums of squares, no (N, c) temporary: (..., 1, 1) ((..., 1, 1, 1) if joint) when
+    bi is None, else (..., G, 1) ((..., 1, G, 1) if joint). Node norms by torch.linalg.vector_norm
+    (one read of x), squared per node, summed per graph."""
+    if bi is None:
+        dims = (-3, -2, -1) if joint else (-2, -1)
+        return torch.linalg.vector_norm(x, dim=dims, keepdim=True).square()
+    node = torch.linalg.vector_norm(x, dim=-1).square()  # (..., N)
+    if joint:
+        node = node.sum(-2, keepdim=True)  # (..., 1, N): the heads of a sample share the norm
+    return bi.segment_sum(node.unsqueeze(-1))
 
 
 def _normalize_plain(x: torch.Tensor, bi: BatchIndex | None, joint: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The common path: x / ||x_g||_F from the plain per-graph sums of squares (returned too,
     for the flag)."""
-    sumsq = _per_graph(_node_reduce(x * x, joint), bi)
+    sumsq = _sumsq(x, bi, joint)
     inv = torch.rsqrt(sumsq)  # a zero norm gives inf here: only used when the flag passes
     return x * _to_nodes(inv, bi), sumsq
 
@@ -153,25 +190,27 @@ def _normalize_robust(x: torch.Tensor, bi: BatchIndex | None, joint: bool) -> to
     return torch.where(nonzero_nodes, y * _to_nodes(inv, bi), torch.zeros_like(y))
 
 
-def frobenius_normalize(x: torch.Tensor, *, batch=None, joint_heads: bool = True) -> torch.Tensor:
+def frobenius_normalize(x: torch.Tensor, *, batch=None, joint_heads: bool | None = None) -> torch.Tensor:
     """x / ||x_g||_F per graph g (the tutorial's q~ = Q / ||Q||_F, per graph).
 
     x: (..., N, c) -> the same shape and dtype. batch: None (one graph) or the sorted batch
-    vector (N,) (module doc). The norm runs over each graph's nodes and the features, and with
-    joint_heads=True and x.dim() >= 3 over the head dim -3 too (layout (*batch, H, N, c), the
-    authors' code); joint_heads=False: per leading slice. A graph whose x is all zero gives 0
+    vector (N,) (module doc). The norm runs over each graph's nodes and the features, and over the
+    head dim -3 too with joint_heads=None (default) and x.dim() >= 4 ((*batch, H, N, c), the
+    authors' code), or joint_heads=True and x.dim() >= 3 ((H, N, c) read as heads); a 3-D x with
+    the default, or joint_heads=False: one norm per leading slice. A graph whose x is all zero gives 0
     (gradient 0: x / ||x|| has no derivative at 0, module doc). Never NaN from finite input.
 
     Raises:
         TypeError / ValueError: not a floating tensor, fewer than 2 dims, N = 0, a bad batch
-            vector (naming batch), NaN or inf in x (naming x).
+            vector (naming batch), joint_heads not None/True/False, NaN or inf in x (naming x).
     """
     check_tensor("x", x, check_finite=False)
     bi = check_batch(batch, x.shape[-2], name="batch", device=x.device)
     joint = _joint(x, joint_heads)
     work = x.to(compute_dtype(x.dtype))
     out, sumsq = _normalize_plain(work, bi, joint)
-    if not bool(_norm_ok(sumsq, bi)):
+    count = (work.shape[-3] if joint else 1) * work.shape[-2] * work.shape[-1]
+    if not bool(_common_ok(sumsq, bi, count)):
         raise_if_non_finite(x=x)
         out = _normalize_robust(work, bi, joint)
     return out.to(x.dtype)
@@ -218,43 +257,118 @@ def _floor(counts: torch.Tensor, d_qk: int, dtype: torch.dtype) -> torch.Tensor:
     return 8 * u * torch.sqrt(counts * d_qk) * (counts + torch.sqrt(counts))
 
 
-def _simple_attention(q, k, v, batch, joint_heads: bool, own_value: bool, what: str) -> torch.Tensor:
+def _folded_one(qw, kw, vw, joint: bool, own_value: bool):
+    """The folded common path on ONE graph (all N nodes): (out (..., N, d), ok 0-dim flag).
+
+    q~ and k~ are never materialised: c = 1 / (||Q|| ||K||) is folded into the small state
+    S = c K^T V (d_qk, d) and key sum s = c K^T 1 (d_qk, 1), so z = (Q S + C) / (N + Q s): one
+    GEMM for the numerators, one GEMV for the denominators, C = 1 sum_v v_v^T (DIFFormer) or N V
+    (SGFormer). Checked (module doc): the sums of squares (_common_ok), S, s and the value sum
+    (finite: a NaN or inf in k or v reaches them), and the denominators (the guard)."""
+    n, d_qk = qw.shape[-2], qw.shape[-1]
+    count = (qw.shape[-3] if joint else 1) * n * d_qk
+    ssq, ssk = _sumsq(qw, None, joint), _sumsq(kw, None, joint)
+    ok = _common_ok(ssq, None, count) & _common_ok(ssk, None, count)
+    scale = torch.rsqrt(ssq) * torch.rsqrt(ssk)  # (..., 1, 1); normal numbers inside the window
+    state = (kw.transpose(-1, -2) @ vw) * scale  # (..., d_qk, d)
+    ksum = kw.sum(-2, keepdim=True).transpose(-1, -2) * scale  # (..., d_qk, 1)
+    if own_value:
+        ok = ok & finite_flag(state, ksum)
+        const, alpha = vw, n  # N V, added as alpha * V (no N V temporary)
+    else:
+        const, alpha = vw.sum(-2, keepdim=True), 1  # (..., 1, d)
+        ok = ok & finite_flag(state, ksum, const)
+    inplace = not (torch.is_grad_enabled() and (qw.requires_grad or kw.requires_grad or vw.requires_grad))
+    num, den = qw @ state, qw @ ksum  # (..., N, d), (..., N, 1)
+    if inplace:
+        num.add_(const, alpha=alpha)
+        den.add_(n)
+    else:
+        num, den = torch.add(num, const, alpha=alpha), den + n
+    floor = _floor(torch.tensor(float(n), dtype=den.dtype, device=den.device), d_qk, den.dtype)
+    ok = ok & guard_flag(den, floor.expand(den.shape), positive=True)
+    return (num.div_(den) if inplace else num / den), ok
+
+
+def _folded_many(qw, kw, vw, bi: BatchIndex, joint: bool, own_value: bool):
+    """The folded common path for more than LOOP_GRAPHS graphs: per-graph sums of squares, states
+    and key sums by segment reductions, the states augmented by the key sums (..., G, d_qk, d + 1)
+    and met by each node's unnormalised query in one pass (_apply_state). (out, ok)."""
+    d_qk, d = qw.shape[-1], vw.shape[-1]
+    count = (qw.shape[-3] if joint else 1) * qw.shape[-2] * d_qk  # bounds every graph's entry count
+    ssq, ssk = _sumsq(qw, bi, joint), _sumsq(kw, bi, joint)
+    ok = _common_ok(ssq, bi, count) & _common_ok(ssk, bi, count)
+    empty = _empty_graphs(bi, ssq)  # an empty graph's sums (0) get scale 1: finite, and never used
+    scale = (torch.rsqrt(ssq + empty) * torch.rsqrt(ssk + empty)).unsqueeze(-1)  # (..., G, 1, 1)
+    state = bi.segment_outer(kw, vw) * scale  # (..., G, d_qk, d)
+    ksum = bi.segment_sum(kw).unsqueeze(-1) * scale  # (..., G, d_qk, 1)
+    ok = ok & finite_flag(state, ksum)
+    res = _apply_state(qw, torch.cat([state, ksum], dim=-1), bi)  # (..., N, d + 1)
+    sizes = bi.sizes.to(qw.dtype).unsqueeze(-1)  # (G, 1)
+    counts = bi.gather(sizes)  # (N, 1)
+    if own_value:
+        const = counts * vw
+    else:
+        vsum = bi.segment_sum(vw)  # (..., G, d)
+        ok = ok & finite_flag(vsum)
+        const = bi.gather(vsum)
+    num, den = res[..., :d] + const, res[..., d:] + counts
+    floor = bi.gather(_floor(sizes, d_qk, den.dtype))  # (N, 1)
+    ok = ok & guard_flag(den, floor.expand(den.shape), positive=True)
+    return num / den, ok
+
+
+def _folded(qw, kw, vw, bi: BatchIndex | None, joint: bool, own_value: bool):
+    """The common path (q~, k~ never formed): (out, ok), ok the 0-dim flag of every check. One
+    graph: _folded_one; up to LOOP_GRAPHS graphs: _folded_one on each graph's contiguous nodes
+    (slices, no copies; sums per graph in torch's own blocked order); more: _folded_many."""
+    if bi is None:
+        return _folded_one(qw, kw, vw, joint, own_value)
+    if bi.num_graphs > LOOP_GRAPHS:
+        return _folded_many(qw, kw, vw, bi, joint, own_value)
+    ptr = bi.host_ptr()
+    outs, ok = [], None
+    for s, e in zip(ptr[:-1], ptr[1:]):
+        if e > s:
+            out, flag = _folded_one(qw[..., s:e, :], kw[..., s:e, :], vw[..., s:e, :], joint, own_value)
+            outs.append(out)
+            ok = flag if ok is None else ok & flag
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)), ok
+
+
+def _materialised(qw, kw, vw, bi: BatchIndex | None, joint: bool, own_value: bool):
+    """The rare path: q~, k~ formed with the rescaled norms (_normalize_robust: extreme magnitudes,
+    zero norms with q~ = 0 and gradient 0), then the same formulas. Returns (out, den, floor)."""
+    n, d_qk = qw.shape[-2], qw.shape[-1]
+    qn, kn = _normalize_robust(qw, bi, joint), _normalize_robust(kw, bi, joint)
+    if bi is None:
+        counts = torch.full((1, 1), float(n), dtype=qw.dtype, device=qw.device)
+        num = qn @ (kn.transpose(-1, -2) @ vw)
+        den = qn @ kn.sum(-2, keepdim=True).transpose(-1, -2) + n  # (..., N, 1)
+        const = vw.sum(-2, keepdim=True) if not own_value else n * vw
+    else:
+        counts = bi.gather(bi.sizes.to(qw.dtype).unsqueeze(-1))  # (N, 1)
+        num = _apply_state(qn, bi.segment_outer(kn, vw), bi)
+        den = (qn * bi.gather(bi.segment_sum(kn))).sum(-1, keepdim=True) + counts
+        const = bi.gather(bi.segment_sum(vw)) if not own_value else counts * vw
+    floor = _floor(counts, d_qk, qw.dtype)
+    return (num + const) / den, den, floor
+
+
+def _simple_attention(q, k, v, batch, joint_heads, own_value: bool, what: str) -> torch.Tensor:
     _check_qkv(q, k, v)
-    n, d_qk = q.shape[-2], q.shape[-1]
+    n = q.shape[-2]
+    joint = _joint(q, joint_heads)
     bi = check_batch(batch, n, name="batch", device=q.device)
     out_dtype = v.dtype
     work = compute_dtype(torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype))
     qw, kw, vw = q.to(work), k.to(work), v.to(work)
-    joint = _joint(qw, joint_heads)
-
-    def compute(robust: bool):
-        if robust:
-            qn, kn, norms = _normalize_robust(qw, bi, joint), _normalize_robust(kw, bi, joint), None
-        else:
-            (qn, ssq), (kn, ssk) = _normalize_plain(qw, bi, joint), _normalize_plain(kw, bi, joint)
-            norms = _norm_ok(ssq, bi) & _norm_ok(ssk, bi)
-        if bi is None:
-            counts = torch.full((1, 1), float(n), dtype=work, device=q.device)  # (1, 1): N_g per node
-            num = qn @ (kn.transpose(-1, -2) @ vw)
-            ksum = kn.sum(-2, keepdim=True)  # (..., 1, d_qk)
-            const = vw.sum(-2, keepdim=True) if not own_value else counts * vw
-        else:
-            counts = bi.gather(bi.sizes.to(work).unsqueeze(-1))  # (N, 1)
-            num = _apply_state(qn, bi.segment_outer(kn, vw), bi)
-            ksum = bi.gather(bi.segment_sum(kn))  # (..., N, d_qk)
-            const = bi.gather(bi.segment_sum(vw)) if not own_value else counts * vw
-        den = counts.squeeze(-1) + (qn * ksum).sum(-1)  # (..., N)
-        floor = _floor(counts.squeeze(-1), d_qk, work)
-        out = (num + const) / den.unsqueeze(-1)
-        return out, den, floor, norms
-
-    out, den, floor, norms = compute(robust=False)
-    ok = norms & guard_flag(den, floor.expand(den.shape), positive=True) & finite_flag(out)
+    out, ok = _folded(qw, kw, vw, bi, joint, own_value)
     if bool(ok):  # the call's one host read
         return out.to(out_dtype)
     raise_if_non_finite(q=q, k=k, v=v)
-    out, den, floor, _ = compute(robust=True)
-    _raise_if_bad_den(den, floor, bi, what)
+    out, den, floor = _materialised(qw, kw, vw, bi, joint, own_value)
+    _raise_if_bad_den(den.squeeze(-1), floor.squeeze(-1).expand(den.shape[:-1]), bi, what)
     return out.to(out_dtype)  # finite input, den fine: an overflowing numerator stays inf (module doc)
 
 
@@ -278,25 +392,27 @@ def _raise_if_bad_den(den: torch.Tensor, floor: torch.Tensor, bi: BatchIndex | N
 
 
 def difformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, batch=None,
-                        joint_heads: bool = True) -> torch.Tensor:
+                        joint_heads: bool | None = None) -> torch.Tensor:
     """DIFFormer's simple attention (the tutorial; DIFFormer-s), per graph, O(N d_qk d).
 
     z_u = (sum_{v in g} v_v + q~_u^T sum_{v in g} k~_v v_v^T) / (N_g + q~_u^T sum_{w in g} k~_w),
-    q~, k~ the per-graph Frobenius-normalised q, k (frobenius_normalize; joint_heads there).
+    q~, k~ the per-graph Frobenius-normalised q, k (frobenius_normalize; joint_heads there: None,
+    the default, spans the heads of (*batch, H, N, d) inputs and keeps the slices of a 3-D
+    (B, N, d) input apart; True reads a 3-D input as (H, N, d) and spans H; False per slice).
 
     q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d) in v's dtype (module doc: leading dims
     equal, batch vector, zero norms, the denominator guard, half precisions).
 
     Raises:
-        TypeError / ValueError: bad types or shapes, a bad batch vector (naming batch), NaN or
-            inf in q, k or v (naming it).
+        TypeError / ValueError: bad types or shapes, a bad batch vector (naming batch),
+            joint_heads not None/True/False, NaN or inf in q, k or v (naming it).
         DenominatorError: a vanished denominator (a one-node graph with q~ . k~ = -1).
     """
     return _simple_attention(q, k, v, batch, joint_heads, own_value=False, what="difformer_attention")
 
 
 def sgformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, batch=None,
-                       joint_heads: bool = True) -> torch.Tensor:
+                       joint_heads: bool | None = None) -> torch.Tensor:
     """SGFormer's simple global attention, per graph, O(N d_qk d).
 
     z_u = (N_g v_u + q~_u^T sum_{v in g} k~_v v_v^T) / (N_g + q~_u^T sum_{w in g} k~_w): DIFFormer
@@ -305,8 +421,8 @@ def sgformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bat
     q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d) in v's dtype (module doc).
 
     Raises:
-        TypeError / ValueError: bad types or shapes, a bad batch vector (naming batch), NaN or
-            inf in q, k or v (naming it).
+        TypeError / ValueError: bad types or shapes, a bad batch vector (naming batch),
+            joint_heads not None/True/False, NaN or inf in q, k or v (naming it).
         DenominatorError: a vanished denominator (a one-node graph with q~ . k~ = -1).
     """
     return _simple_attention(q, k, v, batch, joint_heads, own_value=True, what="sgformer_attention")

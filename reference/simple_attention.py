@@ -12,8 +12,10 @@ S = 1 + q~ k~^T masked to each graph, M = same * S:
     SGFormer:   z_u = (N_g v_u + sum_w same_uw (q~_u . k~_w) v_w) / sum_w M_uw
 
 with q~ = Q_g / ||Q_g||_F, k~ = K_g / ||K_g||_F per graph g (frobenius_normalize): the norm over
-the graph's nodes and features, and with joint_heads=True and ndim >= 3 over the head axis -3
-too; joint_heads=False: per leading slice. A graph whose x is all zero normalises to 0 (the
+the graph's nodes and features, and over the head axis -3 too when that axis holds heads:
+joint_heads=None (default) when ndim >= 4 ((*batch, H, N, c)); joint_heads=True when ndim >= 3
+(a 3-D (H, N, c) read as heads); joint_heads=False never (per leading slice). A 3-D input with
+the default is (B, N, c): one norm per sample, samples never share a norm. A graph whose x is all zero normalises to 0 (the
 limit the fast path uses). A denominator that is zero to float64 round-off (a one-node graph
 whose q is a negative multiple of its k; otherwise den >= N_g - sqrt(N_g) > 0) raises
 reference.DenominatorError. O(N^2 d): the obviously right form the fast O(N d^2) path must equal.
@@ -57,11 +59,21 @@ def _array(name: str, x) -> np.ndarray:
     return a
 
 
-def frobenius_normalize(x, *, batch=None, joint_heads: bool = True) -> np.ndarray:
-    """x / ||x_g||_F per graph g; x (..., N, c) -> the same shape, float64. A zero graph gives 0."""
+def _joint(ndim: int, joint_heads) -> bool:
+    """Whether the norm spans axis -3 (module doc): None -> ndim >= 4, True -> ndim >= 3, False -> no."""
+    if joint_heads is None:
+        return ndim >= 4
+    if not isinstance(joint_heads, bool):
+        raise TypeError(f"joint_heads must be None, True or False, got {joint_heads!r}")
+    return bool(joint_heads) and ndim >= 3
+
+
+def frobenius_normalize(x, *, batch=None, joint_heads: bool | None = None) -> np.ndarray:
+    """x / ||x_g||_F per graph g; x (..., N, c) -> the same shape, float64. A zero graph gives 0.
+    joint_heads: None (ndim >= 4: axis -3 is heads), True (ndim >= 3), False (module doc)."""
     x = _array("x", x)
     b = _batch(batch, x.shape[-2])
-    joint = bool(joint_heads) and x.ndim >= 3
+    joint = _joint(x.ndim, joint_heads)
     out = np.zeros_like(x)
     for g in np.unique(b):
         rows = b == g
@@ -72,7 +84,7 @@ def frobenius_normalize(x, *, batch=None, joint_heads: bool = True) -> np.ndarra
     return out
 
 
-def _simple(q, k, v, batch, joint_heads: bool, own_value: bool, what: str) -> np.ndarray:
+def _simple(q, k, v, batch, joint_heads, own_value: bool, what: str) -> np.ndarray:
     q, k, v = _array("q", q), _array("k", k), _array("v", v)
     if q.shape != k.shape:
         raise ValueError(f"q and k must have the same shape (..., N, d_qk), got q {q.shape} and k {k.shape}")
@@ -80,6 +92,7 @@ def _simple(q, k, v, batch, joint_heads: bool, own_value: bool, what: str) -> np
         raise ValueError(f"v must have shape (..., N, d) with the leading dims and N of q {q.shape[:-1]}, got v {v.shape}")
     n = q.shape[-2]
     b = _batch(batch, n)
+    _joint(q.ndim, joint_heads)  # a bad joint_heads is refused before the dense work
     check_dense_budget(n, f"{what} score matrix", copies=3)
     same = (b[:, None] == b[None, :]).astype(np.float64)  # (N, N) block diagonal
     sizes = same.sum(axis=-1)[:, None]  # (N, 1): N_g of each node's graph
@@ -100,11 +113,11 @@ def _simple(q, k, v, batch, joint_heads: bool, own_value: bool, what: str) -> np
     return num / den
 
 
-def difformer_attention(q, k, v, *, batch=None, joint_heads: bool = True) -> np.ndarray:
+def difformer_attention(q, k, v, *, batch=None, joint_heads: bool | None = None) -> np.ndarray:
     """z_u = (sum_{w in g} v_w + q~_u . sum_{w in g} k~_w v_w^T) / (N_g + q~_u . sum_{w in g} k~_w), dense."""
     return _simple(q, k, v, batch, joint_heads, own_value=False, what="difformer_attention")
 
 
-def sgformer_attention(q, k, v, *, batch=None, joint_heads: bool = True) -> np.ndarray:
+def sgformer_attention(q, k, v, *, batch=None, joint_heads: bool | None = None) -> np.ndarray:
     """z_u = (N_g v_u + q~_u . sum_{w in g} k~_w v_w^T) / (N_g + q~_u . sum_{w in g} k~_w), dense."""
     return _simple(q, k, v, batch, joint_heads, own_value=True, what="sgformer_attention")

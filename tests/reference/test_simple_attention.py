@@ -55,6 +55,28 @@ def test_dense_form_equals_the_formula(joint_heads, own_value):
 
 
 @pytest.mark.parametrize("fn", [ref.difformer_attention, ref.sgformer_attention])
+def test_joint_heads_rule(fn):
+    """joint_heads=None (default): 4-D (B, H, N, d) spans H (= True); 3-D (B, N, d) keeps the
+    samples apart (= False: scaling sample 1 leaves sample 0 unchanged); True reads 3-D as
+    (H, N, d) and equals the 4-D (1, H, N, d) default; anything but None/True/False: TypeError."""
+    q, k, v = inputs(5)
+    q = q * np.array([1.0, 7.0]).reshape(1, 2, 1, 1)  # heads of unequal size: joint != apart
+    np.testing.assert_array_equal(fn(q, k, v, batch=BATCH), fn(q, k, v, batch=BATCH, joint_heads=True))
+    assert not np.allclose(fn(q, k, v, batch=BATCH), fn(q, k, v, batch=BATCH, joint_heads=False))
+    q3, k3, v3 = q[0], k[0], v[0]  # (2, N, d): a batch of two samples under the default
+    np.testing.assert_array_equal(fn(q3, k3, v3, batch=BATCH), fn(q3, k3, v3, batch=BATCH, joint_heads=False))
+    scaled = q3.copy()
+    scaled[1] *= 100.0
+    np.testing.assert_array_equal(fn(scaled, k3, v3, batch=BATCH)[0], fn(q3, k3, v3, batch=BATCH)[0])
+    np.testing.assert_array_equal(fn(q3, k3, v3, batch=BATCH, joint_heads=True),
+                                  fn(q3[None], k3[None], v3[None], batch=BATCH)[0])
+    with pytest.raises(TypeError, match="joint_heads"):
+        fn(q, k, v, joint_heads="yes")
+    with pytest.raises(TypeError, match="joint_heads"):
+        ref.frobenius_normalize(q, joint_heads=1)
+
+
+@pytest.mark.parametrize("fn", [ref.difformer_attention, ref.sgformer_attention])
 def test_each_graph_is_computed_alone(fn):
     """The batched output equals each graph run on its own (batch=None), and batch=None equals
     one graph label for every node."""
