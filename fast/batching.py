@@ -47,7 +47,7 @@ class BatchIndex:
     tensor (nodes per graph; 0 for an empty label), ``device``.
     """
 
-    __slots__ = ("n", "num_graphs", "index", "ptr", "sizes", "_host_ptr")
+    __slots__ = ("n", "num_graphs", "index", "ptr", "sizes", "_host_ptr", "cache")
 
     def __init__(self, index: torch.Tensor, num_graphs: int):
         """Trusts its arguments (``check_batch`` validates): index (N,) int64 sorted in [0, num_graphs)."""
@@ -59,6 +59,8 @@ class BatchIndex:
         torch.cumsum(self.sizes, 0, out=ptr[1:])
         self.ptr = ptr
         self._host_ptr: list[int] | None = None
+        #: derived layouts of this batch that its users build once (e.g. fast.nodeformer's padding slots)
+        self.cache: dict = {}
 
     @property
     def device(self) -> torch.device:
@@ -73,6 +75,7 @@ class BatchIndex:
         out.n, out.num_graphs = self.n, self.num_graphs
         out.index, out.ptr, out.sizes = self.index.to(device), self.ptr.to(device), self.sizes.to(device)
         out._host_ptr = self._host_ptr
+        out.cache = {}
         return out
 
     def host_ptr(self) -> list[int]:
@@ -166,8 +169,11 @@ def check_batch(batch: object, n: int, *, name: str = "batch", device=None,
     batch: None (one graph), a BatchIndex (its n is checked; moved to ``device``), or an integer
     torch tensor / NumPy array (or sequence of ints) of shape (N,), sorted nondecreasing (each
     graph's nodes contiguous), labels >= 0. G = max label + 1 (labels that never occur are empty
-    graphs), or ``num_graphs`` when given (then labels must be < num_graphs). device: where the
-    index lives (default: the tensor's device, CPU for arrays).
+    graphs), or ``num_graphs`` when given (then labels must be < num_graphs). Without
+    ``num_graphs`` the largest label must be < N: at most N graphs can be non-empty, and a label
+    far beyond N (batch = [0, 0, 1, 2**33]) would make every per-graph array (G, ...) that large,
+    so max label + 1 > N is refused (ValueError naming ``name``). device: where the index lives
+    (default: the tensor's device, CPU for arrays).
 
     One host read per call (sortedness, min and max in one transfer). Errors name ``name``:
     TypeError for a non-integer dtype (bool and floats refused); ValueError for a wrong shape
@@ -220,6 +226,10 @@ def check_batch(batch: object, n: int, *, name: str = "batch", device=None,
         i = int(torch.nonzero(t[1:] < t[:-1])[0, 0]) + 1
         raise ValueError(f"{name} must be sorted (PyG convention: each graph's nodes are contiguous); "
                          f"{name}[{i}] = {int(t[i])} follows {name}[{i - 1}] = {int(t[i - 1])}")
+    if num_graphs is None and hi >= n:
+        raise ValueError(f"{name} labels must be < N = {n} (at most N graphs can be non-empty; labels may skip "
+                         f"values, but G = max label + 1 graphs are allocated, so max label + 1 > N is refused), "
+                         f"got max label {hi}")
     g = hi + 1
     if num_graphs is not None:
         if hi >= num_graphs:

@@ -175,7 +175,7 @@ class Graph:
     parts and trusts them (``check=True`` re-validates them).
     """
 
-    __slots__ = ("_n", "_crow", "_col", "_weight", "_row", "_degree", "_wdeg", "_keys", "_csr")
+    __slots__ = ("_n", "_crow", "_col", "_weight", "_row", "_degree", "_wdeg", "_keys", "_csr", "cache")
 
     def __init__(self, n: int, crow: torch.Tensor, col: torch.Tensor, weight: torch.Tensor, *, check: bool = False):
         self._n = int(n)
@@ -188,6 +188,10 @@ class Graph:
         self._wdeg = torch.zeros(self._n, dtype=torch.float64, device=crow.device).index_add_(0, self._row, weight)
         self._keys = None
         self._csr: dict = {}
+        #: what other modules derive from this graph once and reuse while it lives (fast.nodeformer:
+        #: the adjacency orders and normalised bias operators), keyed by tuples that start with the
+        #: module's name; the graph is immutable, so nothing here goes stale.
+        self.cache: dict = {}
 
     def _validate(self) -> None:
         n, crow, col, w = self._n, self._crow, self._col, self._weight

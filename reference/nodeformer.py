@@ -76,6 +76,15 @@ def _log_kernel(q, k, w, tau) -> np.ndarray:
     return out - np.log(m)
 
 
+def _log_normalise(log_a: np.ndarray, same: np.ndarray) -> np.ndarray:
+    """log pi = log A - LSE over the same graph, from log A (..., N, N), directly in log space (-inf
+    outside the graph only): never log(exp(.)), so a weight below float64's range stays finite."""
+    log_a = np.where(same > 0, log_a, -np.inf)
+    top = log_a.max(-1, keepdims=True)
+    lse = top + np.log(np.exp(log_a - top).sum(-1, keepdims=True))
+    return log_a - lse
+
+
 def _normalise(log_a: np.ndarray, same: np.ndarray) -> np.ndarray:
     """pi = A / row sums over the same graph, from log A (..., N, N) (zero outside the graph)."""
     log_a = np.where(same > 0, log_a, -np.inf)
@@ -170,11 +179,16 @@ def nodeformer_attention(q, k, v, w, *, graph=None, adj=None, b=None, order: int
 
 
 def edge_log_likelihood(q, k, w, adj, *, tau: float = 1.0, batch=None) -> np.ndarray:
-    """l_u = (1/d_u) sum_{(u,v) stored in adj} log pi_uv (..., N), 0 for an isolated node (wu22 Eq. 10)."""
-    pi = attention_weights(q, k, w, tau=tau, batch=batch)
+    """l_u = (1/d_u) sum_{(u,v) stored in adj} log pi_uv (..., N), 0 for an isolated node (wu22 Eq. 10).
+
+    log pi_uv = log A_uv - LSE_{w in graph(u)} log A_uw, formed in log space (never the log of an
+    exponentiated pi, which underflows to -inf at std 8, d 128, tau 0.25)."""
+    tau = _tau(tau)
+    log_a = _log_kernel(q, k, w, tau)
+    log_pi = _log_normalise(log_a, batch_mask(batch, log_a.shape[-1]))  # log pi itself: finite on the graph
     a = (adjacency(adj).toarray() != 0).astype(np.float64)
-    with np.errstate(divide="ignore"):
-        log_pi = np.log(pi)
+    if a.shape[0] != log_a.shape[-1]:
+        raise ValueError(f"adj has {a.shape[0]} nodes but q, k have N = {log_a.shape[-1]}")
     terms = np.where(a > 0, log_pi, 0.0).sum(-1)
     deg = a.sum(1)
     return terms / np.maximum(deg, 1.0)

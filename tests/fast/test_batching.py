@@ -49,6 +49,14 @@ def test_check_batch_errors(batch, n, err, match):
         check_batch(batch, n)
 
 
+def test_huge_labels_are_refused():
+    """max label + 1 > N would allocate G per-graph rows for at most N non-empty graphs: refused."""
+    with pytest.raises(ValueError, match=r"batch labels must be < N = 4 .*got max label 8589934592"):
+        check_batch(torch.tensor([0, 0, 1, 2 ** 33]), 4)
+    assert check_batch(torch.tensor([0, 0, 1, 3]), 4).num_graphs == 4  # max label N - 1: allowed (gaps)
+    assert check_batch(torch.tensor([0, 0, 1, 5]), 4, num_graphs=6).num_graphs == 6  # explicit G
+
+
 def test_check_batch_other_errors():
     with pytest.raises(ValueError, match="labels must be < num_graphs = 2"):
         check_batch(torch.tensor([0, 1, 2]), 3, num_graphs=2)

@@ -164,7 +164,8 @@ def test_gumbel_noise_reproducible_and_global_rng_untouched():
     big = F.gumbel_noise((200_000,), generator=gen(12), dtype=torch.float64)
     assert abs(float(big.mean()) - np.euler_gamma) < 0.01  # Gumbel(0, 1): mean gamma, variance pi^2/6
     assert abs(float(big.var()) - np.pi ** 2 / 6) < 0.03
-    # the generator route of kernelized_gumbel_softmax draws gumbel_noise((K, *k.shape[:-1])) in float64
+    # the generator route of kernelized_gumbel_softmax draws gumbel_noise((K, *k.shape[:-1])) in the compute
+    # dtype (float64 here) on k's device
     noise = F.gumbel_noise((4, 2, 2, N), generator=gen(7), dtype=torch.float64)
     assert torch.equal(F.kernelized_gumbel_softmax(q, k, v, w, samples=4, generator=gen(7)),
                        F.kernelized_gumbel_softmax(q, k, v, w, noise=noise))
@@ -228,11 +229,159 @@ def test_edge_loss_large_inputs_float32():
         assert torch.isfinite(loss) and torch.isfinite(ell).all()
         ref = R.edge_log_likelihood(*_np(q, k, w), _adj(), batch=bn)
         assert np.isfinite(ref).all()
-        # cancellation of exponents of size ~|x|^2/2 ~ 300: float32 keeps ~1e-4 of them
-        assert rel_frobenius(ell, ref) < 1e-3
+        # each exponent is a GEMM sum of d_qk products plus |x|^2/2, rounded with error ~ sqrt(d_qk) u Z
+        # (random-walk round-off, u = 2^-24, Z = the largest exponent magnitude, ~280 here); log pi is a
+        # difference of two log-sum-exps, each moved by at most that: |error| <= 2 sqrt(d_qk) u Z
+        # (measured: 1.45 u Z, 2.4e-5 absolute, 1.6e-7 relative)
+        bound = 2 * 8 ** 0.5 * 2.0 ** -24 * _largest_exponent(q, k, w, 1.0)
+        assert float(np.abs(np_(ell) - ref).max()) <= bound
         (gq, gk) = torch.autograd.grad(F.edge_loss(q.requires_grad_(), k.requires_grad_(), w, EDGES, batch=batch),
                                        (q, k))
         assert torch.isfinite(gq).all() and torch.isfinite(gk).all()
+
+
+def _largest_exponent(q, k, w, tau) -> float:
+    """max |w.x| + |x|^2/2 over q's and k's rows, x = q d^(-1/4) / sqrt(tau), in float64."""
+    q, k, w = q.detach().double(), k.detach().double(), w.double()
+    s = q.shape[-1] ** -0.25 / tau ** 0.5
+    return max(float((0.5 * (s * t).square().sum(-1)).max()) + float(((s * t) @ w.T).abs().max()) for t in (q, k))
+
+
+def test_edge_log_likelihood_d128_std8_float32():
+    """d = 128, std 8, tau = 0.25: exponents ~2e3 and log pi down to ~-600 (pi itself underflows float32
+    and nearly float64). float32 is finite and within the round-off bound of the float64 reference."""
+    g = gen(21)
+    n, d, m = 64, 128, 16
+    q, k = randn((2, n, d), g, scale=8.0), randn((2, n, d), g, scale=8.0)
+    w = randn((m, d), g)
+    ei = torch.randint(0, n, (2, 200), generator=g)
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    adj = sp.csr_matrix((np.ones(ei.shape[1]), (ei[0].numpy(), ei[1].numpy())), shape=(n, n))
+    ref = R.edge_log_likelihood(*_np(q, k, w), adj, tau=0.25)
+    assert np.isfinite(ref).all() and ref.min() < -300
+    for dtype in (torch.float64, torch.float32):
+        ell = F.edge_log_likelihood(q.to(dtype), k.to(dtype), w.to(dtype), ei, tau=0.25)
+        assert ell.dtype == dtype and torch.isfinite(ell).all()
+        # as in test_edge_loss_large_inputs_float32: |error| <= 2 sqrt(d) u Z (measured 3.0 u Z in float32)
+        u = torch.finfo(dtype).eps / 2
+        assert float(np.abs(np_(ell) - ref).max()) <= 2 * d ** 0.5 * u * _largest_exponent(q, k, w, 0.25)
+
+
+@pytest.mark.parametrize("tau", [1e-7, 1e-20, 1e-38, 1e-40, 1e-45])
+def test_float32_tiny_tau_is_finite_or_refused(tau):
+    """float32 with tau below 1e-6: a finite result, or a ValueError naming tau with the numbers (the
+    exponents |x|^2/2 ~ |q|^2 / (2 sqrt(d) tau) leave float32's range): never NaN or inf returned."""
+    q, k, v, w = (t.float() for t in _inputs(seed=31))
+    noise = F.gumbel_noise((2, 2, 2, N), generator=gen(32))
+    calls = [lambda: F.kernelized_softmax(q, k, v, w, tau=tau, batch=BATCH),
+             lambda: F.kernelized_gumbel_softmax(q, k, v, w, tau=tau, noise=noise),
+             lambda: F.kernelized_attention_rows(q, k, w, [0, 5], tau=tau),
+             lambda: F.edge_log_likelihood(q, k, w, EDGES, tau=tau, batch=BATCH),
+             lambda: F.nodeformer_attention(q, k, v, w, graph=EDGES, b=0.1, tau=tau, noise=noise)]
+    outcomes = set()
+    for call in calls:
+        try:
+            out = call()
+        except ValueError as exc:
+            assert str(exc).startswith(f"tau = {tau!r} is too small"), str(exc)
+            outcomes.add("refused")
+        else:
+            assert torch.isfinite(out).all()
+            outcomes.add("finite")
+    if tau >= 1e-20:
+        assert outcomes == {"finite"}  # |x|^2/2 <= ~1e21 |q|^2: well inside float32
+    if tau <= 1e-40:
+        assert outcomes == {"refused"}  # s^2/2 = 1 / (2 sqrt(d) tau) > 3.4e38 before any data is read
+
+
+def test_huge_noise_is_refused_by_name():
+    q, k, v, w = (t.float() for t in _inputs(seed=33))
+    huge = torch.full((2, 2, 2, N), 1e30)
+    with pytest.raises(ValueError, match=r"noise / tau overflows torch.float32: max \|g\| / tau = 1e\+40"):
+        F.kernelized_gumbel_softmax(q, k, v, w, tau=1e-10, noise=huge)
+    with pytest.raises(ValueError, match=r"noise / tau overflows torch.float32"):
+        F.kernelized_gumbel_softmax(q, k, v, w, noise=torch.full((2, 2, 2, N), 1e300, dtype=torch.float64))
+    # finite in float64: log space keeps it (each sample picks the keys of largest noise, all equal here)
+    out = F.kernelized_gumbel_softmax(*(t.double() for t in (q, k, v, w)), tau=1e-10, noise=huge.double())
+    assert torch.isfinite(out).all()
+
+
+def test_tau_requiring_grad_is_refused():
+    q, k, v, w = _inputs()
+    with pytest.raises(ValueError, match="tau must not require grad"):
+        F.kernelized_softmax(q, k, v, w, tau=torch.tensor(0.5, dtype=torch.float64, requires_grad=True))
+    out = F.kernelized_softmax(q, k, v, w, tau=torch.tensor(0.5, dtype=torch.float64))
+    assert torch.equal(out, F.kernelized_softmax(q, k, v, w, tau=0.5))
+
+
+@pytest.mark.parametrize("sizes", [[3] * 70, [2, 3] * 40, [1] * 66 + [40]], ids=["equal", "padded", "uneven"])
+def test_many_graphs_match_reference_and_stay_independent(sizes):
+    """More than SMALL_GRAPH_COUNT (64) graphs: equal sizes (viewed as (G, S) batches), similar sizes
+    (padded to S rows) and one large graph among tiny ones (G S > 2 N: per-graph slices) all equal the
+    dense reference, and perturbing one graph leaves every other graph's outputs bit for bit unchanged."""
+    assert len(sizes) > F.SMALL_GRAPH_COUNT
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    n = int(batch.numel())
+    g = gen(40)
+    q, k, v = randn((2, n, 4), g), randn((2, n, 4), g), randn((2, n, 3), g)
+    w = randn((8, 4), g)
+    noise = F.gumbel_noise((2, 2, n), generator=gen(41), dtype=torch.float64)
+    qn, kn, vn, wn, bn = *_np(q, k, v, w), batch.numpy()
+    tol = EQUIV_TOL[torch.float64]
+    out = F.kernelized_softmax(q, k, v, w, tau=0.5, batch=batch)
+    assert rel_frobenius(out, R.kernelized_softmax(qn, kn, vn, wn, tau=0.5, batch=bn)) < tol
+    out = F.kernelized_gumbel_softmax(q, k, v, w, tau=0.25, noise=noise, batch=batch)
+    assert rel_frobenius(out, R.kernelized_gumbel_softmax(qn, kn, vn, wn, np_(noise), tau=0.25, batch=bn)) < tol
+    s = int(torch.tensor(sizes[:5]).sum())
+    e = s + sizes[5]
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    q2[..., s:e, :] += 0.7
+    k2[..., s:e, :] -= 0.4
+    v2[..., s:e, :] *= 3.0
+    others = torch.cat([torch.arange(s), torch.arange(e, n)])
+    for call in (lambda q, k, v: F.kernelized_softmax(q, k, v, w, batch=batch),
+                 lambda q, k, v: F.kernelized_gumbel_softmax(q, k, v, w, noise=noise, batch=batch)):
+        a, b = call(q, k, v), call(q2, k2, v2)
+        assert torch.equal(a[..., others, :], b[..., others, :])
+        assert not torch.equal(a[..., s:e, :], b[..., s:e, :])
+
+
+@pytest.mark.parametrize("sizes", [[1] * 65, [1] * 64 + [2]], ids=["equal", "padded"])
+def test_many_graphs_gradcheck(sizes):
+    """The batched-GEMM routes of more than 64 graphs (a view, a zero-padded copy) are differentiable."""
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    n = int(batch.numel())
+    g = gen(45)
+    q, k, v = (randn((n, 2), g).requires_grad_() for _ in range(3))
+    w = randn((3, 2), g)
+    noise = F.gumbel_noise((2, n), generator=gen(46), dtype=torch.float64)
+    torch.autograd.gradcheck(lambda q, k, v: F.kernelized_gumbel_softmax(q, k, v, w, noise=noise, batch=batch),
+                             (q, k, v), fast_mode=True)
+
+
+def test_one_sample():
+    """K = 1: the Gumbel output is the one reweighted sample (the reference), drawn or given."""
+    q, k, v, w = _inputs(seed=42)
+    noise = F.gumbel_noise((1, 2, 2, N), generator=gen(43), dtype=torch.float64)
+    out = F.kernelized_gumbel_softmax(q, k, v, w, noise=noise, batch=BATCH)
+    ref = R.kernelized_gumbel_softmax(*_np(q, k, v, w), np_(noise), tau=0.25, batch=BATCH.numpy())
+    assert rel_frobenius(out, ref) < EQUIV_TOL[torch.float64]
+    assert torch.equal(F.kernelized_gumbel_softmax(q, k, v, w, samples=1, generator=gen(43), batch=BATCH), out)
+
+
+def test_relational_bias_caches_on_the_graph():
+    """A fast.Graph keeps its orders and normalised operators: the second call reuses them (same objects)
+    and gives the same result as an edge_index input (rebuilt every call)."""
+    from fast.graphs import as_graph
+
+    v = randn((2, N, 3), gen(44))
+    graph = as_graph(EDGES, n=N)
+    first = F.relational_bias(v, graph, 0.3, order=2)
+    ops = F._bias_operators(graph, 2, "sym")
+    assert F._bias_operators(graph, 2, "sym")[0] is ops[0]
+    assert torch.equal(F.relational_bias(v, graph, 0.3, order=2), first)
+    torch.testing.assert_close(F.relational_bias(v, EDGES, 0.3, order=2), first, rtol=1e-15, atol=1e-15)
+    assert torch.equal(F.relational_bias(v, graph, 0.3, order=1), F.relational_bias(v, EDGES, 0.3, order=1))
 
 
 def test_bad_inputs():
@@ -321,12 +470,17 @@ def test_is_favor_attention_with_a_packing_mask():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(dtype):
-    """Half inputs compute in float32: attention comes back in v's dtype, edge terms in float32."""
+    """Half inputs compute in float32: attention and edge_log_likelihood come back in the input dtype,
+    edge_loss in float32."""
     q, k, v, w = (t.to(dtype) for t in _inputs(seed=15))
     out = F.kernelized_gumbel_softmax(q, k, v, w, generator=gen(1), batch=BATCH)
     assert out.dtype == dtype and torch.isfinite(out).all()
     ref = F.kernelized_gumbel_softmax(*(t.float() for t in (q, k, v, w)), generator=gen(1), batch=BATCH)
-    assert rel_frobenius(out, ref) < 1e-2
+    # same (half-rounded) inputs and noise, computed in float32 both times: the only difference is the final
+    # rounding of the output to the half dtype, relative 2^-11 (float16) or 2^-8 (bfloat16) per entry
+    assert rel_frobenius(out, ref) <= torch.finfo(dtype).eps
+    ell = F.edge_log_likelihood(q, k, w, EDGES, batch=BATCH)
+    assert ell.dtype == dtype and torch.isfinite(ell).all()
     loss = F.edge_loss(q, k, w, EDGES, batch=BATCH)
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
 
@@ -341,6 +495,11 @@ def test_cuda_matches_cpu():
     assert rel_frobenius(dev, cpu) < 1e-12
     # a CPU generator with CUDA inputs: drawn on the CPU, moved
     out = F.kernelized_gumbel_softmax(*(t.cuda() for t in (q, k, v, w)), samples=2, generator=gen(3))
+    assert out.device.type == "cuda" and torch.isfinite(out).all()
+    # no generator: a fresh OS-seeded one on the target device, drawn there in the compute dtype
+    drawn = F.gumbel_noise((3, 5), device="cuda")
+    assert drawn.device.type == "cuda" and drawn.dtype == torch.float32 and torch.isfinite(drawn).all()
+    out = F.kernelized_gumbel_softmax(*(t.cuda() for t in (q, k, v, w)), samples=2)
     assert out.device.type == "cuda" and torch.isfinite(out).all()
     loss = F.edge_loss(q.cuda(), k.cuda(), w.cuda(), EDGES.cuda(), batch=BATCH.cuda())
     assert abs(float(loss) - float(F.edge_loss(q, k, w, EDGES, batch=BATCH))) < 1e-12

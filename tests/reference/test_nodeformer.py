@@ -126,13 +126,17 @@ def test_edge_log_likelihood_by_hand():
     q, k, _, w = _data(seed=8)
     adj = _path_adj(loops=(3,))
     iso = sp.csr_matrix(adj.toarray() * (np.arange(N) != 4)[:, None] * (np.arange(N) != 4)[None, :])  # 4 isolated
-    pi = R.attention_weights(q, k, w, tau=0.5, batch=BATCH)
+    # pi by hand from the FAVOR+ features (not through attention_weights, which shares the code under test)
+    s = q.shape[-1] ** -0.25 / np.sqrt(0.5)
+    kern = favor_plus(q * s, w) @ np.swapaxes(favor_plus(k * s, w), -1, -2)
+    kern = np.where(BATCH[:, None] == BATCH[None, :], kern, 0.0)
+    pi = kern / kern.sum(-1, keepdims=True)
     ell = R.edge_log_likelihood(q, k, w, iso, tau=0.5, batch=BATCH)
     a = iso.toarray()
     for u in range(N):
         nbrs = np.flatnonzero(a[u])
         expected = np.mean(np.log(pi[:, u, nbrs]), -1) if nbrs.size else np.zeros(2)
-        np.testing.assert_allclose(ell[:, u], expected, rtol=1e-13, atol=1e-300)
+        np.testing.assert_allclose(ell[:, u], expected, rtol=1e-12, atol=1e-300)
     assert np.all(ell[:, 4] == 0.0)
     assert R.edge_loss(q, k, w, iso, tau=0.5, batch=BATCH) == pytest.approx(-ell.mean(), rel=1e-14)
     assert R.edge_loss(q, k, w, iso, tau=0.5, batch=BATCH) > 0  # pi < 1: log pi < 0
@@ -152,3 +156,26 @@ def test_bad_inputs():
         R.kernelized_softmax(np.full_like(q, np.nan), k, v, w)
     with pytest.raises(ValueError, match='normalize must be "sym" or None'):
         R.relational_bias(v, _path_adj(), 0.0, normalize="row")
+
+
+def test_edge_log_likelihood_never_minus_inf_at_large_scale():
+    """std 8 q, k with d = 128 and tau = 0.25: log-kernel gaps of several hundred, so pi itself underflows
+    float64 (exp(-800) = 0) for some edges. log pi is formed in log space: finite, and equal to log A_uv -
+    log sum_w A_uw computed here from the same log kernel by a different route (scipy's logsumexp)."""
+    from scipy.special import logsumexp
+
+    rng = np.random.default_rng(3)
+    n, d, m = 64, 128, 8
+    q, k = 8.0 * rng.standard_normal((n, d)), 8.0 * rng.standard_normal((n, d))
+    w = rng.standard_normal((m, d))
+    adj = sp.csr_matrix(np.ones((n, n)))
+    ell = R.edge_log_likelihood(q, k, w, adj, tau=0.25)
+    assert np.isfinite(ell).all()
+    s = d ** -0.25 / np.sqrt(0.25)
+    zq = (q * s) @ w.T - 0.5 * np.sum((q * s) ** 2, -1, keepdims=True)
+    zk = (k * s) @ w.T - 0.5 * np.sum((k * s) ** 2, -1, keepdims=True)
+    log_a = logsumexp(zq[:, None, :] + zk[None, :, :], axis=-1)
+    log_pi = log_a - logsumexp(log_a, axis=-1, keepdims=True)
+    assert log_pi.min() < -745  # exp underflows float64 here: the old log(pi) would give -inf
+    # both routes round terms of size max |log_a| ~ 1e3 a few times: 1e3 * 1e-15 * 10 = 1e-11 absolute
+    np.testing.assert_allclose(ell, log_pi.mean(-1), rtol=0, atol=1e-11 * np.abs(log_a).max())
