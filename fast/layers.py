@@ -79,6 +79,22 @@ def _batch(batch, n: int, device):
     return check_batch(batch, n, name="batch", device=device)
 
 
+def _rows(rows: object, device) -> torch.Tensor:
+    """Query node ids as a 1-d int64 tensor; TypeError for non-integer ids (floats, bools), which a
+    plain cast to long would silently truncate."""
+    try:
+        t = torch.as_tensor(rows)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"rows must be a sequence of integer node ids, got {type(rows).__name__}") from exc
+    if t.numel() == 0:
+        return torch.zeros(0, dtype=torch.long, device=device)
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise TypeError(f"rows must be integer node ids, got dtype {t.dtype}")
+    if t.dim() != 1:
+        raise TypeError(f"rows must be a 1-d sequence (R,) of node ids, got shape {tuple(t.shape)}")
+    return t.to(device=device, dtype=torch.long)
+
+
 def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
     """(N, H d) -> (H, N, d)."""
     n = t.shape[0]
@@ -110,6 +126,8 @@ class NodeFormerConv(nn.Module):
             kernelized softmax in training too. relational_bias: add Eq. 8 when a graph is given;
             order >= 1 and normalize ("sym": D^-1/2 A_r D^-1/2, NodeFormer's code; None: raw A_r)
             as in fast.nodeformer.relational_bias; b (shape (order,), learnable) starts at 0.
+            Deviation from NodeFormer's code, which keeps b of shape (order, heads) (one weight
+            per head) initialised to 0.1: here one weight per order, shared by the heads, from 0.
         generator: torch.Generator for the weights, the projection (drawn once here; orthogonal
             blocks, Performer's ORF) and the Gumbel noise; None: a fresh OS-seeded one.
         redraw: draw a new projection from ``generator`` at every training-mode forward
@@ -118,7 +136,9 @@ class NodeFormerConv(nn.Module):
 
     forward(x (N, in_dim), graph=None, batch=None, *, noise=None) -> (out (N, out_dim),
     edge_loss: a 0-dim tensor in training mode with a graph; None without a graph or in evaluation
-    mode, where NodeFormer's code skips it too: call fast.nodeformer.edge_loss for a value there).
+    mode). Returning None in evaluation mode is our choice: NodeFormer's code computes the edge
+    loss in both modes and its caller discards it outside training; here evaluation skips the
+    O(E m) work (call fast.nodeformer.edge_loss for a value there).
     ``graph``: anything fast.as_graph accepts (edge_index (2, E), scipy.sparse, networkx,
     fast.Graph) on the N nodes (pass a fast.Graph built once, fast.as_graph, to skip the
     conversion at every call); ``noise``: Gumbel noise of shape (K, H, N) to use instead of
@@ -198,7 +218,7 @@ class NodeFormerConv(nn.Module):
 
         x = _check_x(x, self.in_dim)
         _batch(batch, x.shape[0], x.device)
-        rows = torch.as_tensor(rows, dtype=torch.long, device=x.device)
+        rows = _rows(rows, x.device)
         q, k, _ = self._qkv(x)
         return kernelized_attention_rows(q, k, self.projection.to(q.dtype), rows, tau=self.tau, batch=batch)
 

@@ -2,8 +2,9 @@
 ``training`` record of the results JSON (verify.schema.Training, written by verify.training).
 
 ``training_view`` turns it into the table (test accuracy at the best validation epoch, mean and
-spread over seeds, the paired difference to the MLP with its interval), ``plot_training_curves``
-draws the loss and accuracy curves per data set (mean over seeds, the band min..max), and
+spread over seeds, the paired differences to the MLP and to the GCN with their intervals),
+``plot_training_curves`` draws the loss (and NodeFormer's edge loss), validation and test accuracy
+curves per data set (mean over seeds, the band min..max), and
 ``plot_latent`` the learned latent graph: NodeFormer's attention rows of a few nodes (heads
 averaged) beside the same rows of the input adjacency, columns grouped by class. This module
 measures nothing.
@@ -19,7 +20,8 @@ from reports import format as fmt
 from reports.figures import _legend_below, _save, line_styles
 from verify.schema import LatentGraph, Results, Training, TrainingRun
 
-MODEL_TITLES = {"nodeformer": "NodeFormer", "sgformer": "SGFormer", "difformer": "DIFFormer", "mlp": "MLP"}
+MODEL_TITLES = {"nodeformer": "NodeFormer", "sgformer": "SGFormer", "difformer": "DIFFormer", "gcn": "GCN",
+                "mlp": "MLP"}
 
 
 def model_title(model: str) -> str:
@@ -47,6 +49,10 @@ class TrainingRow:
     vs_mlp: str  # "+28.9 [+25.0, +32.7]" (percentage points, paired over seeds)
     vs_class: str  # "pass" (above the MLP: interval above 0), "fail" (below), "skip" (neither / no MLP)
     best_epoch: str  # median epoch of best validation accuracy over seeds
+    vs_gcn: str = fmt.DASH  # the same against the GCN ("baseline" on the GCN's own row)
+    vs_gcn_class: str = "skip"
+    attention: str = fmt.DASH  # SGFormer / DIFFormer: attention's deviation from its constant term (median, %)
+    excluded: str = ""  # seeds left out because their run stopped with an error
 
 
 @dataclass
@@ -74,6 +80,7 @@ class TrainingView:
     rows: list[TrainingRow]
     latent: list[LatentStats]
     errors: list[str] = field(default_factory=list)
+    n_seeds: int = 0
 
 
 def latent_stats(g: LatentGraph) -> LatentStats:
@@ -88,6 +95,14 @@ def latent_stats(g: LatentGraph) -> LatentStats:
     uni_nbr = adj.sum(1).mean() / n if att.size else float("nan")
     return LatentStats(g.dataset, g.seed, g.layer, ", ".join(str(u) for u in g.nodes), _pct(on_same),
                        _pct(uni_same), _pct(on_nbr), _pct(uni_nbr))
+
+
+def _vs_text(is_base: bool, mean, low, high) -> str:
+    if is_base:
+        return "baseline"
+    if mean is None:
+        return fmt.DASH
+    return _pp(mean) + (f" [{_pp(low)}, {_pp(high)}]" if low is not None else "")
 
 
 def _verdict(low: float | None, high: float | None) -> str:
@@ -105,15 +120,17 @@ def training_view(results: Results) -> TrainingView | None:
     rows = []
     for s in t.summary:
         best = [r.best_epoch for r in t.runs if (r.dataset, r.model) == (s.dataset, s.model) and r.best_epoch]
-        vs = fmt.DASH
-        if s.model == "mlp":
-            vs = "baseline"
-        elif s.diff_mean is not None:
-            vs = _pp(s.diff_mean) + (f" [{_pp(s.diff_low)}, {_pp(s.diff_high)}]" if s.diff_low is not None else "")
+        vs = _vs_text(s.model == "mlp", s.diff_mean, s.diff_low, s.diff_high)
+        vs_gcn = _vs_text(s.model == "gcn", s.gcn_diff_mean, s.gcn_diff_low, s.gcn_diff_high)
+        devs = [v for r in t.runs if (r.dataset, r.model) == (s.dataset, s.model) and r.error is None
+                for v in (r.attention_deviation or [])]
         rows.append(TrainingRow(titles.get(s.dataset, s.dataset), model_title(s.model), s.seeds,
                                 f"{_pct(s.mean)} ± {_pct(s.std)}", f"{_pct(s.min)} – {_pct(s.max)}", vs,
                                 _verdict(s.diff_low, s.diff_high) if s.model != "mlp" else "skip",
-                                str(int(np.median(best))) if best else fmt.DASH))
+                                str(int(np.median(best))) if best else fmt.DASH, vs_gcn,
+                                _verdict(s.gcn_diff_low, s.gcn_diff_high) if s.model != "gcn" else "skip",
+                                f"{100 * float(np.median(devs)):.2f}" if devs else fmt.DASH,
+                                ", ".join(str(k) for k in s.excluded)))
     datasets = [{"name": d.name, "title": d.title, "description": d.description, "graph": d.graph, "n": d.n,
                  "edges": d.edges, "features": d.features, "classes": d.classes,
                  "split": f"{d.train} / {d.val} / {d.test}",
@@ -122,15 +139,17 @@ def training_view(results: Results) -> TrainingView | None:
     errors = [f"{r.dataset}/{r.model}/seed {r.seed}: {r.error}" for r in t.runs if r.error]
     return TrainingView(t.mode, fmt.seconds_text(t.seconds), fmt.DASH if t.threads is None else str(t.threads),
                         ", ".join(str(s) for s in t.seeds), settings, datasets, rows,
-                        [latent_stats(g) for g in t.latent], errors)
+                        [latent_stats(g) for g in t.latent], errors, len(t.seeds))
 
 
 # ------------------------------------------------------------------------------- figures
 
 
 def _curves(runs: list[TrainingRun], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(mean, min, max) over seeds of one per-epoch curve, on the epochs every run has."""
-    series = [np.array([np.nan if v is None else v for v in getattr(r, key) or []], dtype=float) for r in runs]
+    """(mean, min, max) over seeds of one per-epoch curve, on the epochs every run has; runs that
+    stopped with an error are left out (they would cut the others' curves short)."""
+    series = [np.array([np.nan if v is None else v for v in getattr(r, key) or []], dtype=float)
+              for r in runs if r.error is None]
     series = [s for s in series if s.size]
     if not series:
         return None
@@ -141,9 +160,10 @@ def _curves(runs: list[TrainingRun], key: str) -> tuple[np.ndarray, np.ndarray, 
 
 
 def plot_training_curves(results: Results, out_dir: Path, name: str = "training_curves.png") -> str | None:
-    """One row per data set: training loss (cross-entropy on the training nodes, log scale) and
-    accuracy (test solid, train dotted) per epoch, one colour per model; lines are means over the
-    seeds, bands their min..max."""
+    """One row per data set, three panels: training loss (cross-entropy on the training nodes,
+    solid; NodeFormer's edge loss, Eq. 10, dashed where recorded; log scale), validation accuracy,
+    and accuracy on the test (solid) and training (dotted) nodes; one colour per model; lines are
+    means over the seeds (runs that stopped with an error left out), bands their min..max."""
     import matplotlib.pyplot as plt
 
     t = results.training
@@ -153,39 +173,50 @@ def plot_training_curves(results: Results, out_dir: Path, name: str = "training_
     titles = {d.name: d.title for d in t.datasets}
     models = list(dict.fromkeys(t.models or [r.model for r in t.runs]))
     styles = dict(zip(models, line_styles(len(models))))
-    fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.3 * len(datasets)), squeeze=False,
+    fig, axes = plt.subplots(len(datasets), 3, figsize=(14, 3.3 * len(datasets)), squeeze=False,
                              layout="constrained")
+
+    def draw(ax, c, color, ls, label, band=True, lw=1.3):
+        x = np.arange(1, c[0].size + 1)
+        ax.plot(x, c[0], ls, color=color, lw=lw, label=label)
+        if band:
+            ax.fill_between(x, c[1], c[2], color=color, alpha=0.15, lw=0)
+
     for row, ds in zip(axes, datasets):
-        loss_ax, acc_ax = row
+        loss_ax, val_ax, acc_ax = row
         for model in models:
             runs = [r for r in t.runs if (r.dataset, r.model) == (ds, model)]
             color = styles[model][0]
+            title = model_title(model)
             loss = _curves(runs, "train_loss")
             if loss is not None:
-                x = np.arange(1, loss[0].size + 1)
-                loss_ax.plot(x, loss[0], color=color, lw=1.3, label=model_title(model))
-                loss_ax.fill_between(x, loss[1], loss[2], color=color, alpha=0.15, lw=0)
+                draw(loss_ax, loss, color, "-", title)
+            edge = _curves(runs, "edge_loss")
+            if edge is not None:
+                draw(loss_ax, edge, color, "--", f"{title} edge loss", band=False, lw=1.0)
+            val = _curves(runs, "val_acc")
+            if val is not None:
+                draw(val_ax, val, color, "-", title)
             for key, ls, label in (("test_acc", "-", "test"), ("train_acc", ":", "train")):
                 c = _curves(runs, key)
-                if c is None:
-                    continue
-                x = np.arange(1, c[0].size + 1)
-                acc_ax.plot(x, c[0], ls, color=color, lw=1.3 if ls == "-" else 1.0,
-                            label=f"{model_title(model)} {label}")
-                if key == "test_acc":
-                    acc_ax.fill_between(x, c[1], c[2], color=color, alpha=0.15, lw=0)
+                if c is not None:
+                    draw(acc_ax, c, color, ls, f"{title} {label}", band=key == "test_acc",
+                         lw=1.3 if ls == "-" else 1.0)
         loss_ax.set_yscale("log")
-        loss_ax.set_title(f"{titles.get(ds, ds)}: training loss", fontsize=9)
+        loss_ax.set_title(f"{titles.get(ds, ds)}: training loss (edge loss dashed)", fontsize=9)
         loss_ax.set_ylabel("cross-entropy (train nodes)", fontsize=8)
+        val_ax.set_title(f"{titles.get(ds, ds)}: validation accuracy", fontsize=9)
         acc_ax.set_title(f"{titles.get(ds, ds)}: accuracy (test solid, train dotted)", fontsize=9)
-        acc_ax.set_ylabel("accuracy", fontsize=8)
-        acc_ax.set_ylim(0, 1.02)
+        for ax in (val_ax, acc_ax):
+            ax.set_ylabel("accuracy", fontsize=8)
+            ax.set_ylim(0, 1.02)
         for ax in row:
             ax.set_xlabel("epoch", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(True, alpha=0.25)
-    _legend_below(axes[-1][0], ncol=len(models))
+    _legend_below(axes[-1][0], ncol=max(1, len(models)))
     _legend_below(axes[-1][1], ncol=max(1, len(models)))
+    _legend_below(axes[-1][2], ncol=max(1, len(models)))
     return _save(fig, Path(out_dir), name)
 
 

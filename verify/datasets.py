@@ -26,6 +26,10 @@ Every data set is plain NumPy (and a scipy.sparse adjacency on request), built f
 No data set from an installed package is used: scikit-learn (its digits / iris) is not a
 dependency here, and networkx's other bundled graphs have no node labels.
 
+Every builder draws everything from its ``seed``: verify.training passes the run's seed, so its
+seeds vary the SBM's graph and features, the k-NN data's points and graph, and every split
+(karate: one graph, only the split varies).
+
 Splits: per class, a fixed fraction of the nodes (stratified, shuffled by the generator) goes
 to train, another to val, the rest to test (SPLIT, KARATE_SPLIT, KNN_SPLIT give the fractions).
 """

@@ -315,6 +315,7 @@ class TrainingDataset:
     val: int
     test: int
     homophily: float | None = None  # fraction of edges joining two nodes of one class
+    draw_seed: int | None = None  # the seed whose draw (graph, features, split) these numbers describe
 
 
 @dataclass
@@ -323,7 +324,12 @@ class TrainingRun:
     training-mode cross-entropy on the training nodes, val_loss: the evaluation-mode one on the
     validation nodes), the epoch with the best validation accuracy (ties: the lowest validation
     loss) and the test accuracy there. edge_loss: NodeFormer's Eq. 10 term (mean over layers) per
-    epoch, None for the other models. error: what stopped it."""
+    epoch, None for the other models. error: what stopped it (such a run is left out of the
+    summary and of the mean curves). score_ratio / attention_deviation (SGFormer, DIFFormer; one
+    value per attention layer, after training, evaluation mode): the mean over nodes of
+    |q~_u . sum_w k~_w| / N (the score term of the denominator against its constant term), and
+    ||attention(h) - constant-term output|| / ||constant-term output|| (SGFormer: W_v h;
+    DIFFormer: the mean of the values); None for the other models."""
 
     dataset: str
     model: str
@@ -340,11 +346,14 @@ class TrainingRun:
     test_at_best_val: float | None = None
     seconds: float = 0.0
     error: str | None = None
+    score_ratio: list[float] | None = None
+    attention_deviation: list[float] | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainingRun":
         d = dict(d)
-        for k in ("train_loss", "train_acc", "val_acc", "test_acc", "val_loss", "edge_loss"):
+        for k in ("train_loss", "train_acc", "val_acc", "test_acc", "val_loss", "edge_loss", "score_ratio",
+                  "attention_deviation"):
             d[k] = _nums(d.get(k))
         for k in ("best_val_acc", "test_at_best_val"):
             d[k] = num(d.get(k))
@@ -354,8 +363,10 @@ class TrainingRun:
 @dataclass
 class TrainingSummary:
     """Test accuracy at the best validation epoch of one (data set, model) over its seeds: mean,
-    sample std (ddof 1; 0 with one seed), min, max; the paired difference to the MLP on the same
-    seeds, with a Student-t ``confidence`` interval (None with fewer than 2 seeds or no MLP)."""
+    sample std (ddof 1; 0 with one seed), min, max; the paired difference to the MLP on the seeds
+    both have (mlp_mean: the MLP's mean over those seeds), with a Student-t ``confidence``
+    interval (None with fewer than 2 paired seeds or no MLP); the same against the GCN (gcn_*).
+    excluded: seeds whose run stopped with an error, left out of every number here."""
 
     dataset: str
     model: str
@@ -369,10 +380,15 @@ class TrainingSummary:
     diff_low: float | None = None
     diff_high: float | None = None
     confidence: float = 0.95
+    gcn_mean: float | None = None
+    gcn_diff_mean: float | None = None
+    gcn_diff_low: float | None = None
+    gcn_diff_high: float | None = None
+    excluded: list[int] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainingSummary":
-        return cls(**{k: num(v) if k not in ("dataset", "model", "seeds") else v for k, v in d.items()})
+        return cls(**{k: num(v) if k not in ("dataset", "model", "seeds", "excluded") else v for k, v in d.items()})
 
 
 @dataclass
@@ -403,8 +419,8 @@ class LatentGraph:
 
 @dataclass
 class Training:
-    """The training demo of issue 13 (verify.training.train_all): NodeFormer, SGFormer, DIFFormer
-    and an MLP on small graphs (verify.datasets), several seeds each. settings: the shared
+    """The training demo of issue 13 (verify.training.train_all): NodeFormer, SGFormer, DIFFormer,
+    a GCN and an MLP on small graphs (verify.datasets), several seeds each. settings: the shared
     hyper-parameters (epochs, lr, hidden width, lambda, m, tau, K, ...); mode "quick" | "full"."""
 
     mode: str

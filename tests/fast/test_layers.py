@@ -7,6 +7,7 @@ untouched); graphs of a batch never mix; clear errors for bad input.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -343,3 +344,21 @@ def test_simple_layers_equal_the_dense_reference(cls, name):
     q, k, v = (_heads_np(w(x), h) for w in (layer.w_q, layer.w_k, layer.w_v))
     want = getattr(ref, name)(q, k, v, batch=batch.numpy(), joint_heads=True).mean(0)  # (H, N, d): the heads share a norm
     assert np.abs(layer(x, batch).detach().numpy() - want).max() <= 1e-10 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("rows", [[0.0, 1.5], np.array([1.0, 2.0]), torch.tensor([True, False]), [[0, 1]]])
+def test_attention_rows_reject_non_integer_rows(rows):
+    """A float id would be truncated by a cast to long (1.5 -> node 1): refused, naming rows."""
+    layer = conv().eval()
+    with pytest.raises(TypeError, match="rows"):
+        layer.attention_rows(x_of(6), rows)
+
+
+def test_attention_rows_accept_integer_ids_of_any_int_type():
+    layer = conv().eval()
+    x = x_of(6)
+    with torch.no_grad():
+        a = layer.attention_rows(x, [1, 4])
+        b = layer.attention_rows(x, np.array([1, 4], dtype=np.int32))
+        c = layer.attention_rows(x, torch.tensor([1, 4], dtype=torch.int16))
+    assert torch.equal(a, b) and torch.equal(a, c) and a.shape[-2:] == (2, 6)

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 from reports.page import render_page
-from reports.training import latent_stats, plot_latent, plot_training_curves, training_view
+from reports.training import _curves, latent_stats, plot_latent, plot_training_curves, training_view
 from tests.reports.synthetic import MALICIOUS, make_results
 from verify.schema import (LatentGraph, Results, Training, TrainingDataset, TrainingRun, TrainingSummary)
 
 PNG = b"\x89PNG\r\n\x1a\n"
-MODELS = ("nodeformer", "sgformer", "difformer", "mlp")
+MODELS = ("nodeformer", "sgformer", "difformer", "gcn", "mlp")
 SEEDS = (0, 1, 2)
 EPOCHS = 20
 RUN_ERROR = "FloatingPointError: non-finite training loss <nan> at epoch 7"
 #: final test accuracy per (data set, model), seed s adds 0.01 * (s - 1)
-FINAL = {("sbm", "nodeformer"): 0.80, ("sbm", "sgformer"): 0.90, ("sbm", "difformer"): 0.70, ("sbm", "mlp"): 0.60,
+FINAL = {("sbm", "nodeformer"): 0.80, ("sbm", "sgformer"): 0.90, ("sbm", "difformer"): 0.70, ("sbm", "mlp"): 0.60, ("sbm", "gcn"): 0.95,
          ("karate", "nodeformer"): 0.70, ("karate", "sgformer"): 0.80, ("karate", "difformer"): 0.75,
-         ("karate", "mlp"): 0.50}
+         ("karate", "mlp"): 0.50, ("karate", "gcn"): 0.85}
 
 
 def _run(ds: str, model: str, seed: int) -> TrainingRun:
@@ -34,6 +34,8 @@ def _run(ds: str, model: str, seed: int) -> TrainingRun:
     run = TrainingRun(ds, model, seed, EPOCHS, loss, [min(1.0, a + 0.1) for a in acc], acc, acc,
                       edge_loss=list(5.0 - 0.01 * e) if model == "nodeformer" else None,
                       best_epoch=EPOCHS, best_val_acc=acc[-1], test_at_best_val=acc[-1], seconds=0.5)
+    if model in ("sgformer", "difformer"):
+        run.attention_deviation = [0.001 * (seed + 1)] * (1 if model == "sgformer" else 2)
     return run
 
 
@@ -62,6 +64,7 @@ def make_training(with_error: bool = True) -> Training:
     summary = []
     for ds in ("sbm", "karate"):
         mlp = [r.test_at_best_val for r in runs if (r.dataset, r.model) == (ds, "mlp")]
+        gcn = [r.test_at_best_val for r in runs if (r.dataset, r.model) == (ds, "gcn")]
         for m in MODELS:
             acc = [r.test_at_best_val for r in runs if (r.dataset, r.model) == (ds, m)]
             diff = np.array(acc) - np.array(mlp)
@@ -70,8 +73,12 @@ def make_training(with_error: bool = True) -> Training:
             if m != "mlp":
                 s.diff_mean = float(diff.mean())
                 s.diff_low, s.diff_high = s.diff_mean - 0.05, s.diff_mean + 0.05
+            s.gcn_mean = float(np.mean(gcn))
+            if m != "gcn":
+                s.gcn_diff_mean = float(np.mean(np.array(acc) - np.array(gcn)))
+                s.gcn_diff_low, s.gcn_diff_high = s.gcn_diff_mean - 0.03, s.gcn_diff_mean + 0.03
             summary.append(s)
-    summary[-2].diff_low, summary[-2].diff_high = -0.2, 0.7  # karate difformer: interval over 0
+    summary[-3].diff_low, summary[-2].diff_high = -0.2, 0.7  # karate difformer: interval over 0
     datasets = [TrainingDataset("sbm", "planted partition (SBM)", "3 blocks " + MALICIOUS, "the SBM graph", 30, 60, 4,
                                 3, 9, 6, 15, 0.74),
                 TrainingDataset("karate", "karate club", "Zachary", "the friendship graph", 34, 78, 34, 2, 14, 6, 14,
@@ -94,11 +101,17 @@ def test_view_rows_and_verdicts():
     v = training_view(results_with_training())
     assert (v.mode, v.seconds, v.threads, v.seeds) == ("quick", "12.5 s", "1", "0, 1, 2")
     rows = {(r.dataset, r.model): r for r in v.rows}
-    assert len(rows) == 8
+    assert len(rows) == 10
     sg = rows["planted partition (SBM)", "SGFormer"]
     assert (sg.seeds, sg.mean, sg.range, sg.vs_mlp, sg.vs_class, sg.best_epoch) == (
         3, "90.0 ± 1.0", "89.0 – 91.0", "+30.0 [+25.0, +35.0]", "pass", str(EPOCHS))
+    assert (sg.vs_gcn, sg.vs_gcn_class, sg.attention) == ("-5.0 [-8.0, -2.0]", "fail", "0.20")  # median of .1 .2 .3 %
+    assert rows["planted partition (SBM)", "DIFFormer"].attention == "0.20"
+    gcn = rows["planted partition (SBM)", "GCN"]
+    assert (gcn.vs_gcn, gcn.vs_gcn_class, gcn.vs_mlp, gcn.attention) == ("baseline", "skip", "+35.0 [+30.0, +40.0]",
+                                                                         "–")
     assert rows["planted partition (SBM)", "MLP"].vs_mlp == "baseline"
+    assert rows["planted partition (SBM)", "MLP"].vs_gcn == "-35.0 [-38.0, -32.0]"
     assert rows["karate club", "DIFFormer"].vs_class == "skip"  # interval straddles 0
     assert [d["homophily"] for d in v.datasets] == ["0.74", "–"]
     assert v.errors == [f"sbm/nodeformer/seed 1: {RUN_ERROR}"]
@@ -131,8 +144,11 @@ def test_section_renders_table_figures_and_escapes():
     assert 'href="#training"' in page
     section = _section(page)
     assert 'src="training_curves.png"' in section and 'src="training_latent.png"' in section
-    assert section.count("<tr><td>planted partition (SBM)</td>") == 4 and section.count("<tr><td>karate club</td>") == 4
+    assert section.count("<tr><td>planted partition (SBM)</td>") == 5 and section.count("<tr><td>karate club</td>") == 5
     assert '<td class="num pass">+30.0 [+25.0, +35.0]</td>' in section
+    assert '<td class="num fail">-5.0 [-8.0, -2.0]</td>' in section  # SGFormer vs GCN
+    assert "vs GCN" in section and "3 seed(s)" in section and "initialisation, noise and" in section
+    assert "the plain GCN is as good or better" in section and "nearly a no-op" in section
     assert "<script>" not in section and html.escape(MALICIOUS, quote=False) in section.replace("&#39;", "'")
     assert "FloatingPointError: non-finite training loss &lt;nan&gt; at epoch 7" in section
     assert "75.0" in section and "33.3" in section  # the latent table
@@ -173,10 +189,40 @@ def test_a_record_without_latent_graphs_or_runs_still_renders(tmp_path):
     assert plot_training_curves(r, tmp_path) is None
 
 
-@pytest.mark.parametrize("one_seed", [True])
-def test_one_seed_has_no_interval(one_seed):
+def test_one_seed_has_no_interval():
     r = results_with_training()
     s = r.training.summary[0]
-    s.seeds, s.std, s.diff_low, s.diff_high = 1, 0.0, None, None
+    s.seeds, s.std, s.diff_low, s.diff_high, s.gcn_diff_low, s.gcn_diff_high = 1, 0.0, None, None, None, None
     row = training_view(r).rows[0]
     assert row.vs_mlp == "+20.0" and row.vs_class == "skip"
+    assert row.vs_gcn == "-15.0" and row.vs_gcn_class == "skip"
+
+
+def test_an_errored_run_does_not_cut_the_mean_curves_and_is_listed():
+    r = results_with_training()
+    runs = [x for x in r.training.runs if (x.dataset, x.model) == ("sbm", "nodeformer")]
+    runs[1].test_acc = runs[1].test_acc[:6]  # stopped at epoch 7 (RUN_ERROR)
+    mean, low, high = _curves(runs, "test_acc")
+    assert mean.size == EPOCHS  # the two complete runs, all epochs
+    assert np.allclose(mean, np.mean([runs[0].test_acc, runs[2].test_acc], axis=0))
+    r.training.summary[0].excluded = [1]
+    assert training_view(r).rows[0].excluded == "1"
+    assert "excluded (error): seeds 1" in _section(render_page(r, {"variants": {}}))
+
+
+def test_old_summary_and_run_records_still_read():
+    """A results file from before the GCN baseline and the attention diagnostics reads, the new
+    fields empty."""
+    t = make_training()
+    d = t.to_dict()
+    for s in d["summary"]:
+        for k in ("gcn_mean", "gcn_diff_mean", "gcn_diff_low", "gcn_diff_high", "excluded"):
+            s.pop(k)
+    for run in d["runs"]:
+        run.pop("score_ratio"), run.pop("attention_deviation")
+    for ds in d["datasets"]:
+        ds.pop("draw_seed")
+    back = Training.from_dict(d)
+    assert back.summary[0].gcn_diff_mean is None and back.summary[0].excluded == []
+    assert back.runs[0].attention_deviation is None and back.datasets[0].draw_seed is None
+    assert back.summary[0].diff_mean == t.summary[0].diff_mean

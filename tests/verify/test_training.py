@@ -55,10 +55,17 @@ def test_nodeformer_beats_chance_on_the_sbm(small_sbm):
 
 
 def test_train_all_record_summary_and_json(small_sbm, monkeypatch):
-    monkeypatch.setitem(T.DATASETS, "sbm", lambda seed=0: small_sbm.data)
+    drawn = []
+
+    def draw(seed=0):
+        drawn.append(seed)
+        return small_sbm.data
+
+    monkeypatch.setitem(T.DATASETS, "sbm", draw)
     res = T.train_all(quick=True, datasets=["sbm"], models=["nodeformer", "mlp"], seeds=[0, 1], epochs=3)
     assert isinstance(res, Training) and res.mode == "quick" and res.seeds == [0, 1]
     assert [(r.model, r.seed) for r in res.runs] == [("nodeformer", 0), ("nodeformer", 1), ("mlp", 0), ("mlp", 1)]
+    assert drawn == [0, 1]  # one data draw per seed, shared by the models
     assert [d.name for d in res.datasets] == ["sbm"] and res.datasets[0].n == 90
     (g,) = res.latent
     assert g.dataset == "sbm" and g.seed == 0 and len(g.nodes) == 3 * T.LATENT_PER_CLASS
@@ -160,3 +167,91 @@ def test_cli_flag():
 
     assert parse_args(["--quick", "--skip-training"])[0].skip_training is True
     assert parse_args(["--quick"])[0].skip_training is False
+
+
+def _run(model, seed, acc, ds="sbm", error=None):
+    return TrainingRun(ds, model, seed, 1, test_at_best_val=acc, error=error)
+
+
+def test_paired_intervals_are_scipys_t_intervals_on_the_seed_differences():
+    """vs MLP and vs GCN: mean and Student-t interval of the per-seed differences over the seeds
+    both have (the MLP lacks seed 3; the GCN's seed 1 errored), as scipy.stats.t.interval gives;
+    the errored run enters nothing and is listed."""
+    from scipy import stats
+
+    nf = {0: 0.80, 1: 0.74, 2: 0.91, 3: 0.66}
+    mlp = {0: 0.50, 1: 0.55, 2: 0.52}
+    gcn = {0: 0.90, 1: 0.99, 2: 0.85, 3: 0.70}
+    runs = ([_run("nodeformer", k, v) for k, v in nf.items()] + [_run("mlp", k, v) for k, v in mlp.items()]
+            + [_run("gcn", k, v, error="FloatingPointError: x" if k == 1 else None) for k, v in gcn.items()])
+    s = {x.model: x for x in T.summarise(runs)}
+    for base, common, got in (("mlp", [0, 1, 2], (s["nodeformer"].mlp_mean, s["nodeformer"].diff_mean,
+                                                  s["nodeformer"].diff_low, s["nodeformer"].diff_high)),
+                              ("gcn", [0, 2, 3], (s["nodeformer"].gcn_mean, s["nodeformer"].gcn_diff_mean,
+                                                  s["nodeformer"].gcn_diff_low, s["nodeformer"].gcn_diff_high))):
+        b = mlp if base == "mlp" else gcn
+        d = np.array([nf[k] - b[k] for k in common])
+        low, high = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+        assert got == pytest.approx((np.mean([b[k] for k in common]), d.mean(), low, high), rel=1e-12)
+    assert s["gcn"].seeds == 3 and s["gcn"].excluded == [1] and s["gcn"].mean == pytest.approx(np.mean([0.9, 0.85, 0.7]))
+    assert s["gcn"].gcn_diff_mean is None and s["mlp"].diff_mean is None  # no row against itself
+    assert s["mlp"].gcn_diff_mean == pytest.approx(np.mean([0.50 - 0.90, 0.52 - 0.85]))  # seeds 0, 2
+    one = {x.model: x for x in T.summarise([_run("nodeformer", 0, 0.8), _run("mlp", 0, 0.5)])}
+    assert one["nodeformer"].diff_mean == pytest.approx(0.3) and one["nodeformer"].diff_low is None
+
+
+def test_an_errored_run_is_left_out_and_named_in_the_table():
+    runs = [_run("mlp", 0, 0.5), _run("mlp", 1, 0.9, error="RuntimeError: boom")]
+    (s,) = T.summarise(runs)
+    assert (s.seeds, s.mean, s.excluded) == (1, 0.5, [1])
+    res = Training("quick", {"epochs": 1}, models=["mlp"], seeds=[0, 1], runs=runs, summary=[s])
+    assert "excluded, errored: seeds 1" in T.table(res)[-1]
+
+
+def test_test_labels_do_not_leak_into_training_or_selection():
+    """Permuting the test nodes' labels changes no training loss, validation number or chosen
+    epoch of any model (it does change the test accuracy somewhere, so the check has teeth)."""
+    import copy
+
+    data = sbm(n=60, classes=3, p_in=0.3, p_out=0.02, signal=0.5, seed=2)
+    other = copy.deepcopy(data)
+    t = np.flatnonzero(other.test_mask)
+    other.labels[t] = np.random.default_rng(5).permutation(other.labels[t])[::-1]
+    assert (other.labels[t] != data.labels[t]).any()
+    a, b = T.Inputs(data), T.Inputs(other)
+    test_changed = False
+    for model in T.MODELS:
+        r1, _ = T.train_one(a, model, 0, 6)
+        r2, _ = T.train_one(b, model, 0, 6)
+        assert r1.error is None and r2.error is None
+        assert (r1.train_loss, r1.val_acc, r1.val_loss, r1.best_epoch) == (r2.train_loss, r2.val_acc, r2.val_loss,
+                                                                           r2.best_epoch), model
+        assert r1.edge_loss == r2.edge_loss and r1.attention_deviation == r2.attention_deviation
+        test_changed |= r1.test_acc != r2.test_acc
+    assert test_changed
+
+
+def test_attention_terms_measure_the_near_constant_attention(small_sbm):
+    """SGFormer / DIFFormer record one score ratio and one deviation per attention layer. By
+    Cauchy-Schwarz |q~_u . sum_w k~_w| <= ||q~_u|| sqrt(N) and mean_u ||q~_u|| <= 1/sqrt(N), so
+    the ratio is at most 1/N whatever the weights; the outputs stay near the constant term."""
+    for model, layers in (("sgformer", 1), ("difformer", 2)):
+        run, net = T.train_one(small_sbm, model, 0, 3)
+        assert len(run.score_ratio) == len(run.attention_deviation) == layers
+        assert all(0 < r <= 1 / 90 for r in run.score_ratio)
+        assert all(0 <= d < 0.1 for d in run.attention_deviation)
+    run, _ = T.train_one(small_sbm, "gcn", 0, 2)
+    assert run.score_ratio is None and run.attention_deviation is None
+
+
+def test_the_mlp_shares_the_input_block_and_the_gcn_uses_the_graph(small_sbm):
+    g = torch.Generator().manual_seed(0)
+    mlp = T.build("mlp", 4, 3, g)
+    assert {n for n, _ in mlp.named_children()} == {"fc_in", "norm", "fc_out"}
+    gcn = T.build("gcn", small_sbm.x.shape[1], 3, g).eval()
+    with torch.no_grad():
+        out, _ = gcn(small_sbm)
+        # the same weights without the graph (A_hat = I) give other logits
+        class NoGraph:
+            x, a_hat = small_sbm.x, torch.eye(90).to_sparse()
+        assert not torch.allclose(out, gcn(NoGraph)[0])
