@@ -94,7 +94,7 @@ import numbers
 import torch
 
 from fast.algebra import linear_products
-from fast.attention import masked_linear_attention
+from fast.attention import _check_favor_inputs, masked_linear_attention
 from fast.batching import SMALL_GRAPH_COUNT, BatchIndex, check_batch
 from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
@@ -141,22 +141,14 @@ def _check_order(order: object) -> int:
 
 
 def _check_qk(q: object, k: object, projection: object) -> None:
-    """Shapes, dtypes and devices of q, k and the projection (metadata only)."""
-    check_tensor("q", q, check_finite=False)
-    check_tensor("k", k, check_finite=False)
-    if not isinstance(projection, torch.Tensor):
-        raise TypeError(f"projection must be a torch.Tensor (m, d_qk), got {type(projection).__name__}")
-    if not projection.is_floating_point() or projection.is_complex():
-        raise TypeError(f"projection must be a real floating tensor, got {projection.dtype}")
-    if projection.dim() != 2:
-        raise ValueError(f"projection must have shape (m, d_qk), got {tuple(projection.shape)}")
-    if projection.shape[0] < 1:
-        raise ValueError(f"projection must have m >= 1 rows (random features), got shape {tuple(projection.shape)}")
-    check_same_device(q=q, k=k, projection=projection)
-    for name, x in (("q", q), ("k", k)):
-        if x.shape[-1] != projection.shape[1]:
-            raise ValueError(f"{name} has feature width {x.shape[-1]} but projection expects d_qk = "
-                             f"{projection.shape[1]} (projection is (m, d_qk) = {tuple(projection.shape)})")
+    """Shapes, dtypes and devices of q, k and the projection (metadata only): favor_attention's checks,
+    plus a real floating projection with m >= 1 rows and q, k of one shape (self-attention)."""
+    if isinstance(projection, torch.Tensor):
+        if not projection.is_floating_point() or projection.is_complex():
+            raise TypeError(f"projection must be a real floating tensor, got {projection.dtype}")
+        if projection.dim() == 2 and projection.shape[0] < 1:
+            raise ValueError(f"projection must have m >= 1 rows (random features), got shape {tuple(projection.shape)}")
+    _check_favor_inputs(q, k, projection)
     if q.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"q and k must have the same shape (..., N, d_qk) up to d_qk (self-attention over the N "
                          f"nodes), got {tuple(q.shape)} and {tuple(k.shape)}")

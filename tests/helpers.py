@@ -79,3 +79,25 @@ def dense_causal_units(q, k, v, c):
     w = (c[..., None, :] - r[..., :, None]).masked_fill(~tri, -torch.inf).exp()
     a = (q @ k.transpose(-1, -2)) * w
     return a @ v, a.sum(-1)
+
+
+# ------------------------------------------------------------------------ paper-check modules
+
+
+def evaluate_quick(module, check_id: str, seed: int = 0):
+    """The check ``check_id`` of a verify.checks module (its ``checks()``) run once in quick mode."""
+    from verify.result import Context
+
+    check = next(c for c in module.checks() if c.id == check_id)
+    return check.evaluate(Context(quick=True, seed=seed))
+
+
+def quick_results(module, seed: int = 0) -> dict:
+    """{id: result} of every check of a verify.checks module, quick mode."""
+    return {c.id: evaluate_quick(module, c.id, seed) for c in module.checks()}
+
+
+def assert_ids_kinds_ratio(module, ids: list[tuple[str, str]]) -> None:
+    """The module's checks are ``ids`` ((id, kind) in order), all quick, judged as ratio <= 1."""
+    assert [(c.id, c.kind) for c in module.checks()] == ids
+    assert all(c.quick and c.threshold == 1.0 and c.compare == "<=" and c.unit == "ratio" for c in module.checks())

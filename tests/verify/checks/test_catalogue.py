@@ -53,15 +53,20 @@ ISSUE_12_PAPER_IDS = ["choromanski22/theorem-4.1", "choromanski22/markov", "chor
 ISSUE_12_MECHANISMS = ("gdk", "rwgnk", "power-series", "grf", "grf-asym")
 
 
-def _issue_12_ids() -> list[str]:
-    """The paper checks, equivalence/ and complexity/ of the graph mechanisms, scale/grf(-train)."""
+def _family_ids(paper_ids: list[str], mech_ids: tuple[str, ...]) -> list[str]:
+    """A family's paper checks, equivalence/ and complexity/ of its mechanisms, and their scale/ checks."""
     from verify.mechanisms import mechanisms
 
     registered = {m.id for m in mechanisms()}
-    generic = [f"{family}/{m}" for m in ISSUE_12_MECHANISMS if m in registered for family in ("equivalence", "complexity")]
-    scale = [f"scale/{m.id}{suffix}" for m in mechanisms() if m.id in ISSUE_12_MECHANISMS
+    generic = [f"{family}/{m}" for m in mech_ids if m in registered for family in ("equivalence", "complexity")]
+    scale = [f"scale/{m.id}{suffix}" for m in mechanisms() if m.id in mech_ids
              for suffix, on in (("", m.scale), ("-train", m.scale_train)) if on]
-    return ISSUE_12_PAPER_IDS + generic + scale
+    return paper_ids + generic + scale
+
+
+def _issue_12_ids() -> list[str]:
+    """The paper checks, equivalence/ and complexity/ of the graph mechanisms, scale/grf(-train)."""
+    return _family_ids(ISSUE_12_PAPER_IDS, ISSUE_12_MECHANISMS)
 
 
 #: The latent-graph claims (issue 13): wu22.
@@ -73,13 +78,7 @@ ISSUE_13_MECHANISMS = ("nodeformer", "nodeformer-gumbel", "relational-bias", "ed
 
 def _issue_13_ids() -> list[str]:
     """The wu22 checks, equivalence/ and complexity/ of the latent-graph mechanisms, their scale/ checks."""
-    from verify.mechanisms import mechanisms
-
-    registered = {m.id for m in mechanisms()}
-    generic = [f"{family}/{m}" for m in ISSUE_13_MECHANISMS if m in registered for family in ("equivalence", "complexity")]
-    scale = [f"scale/{m.id}{suffix}" for m in mechanisms() if m.id in ISSUE_13_MECHANISMS
-             for suffix, on in (("", m.scale), ("-train", m.scale_train)) if on]
-    return ISSUE_13_PAPER_IDS + generic + scale
+    return _family_ids(ISSUE_13_PAPER_IDS, ISSUE_13_MECHANISMS)
 
 
 def test_ids_are_the_old_ones_plus_the_new_families():

@@ -13,9 +13,9 @@ import torch
 
 from reference.graphs import adjacency, degree, normalized_adjacency
 from reference.masks.grf import grf_expected_features, grf_expected_mask, grf_mask
+from tests.helpers import assert_ids_kinds_ratio, evaluate_quick, quick_results
 from verify.checks import grf as C
 from verify.problems import grid_graph
-from verify.result import Context
 
 IDS = [("reid25/unbiased", "statistical"), ("reid25/theorem-3.1", "bound"), ("reid25/lemma-3.2", "bound"),
        ("reid25/rate", "statistical"), ("reid25/diagonal-bias", "statistical"), ("reid25/algorithm-2", "erratum"),
@@ -23,13 +23,11 @@ IDS = [("reid25/unbiased", "statistical"), ("reid25/theorem-3.1", "bound"), ("re
 
 
 def _evaluate(check_id: str, seed: int = 0):
-    check = next(c for c in C.checks() if c.id == check_id)
-    return check.evaluate(Context(quick=True, seed=seed))
+    return evaluate_quick(C, check_id, seed)
 
 
 def test_checks_are_listed_with_their_ids_and_kinds():
-    assert [(c.id, c.kind) for c in C.checks()] == IDS
-    assert all(c.quick and c.threshold == 1.0 and c.compare == "<=" and c.unit == "ratio" for c in C.checks())
+    assert_ids_kinds_ratio(C, IDS)
 
 
 # --------------------------------------------------------------------------- the library passes
@@ -38,7 +36,7 @@ def test_checks_are_listed_with_their_ids_and_kinds():
 @pytest.fixture(scope="module")
 def results():
     """Every check once, quick mode, seed 0 (~40 s on two idle cores)."""
-    return {c.id: c.evaluate(Context(quick=True, seed=0)) for c in C.checks()}
+    return quick_results(C)
 
 
 @pytest.mark.parametrize("check_id", [i for i, _ in IDS])

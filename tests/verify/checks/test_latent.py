@@ -9,8 +9,8 @@ import pytest
 from scipy import special
 
 from reference.features import favor_plus, gaussian_projection
+from tests.helpers import assert_ids_kinds_ratio, evaluate_quick, quick_results
 from verify.checks import latent as C
-from verify.result import Context
 
 IDS = [("wu22/lemma-1", "statistical"), ("wu22/theorem-1", "erratum"), ("wu22/lemma-2", "statistical"),
        ("wu22/lemma-3", "statistical"), ("wu22/theorem-2", "statistical"), ("wu22/large-tau", "bound"),
@@ -18,13 +18,11 @@ IDS = [("wu22/lemma-1", "statistical"), ("wu22/theorem-1", "erratum"), ("wu22/le
 
 
 def _evaluate(check_id: str, seed: int = 0):
-    check = next(c for c in C.checks() if c.id == check_id)
-    return check.evaluate(Context(quick=True, seed=seed))
+    return evaluate_quick(C, check_id, seed)
 
 
 def test_checks_are_listed_with_their_ids_and_kinds():
-    assert [(c.id, c.kind) for c in C.checks()] == IDS
-    assert all(c.quick and c.threshold == 1.0 and c.compare == "<=" and c.unit == "ratio" for c in C.checks())
+    assert_ids_kinds_ratio(C, IDS)
 
 
 # --------------------------------------------------------------------------- the maths passes
@@ -33,7 +31,7 @@ def test_checks_are_listed_with_their_ids_and_kinds():
 @pytest.fixture(scope="module")
 def results():
     """Every check once, quick mode, seed 0 (~7 s on one core)."""
-    return {c.id: c.evaluate(Context(quick=True, seed=0)) for c in C.checks()}
+    return quick_results(C)
 
 
 @pytest.mark.parametrize("check_id", [i for i, _ in IDS])
@@ -250,37 +248,40 @@ def test_lemma3_fails_when_the_noise_is_not_divided_by_tau(monkeypatch):
     assert any("chi-square" in reason for reason in _fails("wu22/lemma-3").details["reasons"])
 
 
-def test_theorem2_fails_when_the_noise_is_not_divided_by_tau(monkeypatch, fewer_draws):
-    def weights(log_k, g, tau):
-        z = log_k[None, :] + g
-        return z - special.logsumexp(z, axis=-1, keepdims=True)
+def _weights_noise_not_over_tau(log_k, g, tau):
+    """Planted bug: the Gumbel noise enters the log weights undivided by tau."""
+    z = log_k[None, :] + g
+    return z - special.logsumexp(z, axis=-1, keepdims=True)
 
-    monkeypatch.setattr(C, "kernelized_gumbel_log_weights", weights)
+
+def _kernel_without_sqrt_tau(q, k, w, tau):
+    """Planted bug: q and k reach the features without their 1/sqrt(tau) scaling."""
+    return favor_plus(q, w) @ favor_plus(k, w).T
+
+
+def test_theorem2_fails_when_the_noise_is_not_divided_by_tau(monkeypatch, fewer_draws):
+    monkeypatch.setattr(C, "kernelized_gumbel_log_weights", _weights_noise_not_over_tau)
     _fails("wu22/theorem-2")
 
 
 def test_theorem2_fails_without_the_sqrt_tau_scaling(monkeypatch, fewer_draws):
-    monkeypatch.setattr(C, "kernel_values", lambda q, k, w, tau: favor_plus(q, w) @ favor_plus(k, w).T)
+    monkeypatch.setattr(C, "kernel_values", _kernel_without_sqrt_tau)
     _fails("wu22/theorem-2")
 
 
 def test_large_tau_fails_without_the_sqrt_tau_scaling(monkeypatch):
-    monkeypatch.setattr(C, "kernel_values", lambda q, k, w, tau: favor_plus(q, w) @ favor_plus(k, w).T)
+    monkeypatch.setattr(C, "kernel_values", _kernel_without_sqrt_tau)
     _fails("wu22/large-tau")
 
 
 def test_large_tau_fails_when_the_noise_is_not_divided_by_tau(monkeypatch):
-    def weights(log_k, g, tau):
-        z = log_k[None, :] + g
-        return z - special.logsumexp(z, axis=-1, keepdims=True)
-
-    monkeypatch.setattr(C, "kernelized_gumbel_log_weights", weights)
+    monkeypatch.setattr(C, "kernelized_gumbel_log_weights", _weights_noise_not_over_tau)
     _fails("wu22/large-tau")
 
 
 def test_theorem2_part_iii_fails_on_its_own_without_the_sqrt_tau_scaling(monkeypatch, fewer_draws):
     """Part (i) holds here (the argmax law is still softmax(tau log K)); the derived RF bound refuses it."""
-    monkeypatch.setattr(C, "kernel_values", lambda q, k, w, tau: favor_plus(q, w) @ favor_plus(k, w).T)
+    monkeypatch.setattr(C, "kernel_values", _kernel_without_sqrt_tau)
     reasons = _fails("wu22/theorem-2").details["reasons"]
     assert reasons and all("random-feature bound" in reason for reason in reasons)
 
