@@ -22,9 +22,11 @@ rows: perturbing one graph's inputs leaves every other graph's outputs bit for b
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
+
 import torch
 
 __all__ = ["BatchIndex", "check_batch", "SMALL_GRAPH_COUNT", "OUTER_BLOCK_ELEMENTS"]
@@ -122,6 +124,28 @@ class BatchIndex:
             raise ValueError(f"y must have shape (..., G, c) with G = {self.num_graphs} graphs on axis -2, got "
                              f"{tuple(y.shape)}")
         return y.index_select(-2, self._index_on(y))
+
+    def apply_state(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Row u times its graph's matrix: x (..., N, m), state (..., G, m, d) -> (..., N, d),
+        row u = x_u^T state[batch[u]] (the transpose of ``segment_outer``'s job).
+
+        Never materialises N x m x d: up to SMALL_GRAPH_COUNT graphs one GEMM per graph's contiguous
+        slice; beyond, node blocks with their graphs' states gathered, B * m * d * (leading size)
+        <= OUTER_BLOCK_ELEMENTS per block (memory-bound, no loop over graphs). Differentiable."""
+        n = x.shape[-2]
+        if self.num_graphs <= SMALL_GRAPH_COUNT:
+            ptr = self.host_ptr()
+            parts = [x[..., s:e, :] @ state[..., g, :, :] for g, (s, e) in enumerate(zip(ptr[:-1], ptr[1:])) if e > s]
+            return torch.cat(parts, dim=-2)
+        per_node = max(1, math.prod(state.shape[:-3]) * state.shape[-2] * state.shape[-1])
+        step = max(1, OUTER_BLOCK_ELEMENTS // per_node)
+        index = self._index_on(x)
+        parts = []
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            block = state[..., index[s:e], :, :]  # (..., B, m, d)
+            parts.append((x[..., s:e, :].unsqueeze(-2) @ block).squeeze(-2))
+        return torch.cat(parts, dim=-2)
 
     def segment_outer(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """sum_{u in g} a_u b_u^T per graph: a (..., N, m), b (..., N, d) -> (..., G, m, d).

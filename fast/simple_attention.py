@@ -56,7 +56,7 @@ How it is computed, and what is checked when (as fast.attention: no extra pass o
 the common path). q~ and k~ are never materialised: per graph, c_g = 1 / (||Q_g|| ||K_g||) is
 folded into the small state S_g = c_g K_g^T V_g (d_qk, d) and key sum s_g = c_g K_g^T 1, so
 z_u = (q_u . S_g + C_u) / (N_g + q_u . s_g): one GEMM for the numerators and one GEMV for the
-denominators per graph (a loop over up to LOOP_GRAPHS graphs' contiguous node slices; beyond it,
+denominators per graph (a loop over up to SMALL_GRAPH_COUNT graphs' contiguous node slices; beyond it,
 segment reductions and the states, augmented by s_g, gathered per block of nodes). The sums of
 squares come from torch.linalg.vector_norm (no (N, d) temporary). Before anything is computed:
 metadata (types, dtypes, shapes, devices, joint_heads, the batch vector, which is read once by
@@ -81,20 +81,11 @@ import math
 import torch
 
 from fast.algebra import guard_flag
-from fast.batching import BatchIndex, check_batch
+from fast.batching import SMALL_GRAPH_COUNT, BatchIndex, check_batch
 from fast.errors import DenominatorError
 from fast.validation import check_same_device, check_tensor, compute_dtype, finite_flag, raise_if_non_finite
 
 __all__ = ["frobenius_normalize", "difformer_attention", "sgformer_attention"]
-
-#: Up to this many graphs, each node's query meets its graph's (d_qk, d) state through one GEMM
-#: per graph (a Python loop over the graphs); beyond it, through batched matrix-vector products on
-#: blocks of nodes with their graph's state gathered (memory-bound, but no loop over graphs).
-LOOP_GRAPHS = 64
-
-#: Elements of gathered state per block of nodes on the many-graphs path (32 MiB of float64).
-BLOCK_ELEMS = 1 << 22
-
 
 # ------------------------------------------------------------------------------ normalisation
 
@@ -232,25 +223,6 @@ def _check_qkv(q: object, k: object, v: object) -> None:
                          f"got v {tuple(v.shape)}")
 
 
-def _apply_state(qn: torch.Tensor, state: torch.Tensor, bi: BatchIndex) -> torch.Tensor:
-    """qn (..., N, m), per-graph states (..., G, m, d) -> (..., N, d): row u is qn_u^T state[batch[u]].
-    Never materialises (N, m, d) whole (module constants LOOP_GRAPHS, BLOCK_ELEMS)."""
-    n = qn.shape[-2]
-    if bi.num_graphs <= LOOP_GRAPHS:
-        ptr = bi.host_ptr()
-        parts = [qn[..., s:e, :] @ state[..., g, :, :] for g, (s, e) in enumerate(zip(ptr[:-1], ptr[1:])) if e > s]
-        return torch.cat(parts, dim=-2)
-    per_node = max(1, math.prod(state.shape[:-3]) * state.shape[-2] * state.shape[-1])
-    step = max(1, BLOCK_ELEMS // per_node)
-    index = bi.index
-    parts = []
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        block = state[..., index[s:e], :, :]  # (..., B, m, d)
-        parts.append((qn[..., s:e, :].unsqueeze(-2) @ block).squeeze(-2))
-    return torch.cat(parts, dim=-2)
-
-
 def _floor(counts: torch.Tensor, d_qk: int, dtype: torch.dtype) -> torch.Tensor:
     """The guard's round-off floor 8 u sqrt(N_g d_qk) (N_g + sqrt(N_g)) (module doc)."""
     u = torch.finfo(dtype).eps / 2
@@ -291,9 +263,9 @@ def _folded_one(qw, kw, vw, joint: bool, own_value: bool):
 
 
 def _folded_many(qw, kw, vw, bi: BatchIndex, joint: bool, own_value: bool):
-    """The folded common path for more than LOOP_GRAPHS graphs: per-graph sums of squares, states
+    """The folded common path for more than SMALL_GRAPH_COUNT graphs: per-graph sums of squares, states
     and key sums by segment reductions, the states augmented by the key sums (..., G, d_qk, d + 1)
-    and met by each node's unnormalised query in one pass (_apply_state). (out, ok)."""
+    and met by each node's unnormalised query in one pass (BatchIndex.apply_state). (out, ok)."""
     d_qk, d = qw.shape[-1], vw.shape[-1]
     count = (qw.shape[-3] if joint else 1) * qw.shape[-2] * d_qk  # bounds every graph's entry count
     ssq, ssk = _sumsq(qw, bi, joint), _sumsq(kw, bi, joint)
@@ -303,7 +275,7 @@ def _folded_many(qw, kw, vw, bi: BatchIndex, joint: bool, own_value: bool):
     state = bi.segment_outer(kw, vw) * scale  # (..., G, d_qk, d)
     ksum = bi.segment_sum(kw).unsqueeze(-1) * scale  # (..., G, d_qk, 1)
     ok = ok & finite_flag(state, ksum)
-    res = _apply_state(qw, torch.cat([state, ksum], dim=-1), bi)  # (..., N, d + 1)
+    res = bi.apply_state(qw, torch.cat([state, ksum], dim=-1))  # (..., N, d + 1)
     sizes = bi.sizes.to(qw.dtype).unsqueeze(-1)  # (G, 1)
     counts = bi.gather(sizes)  # (N, 1)
     if own_value:
@@ -320,11 +292,11 @@ def _folded_many(qw, kw, vw, bi: BatchIndex, joint: bool, own_value: bool):
 
 def _folded(qw, kw, vw, bi: BatchIndex | None, joint: bool, own_value: bool):
     """The common path (q~, k~ never formed): (out, ok), ok the 0-dim flag of every check. One
-    graph: _folded_one; up to LOOP_GRAPHS graphs: _folded_one on each graph's contiguous nodes
+    graph: _folded_one; up to SMALL_GRAPH_COUNT graphs: _folded_one on each graph's contiguous nodes
     (slices, no copies; sums per graph in torch's own blocked order); more: _folded_many."""
     if bi is None:
         return _folded_one(qw, kw, vw, joint, own_value)
-    if bi.num_graphs > LOOP_GRAPHS:
+    if bi.num_graphs > SMALL_GRAPH_COUNT:
         return _folded_many(qw, kw, vw, bi, joint, own_value)
     ptr = bi.host_ptr()
     outs, ok = [], None
@@ -348,7 +320,7 @@ def _materialised(qw, kw, vw, bi: BatchIndex | None, joint: bool, own_value: boo
         const = vw.sum(-2, keepdim=True) if not own_value else n * vw
     else:
         counts = bi.gather(bi.sizes.to(qw.dtype).unsqueeze(-1))  # (N, 1)
-        num = _apply_state(qn, bi.segment_outer(kn, vw), bi)
+        num = bi.apply_state(qn, bi.segment_outer(kn, vw))
         den = (qn * bi.gather(bi.segment_sum(kn))).sum(-1, keepdim=True) + counts
         const = bi.gather(bi.segment_sum(vw)) if not own_value else counts * vw
     floor = _floor(counts, d_qk, qw.dtype)

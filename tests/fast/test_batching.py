@@ -81,6 +81,21 @@ def test_segment_sum_gather_max_against_dense():
 
 
 @pytest.mark.parametrize("small", [True, False])
+def test_apply_state_both_routes(small, monkeypatch):
+    """Row u of apply_state is x_u^T state[batch[u]] on the slice loop and on the gathered blocks."""
+    if not small:
+        monkeypatch.setattr(fb, "SMALL_GRAPH_COUNT", 0)
+        monkeypatch.setattr(fb, "OUTER_BLOCK_ELEMENTS", 50)  # several blocks of a few rows
+    b = check_batch(torch.tensor(LABELS), 10)
+    x = randn((2, 10, 3), gen(5))
+    state = randn((2, 4, 3, 5), gen(6))
+    want = torch.einsum("...nm,...nmd->...nd", x, state[:, b.index])
+    torch.testing.assert_close(b.apply_state(x, state), want, rtol=1e-13, atol=1e-13)
+    torch.autograd.gradcheck(lambda y, s: b.apply_state(y, s),
+                             (x.clone().requires_grad_(), state.clone().requires_grad_()))
+
+
+@pytest.mark.parametrize("small", [True, False])
 def test_segment_outer_both_routes(small, monkeypatch):
     if not small:
         monkeypatch.setattr(fb, "SMALL_GRAPH_COUNT", 0)
