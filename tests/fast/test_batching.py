@@ -80,13 +80,18 @@ def test_segment_sum_gather_max_against_dense():
         torch.testing.assert_close(mx[..., gid, :], x[..., s:e, :].amax(-2))
 
 
-@pytest.mark.parametrize("small", [True, False])
-def test_apply_state_both_routes(small, monkeypatch):
-    """Row u of apply_state is x_u^T state[batch[u]] on the slice loop and on the gathered blocks."""
+def _route(small: bool, monkeypatch) -> BatchIndex:
+    """LABELS' BatchIndex, on the slice loop (small) or forced onto the blocked route (several blocks)."""
     if not small:
         monkeypatch.setattr(fb, "SMALL_GRAPH_COUNT", 0)
         monkeypatch.setattr(fb, "OUTER_BLOCK_ELEMENTS", 50)  # several blocks of a few rows
-    b = check_batch(torch.tensor(LABELS), 10)
+    return check_batch(torch.tensor(LABELS), 10)
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_apply_state_both_routes(small, monkeypatch):
+    """Row u of apply_state is x_u^T state[batch[u]] on the slice loop and on the gathered blocks."""
+    b = _route(small, monkeypatch)
     x = randn((2, 10, 3), gen(5))
     state = randn((2, 4, 3, 5), gen(6))
     want = torch.einsum("...nm,...nmd->...nd", x, state[:, b.index])
@@ -97,10 +102,7 @@ def test_apply_state_both_routes(small, monkeypatch):
 
 @pytest.mark.parametrize("small", [True, False])
 def test_segment_outer_both_routes(small, monkeypatch):
-    if not small:
-        monkeypatch.setattr(fb, "SMALL_GRAPH_COUNT", 0)
-        monkeypatch.setattr(fb, "OUTER_BLOCK_ELEMENTS", 50)  # several blocks of a few rows
-    b = check_batch(torch.tensor(LABELS), 10)
+    b = _route(small, monkeypatch)
     a = randn((2, 10, 3), gen(1)).requires_grad_()
     v = randn((2, 1, 10, 5), gen(2))  # leading dims broadcast
     out = b.segment_outer(a, v)
