@@ -1,5 +1,9 @@
 """python -m verify: run maskbench's checks, print a table, optionally write JSON.
 
+Each check prints one line as it finishes (verify.runner.progress_line), with the progress bar or
+without it (--no-progress), and --json PATH is rewritten after every check, so a run that is
+stopped at any point keeps the lines and the JSON of the checks that finished.
+
 Exit status: 0 if nothing failed, 1 if any check failed, 2 on bad arguments. Arguments are all
 checked before any check runs: the seed (an int >= 0), the device (it must hold a tensor here;
 "meta" is refused), --only prefixes (non-empty, matching some check) and the --json path (its
@@ -11,7 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from verify.runner import check_device, format_table, run_checks, seed_sweep, write_json, write_sweep_json
+from tqdm.auto import tqdm
+
+from verify.result import CheckResult
+from verify.runner import (check_device, format_table, progress_line, run_checks, seed_sweep, write_json,
+                           write_sweep_json)
 
 
 def _int_at_least(low: int, what: str):
@@ -56,6 +64,24 @@ def _check_json_path(ap: argparse.ArgumentParser, raw: str) -> None:
         path.unlink()
 
 
+def _reporter(json_path: str | None, progress: bool):
+    """run_checks' on_result for the CLI: print each finished check's line (through tqdm while the
+    bar is shown, so the bar stays below the lines) and rewrite the JSON with every check so far."""
+    done: list[CheckResult] = []
+
+    def report(res: CheckResult, i: int, total: int) -> None:
+        done.append(res)
+        line = progress_line(res, i, total)
+        if progress:
+            tqdm.write(line)
+        else:
+            print(line, flush=True)
+        if json_path:
+            write_json(done, json_path)
+
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="deterministic CI subset (under 3 minutes on 2 cores)")
@@ -96,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                 write_sweep_json(counts, args.json)
             return 1 if any(c["failures"] for c in counts.values()) else 0
         results = run_checks(quick=args.quick, only=args.only, device=args.device, seed=args.seed,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, on_result=_reporter(args.json, not args.no_progress))
     except ValueError as exc:
         ap.error(str(exc))
+    print()
     print(format_table(results))  # ends with the reasons of every failing check
     for r in results:  # a check that raised: its traceback, for whoever fixes it
         if r.status == "fail" and "error" in r.details:

@@ -4,9 +4,12 @@ from __future__ import annotations
 import json
 import math
 import operator
+import os
+import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from tqdm.auto import tqdm
 
@@ -78,6 +81,7 @@ def run_checks(
     seed: int = 0,
     progress: bool = True,
     sweeps: dict | None = None,
+    on_result: Callable[[CheckResult, int, int], None] | None = None,
 ) -> list[CheckResult]:
     """Run the selected checks with a progress bar and return their results.
 
@@ -85,7 +89,9 @@ def run_checks(
     stops the others. A bad seed or device, or an ``only`` that selects nothing, raises ValueError
     before any check runs (check_seed, check_device, select). sweeps: a cache of measured sweeps
     shared by every check's Context (verify.result.Context.sweeps; e.g. verify.measure's, so
-    complexity checks reuse its sweeps).
+    complexity checks reuse its sweeps). on_result(result, i, total): called as each check
+    finishes (i counts from 1), so a caller can print it and save what finished before a run is
+    stopped (``python -m verify`` prints ``progress_line`` and rewrites its JSON there).
     """
     check_seed(seed)
     check_device(device)
@@ -93,7 +99,7 @@ def run_checks(
     chosen = select(all_checks(), only, quick)
     results: list[CheckResult] = []
     bar = tqdm(chosen, desc="verify", unit="check", disable=not progress, leave=False)
-    for check in bar:
+    for i, check in enumerate(bar, 1):
         bar.set_postfix_str(check.id)
         ctx = Context(quick=quick, device=device, seed=seed, note=bar.set_postfix_str, sweeps=sweeps)
         start = time.perf_counter()
@@ -103,6 +109,8 @@ def run_checks(
             res = check.error_result(exc, traceback.format_exc())
         res.seconds = time.perf_counter() - start
         results.append(res)
+        if on_result is not None:
+            on_result(res, i, len(chosen))
     return results
 
 
@@ -193,14 +201,38 @@ def format_table(results: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
+def progress_line(res: CheckResult, i: int, total: int) -> str:
+    """One finished check in one line: ``[  3/173] pass  id  statistic <= threshold  (1.2 s)``,
+    with a failure's first reason after it."""
+    width = len(str(total))
+    status = res.status.upper() if res.status == "fail" else res.status
+    value = format_value(res.statistic, res.unit)
+    if res.compare and res.threshold is not None:
+        value += f" {res.compare} {format_value(res.threshold, res.unit)}"
+    line = f"[{i:>{width}}/{total}] {status:<4}  {res.id}  {value}  ({res.seconds:.1f} s)"
+    reasons = res.reasons
+    return f"{line}: {reasons[0]}" if reasons else line
+
+
 def _write_text(path: str | Path, text: str) -> None:
-    """Write text to path, creating its parent folders."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
+    """Write text to path, creating its parent folders. Atomic: the text goes to a temporary file
+    in the same folder, which then replaces ``path``, so a reader (or a run killed mid-write)
+    never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_json(results: list[CheckResult], path: str | Path) -> None:
-    """Write the results as a JSON list in the docs/design.md schema (parent folders are created)."""
+    """Write the results as a JSON list in the docs/design.md schema (parent folders are created;
+    atomic, so ``python -m verify`` can rewrite it after every check)."""
     _write_text(path, json.dumps([r.to_dict() for r in results], indent=2))
 
 

@@ -226,3 +226,56 @@ def test_run_checks_shares_one_sweep_cache(monkeypatch):
     seen.clear()
     runner.run_checks(progress=False)  # without one: still one dict for the whole run
     assert seen[0] is seen[1] and seen[0] is not cache
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_cli_reports_each_check_as_it_finishes(monkeypatch, capsys, tmp_path, progress):
+    """One line per finished check, bar or not, and the JSON rewritten after each one: the third
+    check reads the file while the run is still going and sees exactly the two before it, so a run
+    stopped there would have kept them."""
+    path = tmp_path / "out" / "v.json"
+    seen_by_third = []
+
+    def third(ctx):
+        seen_by_third.append([r["id"] for r in json.loads(path.read_text())])
+        return Outcome("pass", 0.5)
+
+    def failing(ctx):
+        return Outcome("fail", 3.0, {"reasons": ["3 > 2 (planted)"]})
+
+    checks = [_check("a/one"), Check("a/two", "t", "s", "bound", run=failing, threshold=2.0, compare="<="),
+              Check("a/three", "t", "s", "bound", run=third, threshold=2.0, compare="<=")]
+    monkeypatch.setattr(runner, "all_checks", lambda: checks)
+    argv = ["--json", str(path)] + ([] if progress else ["--no-progress"])
+    assert cli.main(argv) == 1
+    assert seen_by_third == [["a/one", "a/two"]]
+    assert [r["id"] for r in json.loads(path.read_text())] == ["a/one", "a/two", "a/three"]
+    lines = capsys.readouterr().out.splitlines()
+    first = [i for i, line in enumerate(lines) if line.startswith("[")]
+    assert [lines[i] for i in first[:3]] == ["[1/3] pass  a/one  1 <= 2  (0.0 s)",
+                                             "[2/3] FAIL  a/two  3 <= 2  (0.0 s): 3 > 2 (planted)",
+                                             "[3/3] pass  a/three  0.5 <= 2  (0.0 s)"]
+    assert first[:3] == [0, 1, 2] and "3 passed" not in lines[2]  # the lines come before the table
+    assert not list(path.parent.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_cli_stopped_run_keeps_what_finished(tmp_path):
+    """A run killed in the middle of its checks leaves their lines on stdout and their JSON."""
+    script = tmp_path / "run.py"
+    path = tmp_path / "v.json"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import verify.__main__ as cli\n"
+        "from verify import runner\n"
+        "from verify.result import Check, Outcome\n"
+        "def kill(ctx):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "ok = lambda ctx: Outcome('pass', 1.0)\n"
+        "runner.all_checks = lambda: [Check('a/one', 't', 's', 'bound', run=ok),\n"
+        "                             Check('a/two', 't', 's', 'bound', run=ok),\n"
+        "                             Check('a/kill', 't', 's', 'bound', run=kill)]\n"
+        f"sys.exit(cli.main(['--no-progress', '--json', {str(path)!r}]))\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9
+    assert [line.split()[2] for line in proc.stdout.splitlines()] == ["a/one", "a/two"]
+    assert [r["id"] for r in json.loads(path.read_text())] == ["a/one", "a/two"]

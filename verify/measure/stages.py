@@ -205,6 +205,10 @@ def checks_stage(quick: bool, device: str, cache: dict, only_mechanisms: list[st
         shared = "sharing the sweep stage's cache"
     else:
         shared = "without the sweep cache (run_checks takes none): complexity checks timed again"
+    if "on_result" in params:  # a line per finished check, as python -m verify prints them
+        from verify.runner import progress_line
+
+        kwargs["on_result"] = lambda res, i, total: status(progress_line(res, i, total))
     note = f"python -m verify {mode}, run by verify.measure {shared}."
     try:
         return run_checks(**kwargs), note
