@@ -239,7 +239,10 @@ class DiffusionMask(MaskOperator):
 
     graph: anything fast.graphs.as_graph accepts (a Graph, edge_index, torch/scipy sparse,
     networkx); lam >= 0 finite: a real number or a one-element tensor (may require grad: a
-    learnable diffusion time, returned by parameters()); tol in (0, 1): the a priori truncation
+    learnable diffusion time, returned by parameters()), of any device, whose stored value is the
+    diffusion time, read as a float64 (a float32 torch.tensor(1.2) is lam = 1.2000000477, which moves
+    M x by up to |dlam| ||T||_1 g ||x||_1, ~1e-8 relative: compare operators with the same lam);
+    tol in (0, 1): the a priori truncation
     bound, ||y - M x||_1 <= tol * norm_bound * ||x||_1 per column (infinity-norm for rmatmul of
     random-walk); steps: None (the plan minimising s m) or a fixed s >= 1.
 
