@@ -23,6 +23,8 @@ from tests.helpers import GenericMask, gen, np_, positive, randn, rel_frobenius
 seeds = st.integers(0, 2**31 - 1)
 RTOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 POPCOUNT = np.array([bin(i).count("1") for i in range(1 << 12)])
+#: Where the device test runs: CPU always (CI), CUDA too when present (the GPU run).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _dense_rows(rows: np.ndarray, n: int, t: float) -> np.ndarray:
@@ -108,6 +110,30 @@ def test_lambda_gradient_matches_the_derivative_of_tanh_power():
     t = math.tanh(lam0)
     dist = POPCOUNT[np.arange(n)[:, None] ^ np.arange(n)[None, :]]
     expected = float((dist * t ** np.maximum(dist - 1, 0) * (1 - t * t) @ np_(x)).sum())
+    assert float(lam.grad) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_device_matmul_equals_dense(device, dtype):
+    """On each device (CUDA: cuBLAS batched GEMMs), with lam a float or a float64 tensor on that
+    device: M x and |M| x equal the dense rows within RTOL of M |x| (a float32 factor or TF32 GEMM
+    in a float64 product would miss 1e-12 by 1e4), and the lam gradient is tanh's (k = 7: a full and
+    a partial group)."""
+    k, lam0 = 7, 0.7
+    n, t = 1 << k, math.tanh(lam0)
+    x = randn((2, n, 3), gen(k), dtype=dtype).to(device)
+    for lam in (lam0, torch.tensor(lam0, dtype=torch.float64, device=device)):
+        mask = HypercubeDiffusionMask(n, lam)
+        for out in (mask.matmul(x), mask.abs_matmul(x)):
+            assert out.device.type == device and out.dtype == dtype
+            _assert_rows_close(out.cpu(), x.cpu(), np.arange(n), t)
+    lam = torch.tensor(lam0, dtype=torch.float64, device=device, requires_grad=True)
+    x64 = x.double()
+    HypercubeDiffusionMask(n, lam).matmul(x64).sum().backward()
+    dist = POPCOUNT[np.arange(n)[:, None] ^ np.arange(n)[None, :]]
+    expected = float((dist * t ** np.maximum(dist - 1, 0) * (1 - t * t) @ np_(x64.sum(0))).sum())
+    assert lam.grad.device.type == device
     assert float(lam.grad) == pytest.approx(expected, rel=1e-12)
 
 
@@ -207,4 +233,4 @@ def test_one_element_parameter_lam_is_the_leaf_an_optimiser_updates():
     opt = torch.optim.SGD(parameters_of(op), lr=0.1)
     op.matmul(torch.ones(8, 2, dtype=torch.float64)).sum().backward()
     opt.step()
-    assert float(lam) != 0.5 and op.t().shape == ()
+    assert float(lam.detach()) != 0.5 and op.t().shape == ()
