@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: report test verify bench-ops bench bench-history bench-continuous bench-compare publish bench-preview clean
+.PHONY: report test verify gpu-check bench-ops bench bench-history bench-continuous bench-compare publish bench-preview clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ test: $(STAMP)
 
 verify: $(STAMP)
 	$(PY) -m verify $(ARGS)
+
+# The GPU run (python -m verify.measure.gpu, docs/methods.md "The GPU run"): the CUDA tests,
+# verify --device cuda --quick, time and memory vs N of every fast path and the peer suite on the
+# GPU, within BUDGET seconds (8 minutes on one H100), into reports/out/gpu.json; `make report` or
+# `python -m reports` renders it as the page's GPU section. Without CUDA it says so and exits 2.
+# GPU_PY=python3 runs it with a python that already has a CUDA torch (no venv is made).
+GPU_PY ?=
+BUDGET ?= 480
+gpu-check: $(if $(GPU_PY),,$(STAMP))
+	$(or $(GPU_PY),$(PY)) -m verify.measure.gpu --out reports/out/gpu.json --budget $(BUDGET) $(ARGS)
 
 # The peer suite (docs/benchmarks.md, "Peer benchmarks"): each operation of maskbench beside torch
 # SDPA and, when installed, performer-pytorch and pytorch-fast-transformers (missing peers skip

@@ -4,8 +4,9 @@ The work is split in two. ``python -m verify.measure --out FILE`` measures (timi
 memory in child processes, the FAVOR+ experiment, the mask gallery, the checks) and writes one
 results JSON (verify/schema.py). ``python -m reports`` only draws: it reads that file and the asv
 results folder (re-read on every render) and, for the peers section, the peer suite's summary
-(``make bench-ops`` writes benchmarks/out/peers-summary.json; ``--peers-json`` names another), and
-writes the page; it never times or runs anything.
+(``make bench-ops`` writes benchmarks/out/peers-summary.json; ``--peers-json`` names another) and,
+for the GPU section, the GPU run (``make gpu-check`` writes reports/out/gpu.json; ``--gpu-json``
+names another), and writes the page; it never times or runs anything.
 ``make report`` does both. Exit status 0 when the page was written, even if checks failed (the
 page shows them; ``python -m verify`` is the gate); 2 on bad arguments or an unreadable file.
 """
@@ -49,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"peer-suite summary for the peers section (default {DEFAULT_PEERS_JSON}, relative to "
                          f"the working directory; written by `make bench-ops`); a missing file makes the section "
                          f"say so")
+    ap.add_argument("--gpu-json", default=None, metavar="PATH",
+                    help="the GPU run for the GPU section (default DIR/gpu.json; written by `make gpu-check`, "
+                         "python -m verify.measure.gpu); a missing file makes the section say so")
     ap.add_argument("--no-progress", action="store_true", help="print only the final line, not each figure")
     args, unknown = ap.parse_known_args(argv)
     if unknown:
@@ -60,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.from_json is None:
         args.from_json = str(Path(args.out) / "results.json")
+    if args.gpu_json is None:
+        args.gpu_json = str(Path(args.out) / "gpu.json")
     return args
 
 
@@ -75,6 +81,7 @@ def _source_name(path: Path, out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
+    from reports.gpu import load_gpu
     from reports.peers import load_peers
     from reports.render import write_report
     from verify.schema import Results
@@ -94,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     peers = load_peers(args.peers_json)
     if peers.error:
         _status(f"peers summary {args.peers_json} not readable ({peers.error}); the page says so")
-    index = write_report(results, out, args.asv_results, source=_source_name(path, out), note=note, peers=peers)
+    gpu = load_gpu(args.gpu_json)
+    if gpu.error:
+        _status(f"GPU run {args.gpu_json} not readable ({gpu.error}); the page says so")
+    index = write_report(results, out, args.asv_results, source=_source_name(path, out), note=note, peers=peers,
+                         gpu=gpu)
     failed = [r for r in results.checks or [] if r.status == "fail"]
     if failed:
         _status(f"{len(failed)} check(s) failed: {', '.join(r.id for r in failed)} (reasons on the page)")

@@ -23,13 +23,14 @@ from reports.figures import (default_sweep, has_variant_view, memory_curves, met
 from reports.peers import PeersSummary, peers_view
 from reports.roofline import roofline_view
 from reports.training import training_view
+from reports.gpu import GpuRun, gpu_view
 from verify.result import CheckResult
 from verify.schema import Comparison, Fit, MechanismInfo, MemoryCurve, Results, SweepResult
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The single figures of the page (reports.render.make_figures); a missing one reads "no data".
 FIGURE_KEYS = ("gallery", "time", "crossover", "memory", "peers", "roofline", "favor", "numerics", "asv_history",
-               "asv_track", "training_curves", "training_latent")
+               "asv_track", "training_curves", "training_latent", "gpu_sweeps", "gpu_peers")
 
 
 # ------------------------------------------------------------------------------- rows
@@ -391,10 +392,12 @@ def _sweep_facts(results: Results) -> dict[str, str]:
 
 
 def page_context(results: Results, figures: dict[str, Any], history: AsvHistory | None,
-                 histories: list[MechanismHistory], source: str, peers: PeersSummary | None = None) -> dict[str, Any]:
+                 histories: list[MechanismHistory], source: str, peers: PeersSummary | None = None,
+                 gpu: GpuRun | None = None) -> dict[str, Any]:
     """Everything the template reads. ``figures``: {key: file name or None}; key "variants" maps
     mechanism id -> file name. ``source``: how the page names the results file it was made from.
-    ``peers``: the peers summary (reports.peers.load_peers; None reads as "no peer run found")."""
+    ``peers``: the peers summary (reports.peers.load_peers; None reads as "no peer run found").
+    ``gpu``: the GPU run (reports.gpu.load_gpu; None reads as "no GPU run found")."""
     env = results.environment or {}
     figures = {**{k: None for k in FIGURE_KEYS}, "variants": {}, "track_benchmarks": [], "checks": [], **figures}
     variant_figs = figures["variants"]
@@ -451,6 +454,7 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
            ("variants", "Variants of a mechanism"), ("verification", "Verification"),
            ("numerics", "Numerics: float32 and bfloat16 against float64"),
            ("favor", "FAVOR+ estimation error vs m"), ("training", "Training: learned latent graphs"),
+           ("gpu", "GPU: tests, checks, time, memory and peers on CUDA"),
            ("history", "History across commits (asv)"),
            ("environment", "Environment")]
     return {
@@ -467,7 +471,7 @@ def page_context(results: Results, figures: dict[str, Any], history: AsvHistory 
         "sweep": _sweep_facts(results), "toc": toc, "schema": results.schema,
         "has_variants": bool(sections), "numerics": numerics_view(results),
         "peers": peers_view(peers), "roofline": roofline_view(results),
-        "training": training_view(results),
+        "training": training_view(results), "gpu": gpu_view(gpu),
     }
 
 
@@ -485,9 +489,9 @@ def environment() -> jinja2.Environment:
 
 def render_page(results: Results, figures: dict[str, Any], history: AsvHistory | None = None,
                 histories: list[MechanismHistory] | None = None, source: str = "results.json",
-                peers: PeersSummary | None = None) -> str:
+                peers: PeersSummary | None = None, gpu: GpuRun | None = None) -> str:
     """index.html as a string (``histories`` default: mechanism_histories of ``history``)."""
     if histories is None:
         histories = mechanism_histories(history, [m.id for m in results.mechanisms]) if history is not None else []
-    ctx = page_context(results, figures, history, histories, source, peers)
+    ctx = page_context(results, figures, history, histories, source, peers, gpu)
     return environment().get_template("index.html.j2").render(**ctx)

@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from reports import figures as fig
 from reports.check_plots import plot_check_figures
+from reports.gpu import GpuRun, load_gpu, plot_gpu_sweeps
 from reports.asv_history import AsvHistory, MechanismHistory, load_history, mechanism_histories, other_track_series
 from reports.page import render_page
 from reports.peers import PeersSummary, plot_peers
@@ -17,11 +18,15 @@ from verify.schema import Results
 def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | None = None,
                  histories: list[MechanismHistory] | None = None,
                  note: Callable[[str], None] = lambda msg: None,
-                 peers: PeersSummary | None = None) -> dict[str, Any]:
+                 peers: PeersSummary | None = None, gpu: GpuRun | None = None) -> dict[str, Any]:
     """Write every figure into ``out_dir``; returns {key: file name or None}, with "variants":
     {mechanism id: file name}, "checks": the checks' own curves (reports.check_plots.CheckFigure
     list) and "track_benchmarks": the asv track_ benchmarks drawn.
-    ``peers``: the peers summary (reports.peers.load_peers), drawn when it has rows."""
+    ``peers``: the peers summary (reports.peers.load_peers), drawn when it has rows; ``gpu``: the
+    GPU run (reports.gpu.load_gpu): its sweeps and its peers' ratios."""
+    gpu_peers = None
+    if gpu is not None and (gpu.data.get("peers") or {}).get("summary"):
+        gpu_peers = PeersSummary.from_dict(gpu.data["peers"]["summary"], gpu.path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {}
@@ -34,7 +39,9 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
                       ("roofline", lambda: plot_roofline(results, out)),
                       ("numerics", lambda: fig.plot_numerics(results, out)),
                       ("training_curves", lambda: plot_training_curves(results, out)),
-                      ("training_latent", lambda: plot_latent(results, out))):
+                      ("training_latent", lambda: plot_latent(results, out)),
+                      ("gpu_sweeps", lambda: plot_gpu_sweeps(gpu, out)),
+                      ("gpu_peers", lambda: plot_peers(gpu_peers, out, "gpu_peers.png"))):
         note(f"figure: {key}")
         figures[key] = draw()
     note("figure: curves of the checks")
@@ -66,16 +73,17 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
 
 def write_report(results: Results, out_dir: str | Path, asv_results: str | Path | None = None,
                  source: str = "results.json", note: Callable[[str], None] = lambda msg: None,
-                 peers: PeersSummary | None = None) -> Path:
+                 peers: PeersSummary | None = None, gpu: GpuRun | None = None) -> Path:
     """Figures and index.html into ``out_dir`` (asv results re-read from ``asv_results`` when
     given); returns the index.html path. ``source``: how the page names the results file;
-    ``peers``: the peers summary (None: the peers section says no peer run was found)."""
+    ``peers``: the peers summary (None: the peers section says no peer run was found); ``gpu``:
+    the GPU run (None: the GPU section says none was found)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     history = load_history(asv_results) if asv_results is not None else None
     histories = (mechanism_histories(history, [m.id for m in results.mechanisms])
                  if history is not None else [])
-    figures = make_figures(results, out, history, histories, note, peers)
+    figures = make_figures(results, out, history, histories, note, peers, gpu)
     index = out / "index.html"
-    index.write_text(render_page(results, figures, history, histories, source, peers), encoding="utf-8")
+    index.write_text(render_page(results, figures, history, histories, source, peers, gpu), encoding="utf-8")
     return index

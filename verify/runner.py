@@ -214,7 +214,7 @@ def progress_line(res: CheckResult, i: int, total: int) -> str:
     return f"{line}: {reasons[0]}" if reasons else line
 
 
-def _write_text(path: str | Path, text: str) -> None:
+def write_text(path: str | Path, text: str) -> None:
     """Write text to path, creating its parent folders. Atomic: the text goes to a temporary file
     in the same folder, which then replaces ``path``, so a reader (or a run killed mid-write)
     never sees half a file."""
@@ -233,10 +233,10 @@ def _write_text(path: str | Path, text: str) -> None:
 def write_json(results: list[CheckResult], path: str | Path) -> None:
     """Write the results as a JSON list in the docs/design.md schema (parent folders are created;
     atomic, so ``python -m verify`` can rewrite it after every check)."""
-    _write_text(path, json.dumps([r.to_dict() for r in results], indent=2))
+    write_text(path, json.dumps([r.to_dict() for r in results], indent=2))
 
 
 def write_sweep_json(counts: dict[str, dict], path: str | Path) -> None:
     """Write seed_sweep's counts as a JSON object {id: {runs, failures, failed_seeds, rate}}
     (parent folders are created, as for write_json)."""
-    _write_text(path, json.dumps(counts, indent=2))
+    write_text(path, json.dumps(counts, indent=2))

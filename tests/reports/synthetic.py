@@ -285,3 +285,51 @@ def make_asv(root: Path, commits=COMMITS) -> Path:
                 "results": results}
         (machine / f"{commit[:8]}-existing.json").write_text(json.dumps(data))
     return Path(root)
+
+
+GPU_FAILED_TEST = "tests/fast/test_graphs.py::test_device_graph[cuda]"
+GPU_FAILED_CHECK = "reproducibility/packing"
+
+
+def gpu_run(finished: bool = True, peers: bool = True) -> dict:
+    """A GPU run (schema maskbench-gpu/1, reports.gpu): two CUDA tests (one failed), three checks
+    (one failed with a reason, one with a malicious detail), two sweeps (time 0.1 ms + N / 2^27 s,
+    memory 64 bytes x N) and, with ``peers``, the peers summary of ``peers_summary``. Without
+    ``finished`` the run stopped after the checks stage (no "seconds", no sweeps, no peers)."""
+    env = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0", "gpu_memory_bytes": 80 * 2**30,
+           "multiprocessors": 132, "driver": "580.159.03", "cuda_runtime": "13.0", "cudnn": 91300,
+           "tf32_matmul": False, "versions": {"torch": "2.11.0+cu130", "triton": "3.6.0", "fla-core": None},
+           "python": "3.12.3", "host": "gpu-host", "cpus": 16, "git_commit": "abc1234", "date": "2026-11-27"}
+    cases = [{"id": "tests/fast/masks/test_diffusion.py::test_device_matches_cpu[cuda-laplacian]",
+              "outcome": "passed", "seconds": 0.4, "message": ""},
+             {"id": GPU_FAILED_TEST, "outcome": "failed", "seconds": 0.1, "message": "assert 10 == 12"}]
+    checks = [check("equivalence/causal", "equivalence", "pass", 0.06, 1.0, "<=").to_dict(),
+              check(GPU_FAILED_CHECK, "equivalence", "fail", 1.0, 0.0, "<=",
+                    reasons=["same seed, different bits"]).to_dict(),
+              check("numerics/causal", "bound", "pass", 0.2, 1.0, "<=", note=MALICIOUS).to_dict()]
+    run = {"schema": "maskbench-gpu/1", "budget_s": 480.0, "environment": env,
+           "stage_seconds": {"tests": 41.0, "checks": 150.0}, "skipped_stages": [],
+           "tests": {"command": "pytest -k cuda tests", "returncode": 1, "seconds": 41.0, "timed_out": False,
+                     "tail": "", "cases": cases, "tally": {"passed": 1, "failed": 1, "error": 0, "skipped": 0}},
+           "checks": {"command": "python -m verify --device cuda --quick", "returncode": 1, "seconds": 150.0,
+                      "timed_out": False, "tail": "", "results": checks}}
+    if not finished:
+        return run
+    sizes = [2**p for p in range(10, 18)]
+    curves = []
+    for mech, cls in (("causal", "N"), ("toeplitz-1d", "N log N")):
+        secs = [1e-4 + n / 2**27 for n in sizes]
+        curves.append({"mechanism": mech, "title": mech, "complexity": cls, "variant": "default",
+                       "dtype": "float32", "sizes": sizes, "seconds": secs, "peak_bytes": [64 * n for n in sizes],
+                       "memory_method": "cuda.max_memory_allocated",
+                       "fit": fit_of(sizes[-4:], secs[-4:]).to_dict(), "error": None})
+    curves[1]["error"] = "N = 262,144: OutOfMemoryError: planted"
+    run["stage_seconds"].update(sweeps=60.0, peers=80.0)
+    run["sweeps"] = {"seconds": 60.0, "rounds": 3, "curves": curves}
+    run["peers"] = ({"command": "pytest benchmarks --device cuda --quick", "returncode": 0, "seconds": 80.0,
+                     "timed_out": False, "tail": "", "summary": peers_summary()} if peers else
+                    {"command": "pytest benchmarks", "returncode": 1, "seconds": 3.0, "timed_out": False, "tail": "",
+                     "summary": None, "summary_error": "the peer suite wrote no JSON"})
+    run["seconds"] = 331.0
+    run["failures"] = [f"1 CUDA test(s) failed: {GPU_FAILED_TEST}", f"1 check(s) failed: {GPU_FAILED_CHECK}"]
+    return run

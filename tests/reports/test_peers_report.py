@@ -157,7 +157,7 @@ def captured(tmp_path, monkeypatch):
     make_results().write(tmp_path / "out" / "results.json")
     seen = {}
 
-    def fake(results, out, asv, source, note, peers):
+    def fake(results, out, asv, source, note, peers, gpu=None):
         seen["peers"] = peers
         return Path(out) / "index.html"
 

@@ -1,0 +1,222 @@
+"""The "GPU" section: the one-command GPU run (``make gpu-check``), read from its results JSON.
+
+``python -m verify.measure.gpu`` writes ``reports/out/gpu.json`` (schema ``maskbench-gpu/1``): the
+GPU and its software versions, every CUDA test's outcome, every ``verify --device cuda --quick``
+check, the fast paths' time and peak GPU memory vs N, and the peer suite's summary on the GPU.
+This module reads it (``load_gpu``: a missing or unreadable file becomes a run that says so,
+never an exception), turns it into the page's rows (``gpu_view``) and draws time and memory vs N
+(``plot_gpu_sweeps``); the peers reuse reports.peers' view and figure. It measures nothing.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.lines import Line2D
+
+from reports import format as fmt
+from reports.figures import GUIDE_COLOR, GUIDES, _log2_x, _save, line_styles
+from reports.peers import PeersSummary, PeersView, peers_view
+from verify.schema import Fit
+
+SCHEMA = "maskbench-gpu/1"
+COMMAND = "make gpu-check"
+
+
+@dataclass
+class GpuRun:
+    """The GPU results JSON as the page sees it: ``found`` False when there is no file at
+    ``path``; ``error`` when it exists but cannot be read; ``data`` the JSON object."""
+
+    path: str
+    found: bool = False
+    error: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def load_gpu(path: str | Path) -> GpuRun:
+    """The GPU run at ``path`` (missing: found=False; unreadable or another schema: ``error``)."""
+    p = Path(path)
+    if not p.is_file():
+        return GpuRun(str(path))
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return GpuRun(str(path), True, f"{type(exc).__name__}: {exc}")
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        return GpuRun(str(path), True, f"schema {got!r}; this report reads {SCHEMA!r} (re-run `{COMMAND}`)")
+    return GpuRun(str(path), True, "", data)
+
+
+# ------------------------------------------------------------------------------- view
+
+
+@dataclass
+class SweepRow:
+    mechanism: str
+    complexity: str
+    exponent: str
+    points: str  # "2^10 .. 2^17 (8 N)"
+    time_last: str
+    memory_last: str
+    error: str
+
+
+@dataclass
+class CheckRow:
+    id: str
+    status: str
+    statistic: str
+    threshold: str
+    seconds: str
+    reason: str
+
+
+@dataclass
+class GpuView:
+    found: bool
+    path: str
+    error: str = ""
+    command: str = COMMAND
+    env_rows: list[tuple[str, str]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    stage_rows: list[tuple[str, str, str]] = field(default_factory=list)  # stage, seconds, note
+    tests_tally: dict[str, int] = field(default_factory=dict)
+    tests_bad: list[dict] = field(default_factory=list)
+    tests_all: list[dict] = field(default_factory=list)
+    checks_tally: dict[str, int] = field(default_factory=dict)
+    checks: list[CheckRow] = field(default_factory=list)
+    sweeps: list[SweepRow] = field(default_factory=list)
+    sweep_note: str = ""
+    peers: PeersView | None = None
+    peers_note: str = ""
+
+
+def _stage_note(stage: dict | None) -> str:
+    if not stage:
+        return "not run"
+    if stage.get("skipped"):
+        return f"skipped: {stage['skipped']}"
+    parts = []
+    if stage.get("timed_out"):
+        parts.append("stopped at its time limit: the rows below are what finished")
+    if stage.get("returncode") not in (None, 0):
+        parts.append(f"exit status {stage['returncode']}")
+    return "; ".join(parts) or "completed"
+
+
+def _env_rows(env: dict) -> list[tuple[str, str]]:
+    versions = env.get("versions") or {}
+    rows = [("GPU", f"{env.get('gpu', '?')} (compute capability {env.get('capability', '?')}, "
+                    f"{fmt.bytes_text(env.get('gpu_memory_bytes'))}, {env.get('multiprocessors', '?')} SMs)"),
+            ("driver", str(env.get("driver") or fmt.DASH)),
+            ("CUDA runtime (torch's)", str(env.get("cuda_runtime") or fmt.DASH)),
+            ("cuDNN", str(env.get("cudnn") or fmt.DASH)),
+            ("TF32 matmul", str(env.get("tf32_matmul"))),
+            ("versions", ", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items()) or fmt.DASH),
+            ("host", f"{env.get('host', '?')}, {env.get('cpus', '?')} CPUs, Python {env.get('python', '?')}"),
+            ("commit, date", f"{env.get('git_commit') or '?'}, {env.get('date') or '?'}")]
+    return rows
+
+
+def _sweep_row(c: dict) -> SweepRow:
+    sizes = c.get("sizes") or []
+    fit = Fit.from_dict(c.get("fit"))
+    return SweepRow(
+        mechanism=c.get("mechanism", "?"), complexity=fmt.class_text(c.get("complexity", "?")),
+        exponent=fmt.fit_text(fit) if fit is not None else fmt.DASH,
+        points=(f"{fmt.pow2_text(sizes[0])} .. {fmt.pow2_text(sizes[-1])} ({len(sizes)} N)" if sizes else fmt.DASH),
+        time_last=(f"{fmt.seconds_text(c['seconds'][-1])} at N = {fmt.pow2_text(sizes[-1])}" if sizes else fmt.DASH),
+        memory_last=(f"{fmt.bytes_text(c['peak_bytes'][-1])}" if sizes and c.get("peak_bytes") else fmt.DASH),
+        error=c.get("error") or "")
+
+
+def _check_row(r: dict) -> CheckRow:
+    unit = r.get("unit")
+    stat, thr = fmt.as_float(r.get("statistic")), fmt.as_float(r.get("threshold"))
+    reasons = (r.get("details") or {}).get("reasons") or []
+    error = (r.get("details") or {}).get("error")
+    sign = fmt.compare_sign(r.get("compare"))
+    return CheckRow(id=r.get("id", "?"), status=r.get("status", "?"), statistic=fmt.with_unit(stat, unit),
+                    threshold=(f"{sign} " if sign else "") + fmt.with_unit(thr, unit),
+                    seconds=f"{float(r.get('seconds') or 0):.1f}",
+                    reason=str(reasons[0]) if r.get("status") == "fail" and reasons else (error or ""))
+
+
+def gpu_view(run: GpuRun | None) -> GpuView:
+    """The page's view of a GPU run (None: no run)."""
+    if run is None or not run.found or run.error:
+        return GpuView(found=bool(run and run.found), path=run.path if run else "", error=run.error if run else "")
+    d = run.data
+    view = GpuView(found=True, path=run.path, env_rows=_env_rows(d.get("environment") or {}),
+                   failures=[str(x) for x in d.get("failures") or []])
+    seconds = d.get("stage_seconds") or {}
+    for stage in ("tests", "checks", "sweeps", "peers"):
+        view.stage_rows.append((stage, fmt.seconds_text(seconds.get(stage)), _stage_note(d.get(stage))))
+    if "seconds" not in d:
+        view.failures.insert(0, "the run did not finish: this file holds the stages that did")
+    tests = d.get("tests") or {}
+    cases = tests.get("cases") or []
+    view.tests_tally = {o: sum(c.get("outcome") == o for c in cases) for o in ("passed", "failed", "error", "skipped")}
+    view.tests_bad = [c for c in cases if c.get("outcome") in ("failed", "error")]
+    view.tests_all = cases
+    checks = (d.get("checks") or {}).get("results") or []
+    view.checks = [_check_row(r) for r in checks]
+    view.checks_tally = {s: sum(c.status == s for c in view.checks) for s in ("pass", "fail", "skip")}
+    sweeps = d.get("sweeps") or {}
+    view.sweeps = [_sweep_row(c) for c in sweeps.get("curves") or []]
+    if sweeps.get("curves"):
+        view.sweep_note = (f"median of {sweeps.get('rounds', '?')} synchronised measurements per point, "
+                           f"{fmt.seconds_text(sweeps.get('seconds'))} for the stage")
+    peers = d.get("peers") or {}
+    if peers.get("summary"):
+        view.peers = peers_view(PeersSummary.from_dict(peers["summary"], f"{run.path} (peers)"))
+        view.peers.command = COMMAND  # the text says which command ran the suite
+    else:
+        view.peers_note = peers.get("summary_error") or peers.get("skipped") or "the peer suite was not run"
+    return view
+
+
+# ------------------------------------------------------------------------------- figures
+
+
+def plot_gpu_sweeps(run: GpuRun | None, out_dir: Path, name: str = "gpu_sweeps.png") -> str | None:
+    """Two panels: seconds per call and peak extra GPU memory vs N, one line per mechanism (fast
+    path, default variant, float32), legend at the right; grey guides ∝ N and ∝ N² through the
+    median curve's last point."""
+    if run is None or not run.data:
+        return None
+    curves = [c for c in (run.data.get("sweeps") or {}).get("curves") or [] if c.get("sizes")]
+    if not curves:
+        return None
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12.5, 5.2), layout="constrained")
+    styles = line_styles(len(curves))
+    for c, (color, marker) in zip(curves, styles):
+        n = np.asarray(c["sizes"], float)
+        ax_t.plot(n, np.asarray(c["seconds"], float) * 1e3, "-", color=color, marker=marker, ms=4, lw=1)
+        peaks = np.maximum(np.asarray(c.get("peak_bytes") or [np.nan] * len(n), float), 4096.0) / 2**20
+        ax_m.plot(n, peaks, "-", color=color, marker=marker, ms=4, lw=1, label=c["mechanism"])
+    all_n = [n for c in curves for n in c["sizes"]]
+    g = np.geomspace(min(all_n), max(all_n), 50)
+    for ax, values in ((ax_t, [c["seconds"][-1] * 1e3 for c in curves]),
+                       (ax_m, [max(c["peak_bytes"][-1], 4096) / 2**20 for c in curves if c.get("peak_bytes")])):
+        if values:
+            ref = float(np.median(values))
+            for label, f, style in (GUIDES[0], GUIDES[2]):
+                ax.plot(g, ref * f(g) / f(max(all_n)), style, color=GUIDE_COLOR, lw=1, zorder=1)
+        ax.set(yscale="log", xlabel="N")
+        _log2_x(ax)
+        ax.grid(True, alpha=0.3)
+    ax_t.set(ylabel="milliseconds per call (median)", title="time vs N")
+    ax_m.set(ylabel="peak extra GPU memory (MiB)", title="memory vs N")
+    handles = ax_m.get_legend_handles_labels()[0] + [
+        Line2D([], [], color=GUIDE_COLOR, ls=GUIDES[0][2], label="∝ N"),
+        Line2D([], [], color=GUIDE_COLOR, ls=GUIDES[2][2], label="∝ N²")]
+    ax_m.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=7)
+    return _save(fig, out_dir, name)
