@@ -206,11 +206,13 @@ def plot_gpu_sweeps(run: GpuRun | None, out_dir: Path, name: str = "gpu_sweeps.p
     g = np.geomspace(min(all_n), max(all_n), 50)
     for ax, values in ((ax_t, [c["seconds"][-1] * 1e3 for c in curves]),
                        (ax_m, [max(c["peak_bytes"][-1], 4096) / 2**20 for c in curves if c.get("peak_bytes")])):
+        ax.set(yscale="log", xlabel="N")
         if values:
             ref = float(np.median(values))
+            ylim = ax.get_ylim()  # the data's range: a guide must not stretch the axis
             for label, f, style in (GUIDES[0], GUIDES[2]):
                 ax.plot(g, ref * f(g) / f(max(all_n)), style, color=GUIDE_COLOR, lw=1, zorder=1)
-        ax.set(yscale="log", xlabel="N")
+            ax.set_ylim(ylim)
         _log2_x(ax)
         ax.grid(True, alpha=0.3)
     ax_t.set(ylabel="milliseconds per call (median)", title="time vs N")
