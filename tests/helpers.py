@@ -6,7 +6,17 @@ Every random tensor comes from an explicit ``torch.Generator`` (never the global
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
+
+#: The devices a device-parametrized test runs on: always "cpu" (so CI, which has no GPU, runs
+#: the test's logic), plus "cuda" when present. Use ``@pytest.mark.parametrize("device", DEVICES)``:
+#: the ids are the strings themselves, so ``pytest -k cuda`` still selects the CUDA instances.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+#: For the few tests that need a GPU by nature (e.g. "mixed devices are refused" needs two
+#: devices); every other device test is parametrized over DEVICES instead.
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 #: Two float64 computations of the same quantity that differ only in the order of operations
 #: (BLAS blocking, chunk boundaries, a compacted vs a masked sum) differ by a small multiple of
