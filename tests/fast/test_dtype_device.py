@@ -9,10 +9,9 @@ import torch
 
 import fast
 from fast import CausalMask, PackingMask, PaddingMask, favor_attention, masked_linear_attention
-from tests.helpers import GenericMask, gen, positive, randn, unit_rows
+from tests.helpers import DEVICES, GenericMask, assert_unchanged, gen, positive, randn, unit_rows
 
 HALF = [torch.float16, torch.bfloat16]
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def _masks(n):
@@ -125,61 +124,106 @@ def test_feature_maps_keep_dtype(dtype):
         assert fmap(x).dtype == expected
 
 
-@cuda
+def _dense_mask(kind: str, n: int) -> torch.Tensor:
+    """The (N, N) float64 matrix of each ``_masks`` kind (and of the training test's kinds except the
+    learnable Toeplitz one), written out from the masks' definitions."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    pattern = {"none": torch.ones(n, n, dtype=torch.bool), "causal": j <= i, "causal-generic": j <= i,
+               "dense": j <= i, "sparse": (j == i) | (j == i - 1), "packing": i // 3 == j // 3,
+               "packing5": i // 5 == j // 5, "padding": (j < max(1, n - 2)).expand(n, n),
+               "padding3": (j < n - 3).expand(n, n)}[kind]
+    return pattern.to(torch.float64)
+
+
+def _dense_attention(pq, pk, v, m):
+    """sum_j M_ij (phi_q_i . phi_k_j) v_j / sum_j M_ij (phi_q_i . phi_k_j), formed densely (differentiable)."""
+    a = (pq @ pk.transpose(-1, -2)) * m
+    return (a @ v) / a.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", list(_masks(1)))
-def test_cuda_outputs_on_input_device(kind):
+def test_outputs_on_input_device(device, kind):
+    """Inputs on ``device``, the mask built on CPU (its index tensors are moved by the operators): the
+    output is on the inputs' device and equals dense masked attention on CPU up to float64 round-off."""
     g = gen(5)
     n = 10
-    pq, pk, v = (t.cuda() for t in (positive((2, n, 4), g), positive((2, n, 4), g), randn((2, n, 3), g)))
-    mask = _masks(n)[kind]  # CPU-built index tensors are moved by the operators
-    out = masked_linear_attention(pq, pk, v, mask)
-    assert out.device == v.device
-    ref = masked_linear_attention(pq.cpu(), pk.cpu(), v.cpu(), mask)
-    assert torch.allclose(out.cpu(), ref, rtol=1e-12, atol=1e-12)
+    pq, pk, v = positive((2, n, 4), g), positive((2, n, 4), g), randn((2, n, 3), g)
+    dq, dk, dv = (t.to(device) for t in (pq, pk, v))
+    out = masked_linear_attention(dq, dk, dv, _masks(n)[kind])
+    assert out.device == dv.device
+    assert_unchanged(out.cpu(), _dense_attention(pq, pk, v, _dense_mask(kind, n)))
 
 
-@cuda
-def test_cuda_mixed_devices_are_refused():
+@pytest.mark.parametrize("other", [d for d in DEVICES if d != "cpu"] + ["meta"])
+def test_mixed_devices_are_refused(other):
+    """phi_q on ``other``, phi_k and v on CPU: ValueError before any data is read (the meta device holds
+    none, so it stands in for a second device where there is no GPU)."""
     g = gen(6)
     pq, pk, v = positive((5, 3), g), positive((5, 3), g), randn((5, 2), g)
     with pytest.raises(ValueError, match="one device"):
-        masked_linear_attention(pq.cuda(), pk, v)
+        masked_linear_attention(pq.to(other), pk, v)
 
 
-@cuda
-def test_cuda_projection_from_cuda_generator():
-    gcuda = torch.Generator(device="cuda").manual_seed(0)
-    w = fast.gaussian_projection(6, 4, generator=gcuda, device="cuda")
-    assert w.device.type == "cuda"
-    assert np.isfinite(w.cpu().numpy()).all()
+@pytest.mark.parametrize("device", DEVICES)
+def test_projection_from_a_generator_on_the_device(device):
+    """A generator on ``device`` draws there: W lands on ``device`` (given or not), float32 by default,
+    reproducible from the seed; orthogonal=True runs the batched QR there (rows of a block orthogonal)."""
+    def gdev(seed):
+        return torch.Generator(device=device).manual_seed(seed)
+
+    for orthogonal in (False, True):
+        w = fast.gaussian_projection(6, 4, orthogonal=orthogonal, generator=gdev(0), device=device)
+        assert w.device.type == device and w.dtype == torch.float32 and w.shape == (6, 4)
+        assert np.isfinite(w.cpu().numpy()).all()
+        w = fast.gaussian_projection(6, 4, orthogonal=orthogonal, generator=gdev(0))  # device=None: the generator's
+        assert w.device.type == device
+    a = fast.gaussian_projection(8, 4, orthogonal=True, generator=gdev(1), dtype=torch.float64)
+    assert torch.equal(a, fast.gaussian_projection(8, 4, orthogonal=True, generator=gdev(1), dtype=torch.float64))
+    for block in a.cpu().split(4):
+        gram = block @ block.T
+        norms = block.norm(dim=1)
+        off = (gram - torch.diag(gram.diagonal())).abs()
+        # float64 QR: orthogonality to a few u d (~1e-15) relative to the rows' lengths
+        assert bool((off <= 1e-12 * norms[:, None] * norms[None, :]).all())
 
 
-@cuda
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["toeplitz-learnable", "dense", "sparse", "causal", "padding", "packing"])
-def test_cuda_training_matches_cpu(kind):
-    """Forward and the recomputing backward on CUDA equal CPU (float64 round-off), the mask built on CPU."""
+def test_training_matches_dense(device, kind):
+    """Forward and the recomputing backward (block_cols=4: several column blocks) on ``device``, the mask
+    built on CPU (the learnable Toeplitz one from log-coefficients on ``device``), equal dense masked
+    attention and its autograd gradients on CPU (float64 round-off)."""
     import scipy.sparse as sp
 
     g = gen(7)
     n = 33
     pq, pk, v = positive((2, n, 4), g), positive((2, n, 4), g), randn((2, n, 3), g)
     b = randn((2 * n - 1,), g, scale=0.3)
-    results = []
-    for device in ("cpu", "cuda"):
-        # detach: on CPU .to() returns the very input, whose requires_grad would leak into the CUDA pass
-        leaves = [t.to(device).detach().requires_grad_() for t in (pq, pk, v, b)]
-        mask = {"toeplitz-learnable": lambda: fast.ToeplitzMask.from_log_coefficients(leaves[3]),
-                "dense": lambda: torch.ones(n, n, dtype=torch.float64).tril(),
-                "sparse": lambda: sp.eye(n, format="csr") + sp.eye(n, k=-1, format="csr"),
-                "causal": lambda: CausalMask(n, chunk=4),
-                "padding": lambda: PaddingMask(torch.arange(n) < n - 3),
-                "packing": lambda: PackingMask(torch.arange(n) // 5)}[kind]()
-        out = masked_linear_attention(*leaves[:3], mask, block_cols=4)
-        assert out.device.type == device
-        out.square().sum().backward()
-        results.append([out.detach().cpu()] + [t.grad.cpu() if t.grad is not None else None for t in leaves])
-    for a, c in zip(*results):
-        if a is None:
-            assert c is None
+    # detach: on CPU .to() returns the very input, whose requires_grad would leak into the dense pass
+    leaves = [t.to(device).detach().requires_grad_() for t in (pq, pk, v, b)]
+    mask = {"toeplitz-learnable": lambda: fast.ToeplitzMask.from_log_coefficients(leaves[3]),
+            "dense": lambda: torch.ones(n, n, dtype=torch.float64).tril(),
+            "sparse": lambda: sp.eye(n, format="csr") + sp.eye(n, k=-1, format="csr"),
+            "causal": lambda: CausalMask(n, chunk=4),
+            "padding": lambda: PaddingMask(torch.arange(n) < n - 3),
+            "packing": lambda: PackingMask(torch.arange(n) // 5)}[kind]()
+    out = masked_linear_attention(*leaves[:3], mask, block_cols=4)
+    assert out.device == leaves[2].device
+    out.square().sum().backward()
+    assert all(t.grad is None or t.grad.device == t.device for t in leaves)
+
+    dense_leaves = [t.detach().clone().requires_grad_() for t in (pq, pk, v, b)]
+    if kind == "toeplitz-learnable":  # M_ij = exp(b[i - j + N - 1]) (offsets -(N-1)..N-1)
+        offset = torch.arange(n)[:, None] - torch.arange(n)[None, :] + n - 1
+        m = dense_leaves[3].exp()[offset]
+    else:
+        m = _dense_mask({"padding": "padding3", "packing": "packing5"}.get(kind, kind), n)
+    ref = _dense_attention(*dense_leaves[:3], m)
+    grads = torch.autograd.grad(ref.square().sum(), dense_leaves, allow_unused=True)
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-10, atol=1e-12)
+    for t, expected in zip(leaves, grads):
+        if expected is None:  # b feeds only the Toeplitz mask
+            assert t.grad is None
         else:
-            assert torch.allclose(a, c, rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(t.grad.cpu(), expected, rtol=1e-10, atol=1e-12)
