@@ -15,9 +15,8 @@ from scipy import stats
 from fast.graphs import as_graph
 from fast.walks import Walks, sample_walks
 from reference import walks as ref_walks
+from tests.helpers import DEVICES, cuda_only
 from verify import problems as P
-
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 ALPHA = 1e-6
 
@@ -448,22 +447,33 @@ def test_sampler_refuses_non_graphs():
         sample_walks(torch.tensor([[0], [1]]), 2, p_halt=0.5)
 
 
-@cuda
-def test_cuda_sampler_matches_cpu_in_distribution():
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_sampler_matches_cpu_in_distribution(device):
+    """Walks sampled from a Graph on ``device`` with a generator there stay there, follow the graph's edges,
+    and match the CPU sampler fed the scipy matrix (another seed) in distribution (homogeneity tests)."""
     a = weighted_test_graph()
-    g = as_graph(a, device="cuda")
+    g = as_graph(a, device=device)
     for kw in (dict(p_halt=0.35), dict(p_halt=0.35, choice="weighted"), dict(fixed_length=2, repelling=True),
                dict(p_halt=0.3, i_max=3, antithetic=True)):
-        wc = sample_walks(g, 2000, generator=torch.Generator(device="cuda").manual_seed(0), **kw)
-        assert wc.nodes.is_cuda and wc.length.is_cuda
-        wc.validate(g)
-        d = wc.to_numpy()
+        wd = sample_walks(g, 2000, generator=torch.Generator(device=device).manual_seed(0), **kw)
+        assert wd.device.type == device and wd.length.device.type == device and wd.offsets.device.type == device
+        wd.validate(g)
+        d = wd.to_numpy()
         wr = sample_walks(a, 2000, generator=gen(1), **kw).to_numpy()
         f = _histograms(d["nodes"], d["offsets"], d["length"], 8, 2000, 8)
         r = _histograms(wr["nodes"], wr["offsets"], wr["length"], 8, 2000, 8)
         for hf, hr in zip(f, r):
             assert homogeneity_pvalue(hf, hr) > ALPHA
-    with pytest.raises(ValueError, match="generator must be on the graph's device"):
-        sample_walks(g, 2, p_halt=0.5, generator=gen(0))
     w = sample_walks(g, 2, p_halt=0.5)  # a fresh generator on the graph's device
-    assert w.nodes.is_cuda
+    assert w.device.type == device
+
+
+@cuda_only
+def test_generator_on_another_device_is_refused():
+    """Needs two devices with a generator each (the meta device has none): a CPU generator with a CUDA
+    graph and a CUDA generator with a CPU graph are both refused, naming the graph's device."""
+    a = weighted_test_graph()
+    with pytest.raises(ValueError, match="generator must be on the graph's device"):
+        sample_walks(as_graph(a, device="cuda"), 2, p_halt=0.5, generator=gen(0))
+    with pytest.raises(ValueError, match="generator must be on the graph's device"):
+        sample_walks(a, 2, p_halt=0.5, generator=torch.Generator(device="cuda").manual_seed(0))
