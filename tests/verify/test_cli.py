@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import verify.__main__ as cli
+from tests.helpers import DEVICES, cuda_only
 from verify import runner
 from verify.result import Check, CheckResult, Outcome
 
@@ -127,18 +128,20 @@ def test_runner_refuses_a_bad_device_before_any_check(monkeypatch):
     assert runner.check_device("cpu") == "cpu" and runner.check_device(torch.device("cpu")) == torch.device("cpu")
 
 
-def test_cpu_device_runs(monkeypatch, capsys):
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_runs(monkeypatch, capsys, device):
     monkeypatch.setattr(runner, "all_checks", _tiny_checks)
-    assert cli.main(["--device", "cpu", "--only", "t/one", "--no-progress"]) == 0
+    assert cli.main(["--device", device, "--only", "t/one", "--no-progress"]) == 0
     assert "1 passed, 0 failed, 0 skipped" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_device_runs(monkeypatch, capsys):
-    monkeypatch.setattr(runner, "all_checks", _tiny_checks)
-    assert cli.main(["--device", "cuda", "--only", "t/one", "--no-progress"]) == 0
-    usage_error(["--device", f"cuda:{torch.cuda.device_count()}", "--no-progress"], capsys, "argument --device",
-                "cannot hold a tensor")
+@cuda_only
+def test_absent_cuda_index_is_a_usage_error(no_run, capsys):
+    """cuda:N past the last GPU parses but cannot hold a tensor (a CPU-only machine refuses every cuda
+    device earlier: test_device_without_a_backend_is_a_usage_error)."""
+    device = f"cuda:{torch.cuda.device_count()}"
+    err = usage_error(["--device", device, "--no-progress"], capsys, "argument --device", "cannot hold a tensor")
+    assert repr(device) in err
 
 
 # ---------------------------------------------------------------------------------------- --only
