@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import cuda_only
 from verify import memory
 from verify.memory import METHOD_CUDA, METHOD_HWM, METHOD_MAXRSS, Peak, peak_memory
 
@@ -46,6 +47,29 @@ def test_peak_memory_sees_a_temporary_allocation():
         assert quiet.extra < size / 4, quiet
     else:  # ru_maxrss: an upper bound only
         assert pk.peak >= pk.baseline
+
+
+@cuda_only
+def test_peak_memory_on_cuda_sees_a_temporary_tensor():
+    """The CUDA branch (peak statistics reset on entry, max_memory_allocated on exit, synchronised): a
+    64 MiB tensor allocated and freed inside the block raises the peak by its size, plus at most the
+    1 MiB remainder the caching allocator leaves unsplit when it reuses a slightly larger cached block
+    (requests round up to 512 B multiples, and 64 MiB is one); an empty block right after moves it by
+    nothing (the reset forgets the previous peak). gc.collect() first: a tensor of an earlier test freed
+    inside the block would lower the peak."""
+    import gc
+
+    import torch
+
+    size = 64 * MIB
+    gc.collect()
+    with peak_memory("cuda") as pk:
+        x = torch.empty(size // 4, dtype=torch.float32, device="cuda")
+        del x
+    assert pk.method == METHOD_CUDA and pk.resolved and size <= pk.extra <= size + MIB, pk
+    with peak_memory("cuda") as quiet:
+        pass
+    assert quiet.extra == 0, quiet
 
 
 @pytest.mark.skipif(not LINUX, reason="VmHWM reset is Linux-only")

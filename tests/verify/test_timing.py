@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
+from tests.helpers import DEVICES
 from verify import timing
 from verify.registry import Mechanism, Variant
 from verify.schema import Fit as SchemaFit
@@ -237,9 +238,17 @@ def test_measured_crossover_walks_down_from_the_largest_n():
 # ------------------------------------------------------------------------------ sweeps
 
 
-def test_measure_repeats_until_min_time():
+@pytest.mark.parametrize("device", DEVICES)
+def test_measure_repeats_until_min_time(device):
+    """On each device (CUDA: a synchronise after every call, so the window holds finished work)."""
     calls = []
-    per_call = timing.measure(lambda: calls.append(1), min_time=0.01)
+    x = torch.ones(32, 32, device=device)
+
+    def run():
+        calls.append(1)
+        return x @ x
+
+    per_call = timing.measure(run, device=device, min_time=0.01)
     assert len(calls) >= 1 and per_call > 0
     assert per_call * len(calls) >= 0.01  # the mean over a window of at least min_time
 
