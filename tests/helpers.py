@@ -15,7 +15,8 @@ import torch
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 #: For the few tests that need a GPU by nature (e.g. "mixed devices are refused" needs two
-#: devices); every other device test is parametrized over DEVICES instead.
+#: devices); every other device test is parametrized over DEVICES instead. Put "cuda" in such a
+#: test's name: make gpu-check selects the CUDA tests with ``pytest -k cuda``.
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 #: Two float64 computations of the same quantity that differ only in the order of operations

@@ -469,7 +469,7 @@ def test_device_sampler_matches_cpu_in_distribution(device):
 
 
 @cuda_only
-def test_generator_on_another_device_is_refused():
+def test_cuda_generator_on_another_device_is_refused():
     """Needs two devices with a generator each (the meta device has none): a CPU generator with a CUDA
     graph and a CUDA generator with a CPU graph are both refused, naming the graph's device."""
     a = weighted_test_graph()
