@@ -72,7 +72,7 @@ def pinned_threads(n: int | None = 1):
 
 def _sync(device: str) -> None:
     if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)  # that device's queue (a bare call waits for the current one only)
 
 
 def measure(runner: Callable[[], Any], device: str = "cpu", min_time: float = MIN_MEASURE_S) -> float:
