@@ -8,11 +8,13 @@ Input: the file written by ``pytest benchmarks --benchmark-json PATH`` (``make b
 file holds every round's time (``stats["data"]``: seconds per call, one entry per round),
 which the interval needs; a file saved with ``--benchmark-save`` has them only with
 ``--benchmark-save-data``. Each benchmark's ``extra_info`` names its op, pass, impl (maskbench or
-the peer), peer, B, H, N, d, m and max_rel_diff; the "maskbench" block (benchmarks/conftest.py)
-gives threads, device, torch and peer versions and the skip messages.
+the peer), peer, B, H, N, d, m, dtype (float32 where absent: files from before dtypes), device,
+max_rel_diff and, on CUDA, peak_memory_bytes and peak_memory_extra_bytes; the "maskbench" block
+(benchmarks/conftest.py) gives threads, device, torch and peer versions and the skip messages.
 
-Output rows, one per (op, pass, peer, B, H, N, d, m) with both benchmarks present:
+Output rows, one per (op, pass, peer, B, H, N, d, m, dtype) with both benchmarks present:
 
+    device                where they ran (cpu, cuda)
     maskbench_s, peer_s   the median over rounds of each (seconds per call)
     ratio                 peer_s / maskbench_s (> 1: maskbench is faster)
     ratio_low, ratio_high a 95% percentile bootstrap interval of the ratio of medians: the two
@@ -24,8 +26,15 @@ Output rows, one per (op, pass, peer, B, H, N, d, m) with both benchmarks presen
     rounds                [maskbench rounds, peer rounds]
     max_rel_diff          the equivalence check's largest relative Frobenius difference
 
-It also prints a markdown table of the ratios (rows: operation, columns: N; one table per pass
-and d, m) with the intervals.
+and "benchmarks", one per benchmark (each library alone, paired or not: time and memory vs N):
+op, pass, impl, peer, B, H, N, d, m, dtype, device, median_s, rounds, peak_memory_bytes,
+peak_memory_extra_bytes (None off CUDA), max_rel_diff.
+
+The schema stays "maskbench-peers/1": dtype, device and "benchmarks" were added to it, and a
+reader of the earlier form finds every field it knew.
+
+It also prints a markdown table of the ratios (rows: operation, columns: N; one table per pass,
+d, m and dtype) with the intervals.
 """
 from __future__ import annotations
 
@@ -39,10 +48,14 @@ import numpy as np
 
 SCHEMA = "maskbench-peers/1"
 MASKBENCH = "maskbench"
-PEERS = ("performer-pytorch", "pytorch-fast-transformers")
-OP_ORDER = ("favor", "favor-causal", "elu", "elu-causal", "softmax")
+PEERS = ("performer-pytorch", "pytorch-fast-transformers", "fla-core")
+OP_ORDER = ("favor", "favor-causal", "elu", "elu-causal", "linear-causal", "softmax", "softmax-flash",
+            "softmax-efficient", "softmax-math")
 PASS_ORDER = ("forward", "forward+backward")
+DTYPE_ORDER = ("float32", "bfloat16", "float16")
 KEY_FIELDS = ("op", "pass", "peer", "B", "H", "N", "d", "m")
+#: a benchmark's extra_info fields copied into its "benchmarks" entry (None where absent)
+BENCH_FIELDS = ("op", "pass", "impl", "peer", "B", "H", "N", "d", "m", "dtype", "device")
 
 
 def bootstrap_ratio_of_medians(mine: np.ndarray, theirs: np.ndarray, n_boot: int = 2000, seed: int = 0,
@@ -95,16 +108,19 @@ def summarize(report: dict, n_boot: int = 2000, seed: int = 0) -> dict:
     """The peers summary (module doc) of one pytest-benchmark JSON report (a dict)."""
     if not isinstance(report, dict) or not isinstance(report.get("benchmarks"), list):
         raise ValueError("report must be pytest-benchmark's JSON (a dict with a 'benchmarks' list)")
+    block = report.get("maskbench") or {}
     pairs: dict[tuple, dict[str, dict]] = {}
+    singles = []
     for bench in report["benchmarks"]:
         info = bench.get("extra_info") or {}
         if not all(field in info for field in KEY_FIELDS) or "impl" not in info:
             continue  # not one of the peer suite's benchmarks
-        key = tuple(info[field] for field in KEY_FIELDS)
+        key = tuple(info[field] for field in KEY_FIELDS) + (info.get("dtype") or "float32",)
         pairs.setdefault(key, {})[info["impl"]] = bench
+        singles.append(_benchmark_entry(bench, block))
     rows = []
     for key, both in pairs.items():
-        fields = dict(zip(KEY_FIELDS, key))
+        fields = dict(zip(KEY_FIELDS + ("dtype",), key))
         if MASKBENCH not in both or fields["peer"] not in both:
             continue
         mine, theirs = both[MASKBENCH], both[fields["peer"]]
@@ -120,6 +136,7 @@ def summarize(report: dict, n_boot: int = 2000, seed: int = 0) -> dict:
         diffs = [x for x in diffs if x is not None]
         rows.append({
             **fields,
+            "device": mine["extra_info"].get("device") or block.get("device", "cpu"),
             "maskbench_s": float(np.median(data[0])),
             "peer_s": float(np.median(data[1])),
             "ratio": ratio, "ratio_low": low, "ratio_high": high,
@@ -127,7 +144,7 @@ def summarize(report: dict, n_boot: int = 2000, seed: int = 0) -> dict:
             "max_rel_diff": float(max(diffs)) if diffs else None,
         })
     rows.sort(key=_row_order)
-    block = report.get("maskbench") or {}
+    singles.sort(key=_benchmark_order)
     peers = block.get("peers") or {}
     return {
         "schema": SCHEMA,
@@ -135,7 +152,25 @@ def summarize(report: dict, n_boot: int = 2000, seed: int = 0) -> dict:
         "peers": {name: peers.get(name) for name in PEERS},
         "skipped": list(block.get("skipped") or []),
         "rows": rows,
+        "benchmarks": singles,
     }
+
+
+def _benchmark_entry(bench: dict, block: dict) -> dict:
+    """One benchmark alone: its fields, median time per call and peak GPU memory (module doc)."""
+    info = bench.get("extra_info") or {}
+    stats = bench.get("stats") or {}
+    data = stats.get("data")
+    median = float(np.median(np.asarray(data, dtype=float))) if data else stats.get("median")
+    entry = {field: info.get(field) for field in BENCH_FIELDS}
+    entry["dtype"] = entry["dtype"] or "float32"
+    entry["device"] = entry["device"] or block.get("device", "cpu")
+    entry.update(median_s=None if median is None else float(median),
+                 rounds=int(len(data)) if data else stats.get("rounds"),
+                 peak_memory_bytes=info.get("peak_memory_bytes"),
+                 peak_memory_extra_bytes=info.get("peak_memory_extra_bytes"),
+                 max_rel_diff=info.get("max_rel_diff"))
+    return entry
 
 
 def _rank(value: str, order: tuple[str, ...]) -> tuple[int, str]:
@@ -143,8 +178,14 @@ def _rank(value: str, order: tuple[str, ...]) -> tuple[int, str]:
 
 
 def _row_order(row: dict) -> tuple:
-    return (_rank(row["pass"], PASS_ORDER), row["B"], row["H"], row["d"], row["m"], _rank(row["op"], OP_ORDER),
-            row["peer"], row["N"])
+    return (_rank(row["pass"], PASS_ORDER), row["B"], row["H"], row["d"], row["m"], _rank(row["dtype"], DTYPE_ORDER),
+            _rank(row["op"], OP_ORDER), row["peer"], row["N"])
+
+
+def _benchmark_order(entry: dict) -> tuple:
+    return (_rank(entry["op"] or "", OP_ORDER), _rank(entry["dtype"], DTYPE_ORDER),
+            _rank(entry["pass"] or "", PASS_ORDER), str(entry["impl"]), entry["B"] or 0, entry["H"] or 0,
+            entry["d"] or 0, entry["m"] or 0, entry["N"] or 0)
 
 
 def _n_label(n: int) -> str:
@@ -154,22 +195,24 @@ def _n_label(n: int) -> str:
 
 def markdown(summary: dict) -> str:
     """Markdown tables of the ratios (peer time / maskbench time, > 1: maskbench is faster): one per
-    pass and (B, H, d, m), a row per operation and peer, a column per N; each cell the ratio of
-    medians and its 95% bootstrap interval."""
+    pass, (B, H, d, m) and dtype, a row per operation and peer, a column per N; each cell the ratio
+    of medians and its 95% bootstrap interval."""
     rows = summary.get("rows") or []
     if not rows:
         return "(no peer rows: nothing was timed against a peer)\n"
     env = summary.get("environment") or {}
     lines = [f"ratio = peer median time / maskbench median time (> 1: maskbench is faster), "
-             f"[95% bootstrap interval]; {env.get('device')}, {env.get('threads')} threads, {env.get('dtype')}, "
+             f"[95% bootstrap interval]; {env.get('device')}, {env.get('threads')} threads, "
              f"torch {env.get('torch')}, commit {env.get('commit')}", ""]
     tables: dict[tuple, list[dict]] = {}
     for row in rows:
-        tables.setdefault((row["pass"], row["B"], row["H"], row["d"], row["m"]), []).append(row)
-    for (pass_, b, h, d, m), group in tables.items():
+        tables.setdefault((row["pass"], row["B"], row["H"], row["d"], row["m"], row.get("dtype", "float32")),
+                          []).append(row)
+    for (pass_, b, h, d, m, dtype), group in tables.items():
         ns = sorted({row["N"] for row in group})
         widths = f"d = m = {d}" if d == m else f"d = {d}, m = {m}"
-        lines.append(f"| {pass_}, {widths}, B = {b}, H = {h} | " + " | ".join(_n_label(n) for n in ns) + " |")
+        lines.append(f"| {pass_}, {widths}, B = {b}, H = {h}, {dtype} | " + " | ".join(_n_label(n) for n in ns)
+                     + " |")
         lines.append("|---|" + "---|" * len(ns))
         by_op: dict[tuple, dict[int, dict]] = {}
         for row in group:

@@ -13,14 +13,18 @@ import pytest
 from benchmarks import summary as S
 
 ROOT = Path(__file__).resolve().parents[2]
-ROW_KEYS = ["op", "pass", "peer", "B", "H", "N", "d", "m", "maskbench_s", "peer_s", "ratio", "ratio_low",
-            "ratio_high", "rounds", "max_rel_diff"]
+ROW_KEYS = ["op", "pass", "peer", "B", "H", "N", "d", "m", "dtype", "device", "maskbench_s", "peer_s", "ratio",
+            "ratio_low", "ratio_high", "rounds", "max_rel_diff"]
+BENCH_KEYS = ["op", "pass", "impl", "peer", "B", "H", "N", "d", "m", "dtype", "device", "median_s", "rounds",
+              "peak_memory_bytes", "peak_memory_extra_bytes", "max_rel_diff"]
 
 
-def _bench(op, pass_, impl, peer, n, times, d=64, max_rel_diff=3e-7):
+def _bench(op, pass_, impl, peer, n, times, d=64, max_rel_diff=3e-7, **info):
+    """A benchmark as test_peer_op writes it; ``info`` adds or overrides extra_info fields (dtype,
+    device, peak memory); a suite from before dtypes wrote none of them."""
     return {"group": f"{op} {pass_} B=1 H=4 N={n} d=m={d}", "name": f"test_peer_op[{op}-{impl}-{n}]",
             "extra_info": {"op": op, "pass": pass_, "impl": impl, "peer": peer, "B": 1, "H": 4, "N": n, "d": d,
-                           "m": d, "max_rel_diff": max_rel_diff},
+                           "m": d, "max_rel_diff": max_rel_diff, **info},
             "stats": {"median": float(np.median(times)), "rounds": len(times), "data": list(map(float, times))}}
 
 
@@ -50,8 +54,34 @@ def test_ratio_is_peer_median_over_maskbench_median_with_an_interval_around_it()
     assert row["ratio"] == pytest.approx(np.median(theirs) / np.median(mine))
     assert 1.8 < row["ratio_low"] <= row["ratio"] <= row["ratio_high"] < 2.2  # 2x slower peer, 5% noise
     assert row["rounds"] == [25, 31] and row["max_rel_diff"] == 4e-7
-    assert (row["op"], row["pass"], row["peer"], row["N"], row["d"], row["m"]) == (
-        "favor", "forward", "performer-pytorch", 1024, 64, 64)
+    assert (row["op"], row["pass"], row["peer"], row["N"], row["d"], row["m"], row["dtype"], row["device"]) == (
+        "favor", "forward", "performer-pytorch", 1024, 64, 64, "float32", "cpu")  # a file from before dtypes
+
+
+def test_dtypes_pair_apart_and_every_benchmark_is_listed_with_its_time_and_memory():
+    # the same op and size in two dtypes are two rows, never one pair of mismatched benchmarks
+    benches = []
+    for i, dtype in enumerate(("float32", "bfloat16")):
+        for impl, center in (("maskbench", 0.010), ("fla-core", 0.004 * (i + 1))):
+            benches.append(_bench("linear-causal", "forward", impl, "fla-core", 4096, _times(center, 9, 0.01, i),
+                                  dtype=dtype, device="cuda", peak_memory_bytes=10 ** 6 * (i + 1),
+                                  peak_memory_extra_bytes=10 ** 5 * (i + 1)))
+    benches.append(_bench("softmax-flash", "forward", "maskbench", "torch-sdpa-flash", 4096, _times(1e-3, 5, 0.1, 7),
+                          dtype="bfloat16", device="cuda"))  # its peer skipped: no row, one benchmark
+    out = S.summarize(_report(benches), n_boot=50)
+    rows = out["rows"]
+    assert [(r["dtype"], r["device"]) for r in rows] == [("float32", "cuda"), ("bfloat16", "cuda")]
+    assert rows[0]["ratio"] == pytest.approx(0.4, rel=0.05) and rows[1]["ratio"] == pytest.approx(0.8, rel=0.05)
+    listed = out["benchmarks"]
+    assert len(listed) == 5 and all(list(b) == BENCH_KEYS for b in listed)
+    fla32 = next(b for b in listed if b["impl"] == "fla-core" and b["dtype"] == "float32")
+    assert fla32["median_s"] == pytest.approx(np.median(benches[1]["stats"]["data"]))
+    assert (fla32["peak_memory_bytes"], fla32["peak_memory_extra_bytes"], fla32["rounds"]) == (10 ** 6, 10 ** 5, 9)
+    lone = next(b for b in listed if b["op"] == "softmax-flash")
+    assert lone["impl"] == "maskbench" and lone["peak_memory_bytes"] is None
+    text = S.markdown(out)
+    assert "| forward, d = m = 64, B = 1, H = 4, float32 | 2^12 |" in text
+    assert "| forward, d = m = 64, B = 1, H = 4, bfloat16 | 2^12 |" in text
 
 
 def test_schema_environment_peers_and_skipped():
@@ -59,12 +89,12 @@ def test_schema_environment_peers_and_skipped():
                    _bench("softmax", "forward", "torch-sdpa", "torch-sdpa", 1024, _times(1e-3, 9, 0.1, 4))],
                   skipped=["pytorch-fast-transformers not installed: pip install ..."])
     out = S.summarize(rep, n_boot=100)
-    assert list(out) == ["schema", "environment", "peers", "skipped", "rows"]
+    assert list(out) == ["schema", "environment", "peers", "skipped", "rows", "benchmarks"]
     assert out["schema"] == "maskbench-peers/1"
     assert out["environment"] == {"torch": "2.13.0+cpu", "threads": 2, "device": "cpu", "dtype": "float32",
                                   "machine": "Test CPU 9000", "datetime": "2026-11-23T03:00:00+00:00",
                                   "commit": "0123456"}
-    assert out["peers"] == {"performer-pytorch": "1.1.4", "pytorch-fast-transformers": None}
+    assert out["peers"] == {"performer-pytorch": "1.1.4", "pytorch-fast-transformers": None, "fla-core": None}
     assert out["skipped"] == ["pytorch-fast-transformers not installed: pip install ..."]
     rep["commit_info"]["dirty"] = True
     assert S.summarize(rep, n_boot=10)["environment"]["commit"] == "0123456+dirty"
@@ -127,8 +157,8 @@ def test_markdown_table_has_an_op_row_and_an_N_column_per_pass_and_width():
                 benches += [_bench(op, pass_, "maskbench", peer, n, _times(1.0, 5, 0.01, n)),
                             _bench(op, pass_, peer, peer, n, _times(2.0, 5, 0.01, n + 1))]
     text = S.markdown(S.summarize(_report(benches), n_boot=50))
-    assert "| forward, d = m = 64, B = 1, H = 4 | 2^10 | 2^12 |" in text
-    assert "| forward+backward, d = m = 64, B = 1, H = 4 | 2^10 | 2^12 |" in text
+    assert "| forward, d = m = 64, B = 1, H = 4, float32 | 2^10 | 2^12 |" in text
+    assert "| forward+backward, d = m = 64, B = 1, H = 4, float32 | 2^10 | 2^12 |" in text
     assert text.index("| forward,") < text.index("| forward+backward,")
     line = next(x for x in text.splitlines() if x.startswith("| elu: pytorch-fast-transformers / maskbench"))
     assert line.count("[") == 2 and " 2.0" in line
