@@ -32,11 +32,16 @@ from reports.figures import _grid, _log2_x, _no_data, _save, line_styles
 SCHEMA = "maskbench-peers/1"
 COMMAND = "make bench-ops"
 #: Panel order: the issue's operations, then any other op in first-seen order.
-OPS = ("favor", "favor-causal", "elu", "elu-causal", "softmax")
+OPS = ("favor", "favor-causal", "elu", "elu-causal", "linear-causal", "softmax", "softmax-flash",
+       "softmax-efficient", "softmax-math")
 PASSES = ("forward", "forward+backward")
 #: A fixed colour per known peer, the same in every panel; others get the next tab10 colours.
 PEER_COLORS = {"performer-pytorch": "tab:orange", "pytorch-fast-transformers": "tab:green",
-               "torch-sdpa": "tab:purple"}
+               "torch-sdpa": "tab:purple", "fla-core": "tab:brown", "torch-sdpa-flash": "tab:pink",
+               "torch-sdpa-efficient": "tab:cyan", "torch-sdpa-math": "tab:olive"}
+#: The dtype a row is taken in when it names none; a row in another dtype is its own op ("op (bfloat16)"),
+#: so its own panel: a ratio in bfloat16 is not a point on the float32 line.
+DEFAULT_DTYPE = "float32"
 #: (line style, marker) per (d, m) in increasing order, the same in every panel.
 DM_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (1, 3)), "v"))
 #: Fields a row must carry (numbers unless named in _TEXT).
@@ -110,6 +115,9 @@ class PeerRow:
         rounds = d.get("rounds") or []
         vals["rounds"] = [int(r) for r in rounds] if isinstance(rounds, (list, tuple)) else [int(rounds)]
         vals["phase"] = vals.pop("pass")
+        dtype = d.get("dtype")
+        if dtype is not None and str(dtype) != DEFAULT_DTYPE:
+            vals["op"] = f"{vals['op']} ({dtype})"
         return cls(**vals)
 
 

@@ -183,3 +183,17 @@ def test_cli_option_names_another_file(captured, capsys):
     (root / "bad.json").write_text(json.dumps({"schema": "other"}))
     assert main(["--out", "out", "--peers-json", "bad.json", "--no-progress"]) == 0  # the page says so
     assert "bad.json not readable" in capsys.readouterr().err and seen["peers"].error
+
+
+def test_a_row_in_another_dtype_is_its_own_panel():
+    """bfloat16 and float32 rows of one (op, pass, peer, N, d, m) never share a line: the dtype
+    joins the op (a row without a dtype, as older summaries have, is float32)."""
+    d = peers_summary()
+    flash = [dict(r, op="softmax-flash", peer="torch-sdpa-flash", dtype=dt) for r in d["rows"][:4]
+             for dt in ("bfloat16", "float16")]
+    d["rows"] = [dict(r, dtype="float32") for r in d["rows"][:4]] + flash
+    s = PeersSummary.from_dict(d, "p.json")
+    assert [r.op for r in s.rows[:4]] == ["favor"] * 4
+    assert sorted({r.op for r in s.rows[4:]}) == ["softmax-flash (bfloat16)", "softmax-flash (float16)"]
+    v = peers_view(s)
+    assert len({(p.op, p.phase, p.dm) for p in v.pivot}) == len(v.pivot)  # no two dtypes on one line

@@ -61,6 +61,10 @@ STAGES = tuple(SHARES)
 ROUNDS = 3
 #: The sweeps start here: below it a GPU call is launch-bound, a flat line that says nothing.
 MIN_SWEEP_N = 2**10
+#: The peer suite's operations on the GPU (benchmarks/ops.py): FAVOR+ beside performer-pytorch, causal
+#: linear attention beside flash-linear-attention's Triton kernels, softmax beside SDPA's flash
+#: (bfloat16) and memory-efficient (float32) kernels. A peer that is not installed skips.
+PEER_OPS = ("favor", "linear-causal", "softmax-flash", "softmax-efficient")
 #: Python packages whose versions the environment records (None where not installed).
 PACKAGES = ("torch", "triton", "numpy", "scipy", "fla-core", "performer-pytorch", "pytest-benchmark")
 
@@ -245,8 +249,9 @@ def peers_stage(work: Path, device: str, timeout: float, echo: bool = True) -> d
     for p in (raw, summary_path):
         p.unlink(missing_ok=True)
     child = run_child([sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
-                       "--benchmark-enable", "--benchmark-group-by=group", "--benchmark-min-rounds=5",
-                       f"--benchmark-json={raw}", "--device", device, "--quick"], timeout, echo)
+                       "--benchmark-enable", "--benchmark-group-by=group", "--benchmark-sort=name",
+                       "--benchmark-min-rounds=5", "--benchmark-max-time=0.05", f"--benchmark-json={raw}",
+                       "--device", device, "--quick", "--ops", ",".join(PEER_OPS)], timeout, echo)
     out = child.to_dict()
     if raw.is_file():
         summ = run_child([sys.executable, str(ROOT / "benchmarks" / "summary.py"), str(raw), "--out",
