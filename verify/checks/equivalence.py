@@ -35,7 +35,11 @@ A variant's protocol (registry.PROTOCOLS) says how it runs:
   against the central difference of the float64 reference, (L_s(p + hD) - L_s(p - hD)) / 2h,
   with G_s of unit Frobenius norm. The error is normalised by |ref_s|_F (Cauchy-Schwarz: |<G_s, e>|
   <= |e|_F) and must be <= GRAD_TOL (see there for the bound). If the float64 forward raised
-  (DenominatorError) at every N, no gradient was checked: the check fails saying so.
+  (DenominatorError) at every N, no gradient was checked: the check fails saying so. Parameters
+  that autograd does not reach (an output that does not require grad, or a None gradient in every
+  slice) count as a zero gradient, which is right where the output does not depend on them (a
+  1-node hypercube); they are listed per N (grad_unreached), and a failing gradient names them
+  (the fast path dropped or detached them: the error is then |fd| / |ref_s|, the whole derivative).
 """
 from __future__ import annotations
 
@@ -215,7 +219,8 @@ def _learnable(mech, problem, expected, n, ctx, rec: _Record, info: dict) -> Non
             rec.add(f"{name}/N={n}", expected, got)
         if dtype == torch.float64 and got is not None:
             try:
-                errs = _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx)
+                errs, unreached = _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx)
+                info.setdefault("grad_unreached", {})[f"N={n}"] = unreached
             except RuntimeError as exc:  # autograd refused (a graph cut from the parameters): a finding
                 info.setdefault("grad_failure", {})[f"N={n}"] = f"{type(exc).__name__}: {exc}"
                 errs = np.array([np.inf])
@@ -223,8 +228,10 @@ def _learnable(mech, problem, expected, n, ctx, rec: _Record, info: dict) -> Non
             info.setdefault("grad_worst_slice", {})[f"N={n}"] = slice_label(int(np.argmax(errs)), tuple(got.shape[:-2]))
 
 
-def _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx) -> np.ndarray:
-    """Per slice: |autograd - central difference| / |ref_s|_F of d<G_s, out_s> along D (see GRAD_TOL)."""
+def _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx) -> tuple[np.ndarray, list[str]]:
+    """(per slice: |autograd - central difference| / |ref_s|_F of d<G_s, out_s> along D (see GRAD_TOL),
+    the names of the parameters autograd reached in no slice: all of them when the output does
+    not require grad). An unreached parameter contributes 0 to autograd's side."""
     rng = rng_for(ctx.seed, GRAD_SALT, n)
     lead = got.shape[:-2]
     slices = int(np.prod(lead)) if lead else 1
@@ -241,15 +248,17 @@ def _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx) -> np
     gt = torch.as_tensor(g, dtype=got.dtype, device=got.device)
     auto = np.zeros(slices)
     names = list(leaves)
+    reached = set()
     for s in range(slices):
-        if not out.requires_grad:  # nothing reaches the parameters: a zero gradient
+        if not out.requires_grad:  # no graph reaches the parameters: a zero gradient (named below)
             break
         grads = torch.autograd.grad((out[s] * gt[s]).sum(), [leaves[k] for k in names], retain_graph=True,
                                     allow_unused=True)
+        reached.update(k for k, gr in zip(names, grads) if gr is not None)
         auto[s] = sum(float((gr.detach().cpu().double().numpy() * direction[k]).sum())
                       for k, gr in zip(names, grads) if gr is not None)
     scale = np.maximum(np.linalg.norm(np.asarray(expected).reshape(slices, -1), axis=1), np.finfo(float).tiny)
-    return np.abs(auto - fd) / scale
+    return np.abs(auto - fd) / scale, [k for k in names if k not in reached]
 
 
 PROTOCOL_RUNS = {"plain": _plain, "update": _update, "learnable": _learnable}
@@ -304,10 +313,13 @@ def _variant(mech: Mechanism, variant: Variant, sizes, ctx: Context) -> tuple[di
             grad, where = grads[at], f"{at} {info['grad_worst_slice'][at]}"
             if not grad <= GRAD_TOL:
                 failure = info.get("grad_failure", {}).get(at)
+                unreached = info.get("grad_unreached", {}).get(at)
                 reasons.append(f"variant {variant.name!r}: float64 gradient of the mask parameters "
                                + (f"failed at {at}: {failure}" if failure else
                                   f"off by {grad:.3g} > {GRAD_TOL:g} (autograd vs central differences of the "
-                                  f"reference) at {where}"))
+                                  f"reference) at {where}")
+                               + (f"; autograd reached no gradient of {', '.join(unreached)} (the fast output has "
+                                  f"no graph to them: the fast path dropped or detached them)" if unreached else ""))
         details["grad_max_rel_error"] = grad
         details["grad_worst"] = where
         normalised["gradient"] = (grad / GRAD_TOL, where)

@@ -297,6 +297,7 @@ def test_learnable_protocol_checks_the_gradient():
     assert v["normalised_errors"]["gradient"] == v["grad_max_rel_error"] / equivalence.GRAD_TOL
     assert out.statistic == max(v["normalised_errors"].values()) <= 1
     assert out.details["grad_max_rel_error"] == {"learnable": v["grad_max_rel_error"]}
+    assert v["grad_unreached"] == {f"N={n}": [] for n in equivalence.QUICK_SIZES}
 
 
 def test_learnable_protocol_fails_on_a_wrong_gradient():
@@ -322,6 +323,25 @@ def test_learnable_protocol_fails_on_a_wrong_gradient():
     assert res.statistic == res.details["grad_max_rel_error"]["learnable"] / equivalence.GRAD_TOL > 1
     assert res.details["worst_component"] == "gradient"
     assert any("gradient" in r for r in res.details["reasons"])
+
+
+def test_learnable_protocol_names_the_parameters_autograd_does_not_reach():
+    """Forward right, the parameter detached inside the fast path (as the memory-saving backward
+    dropped both low-rank factors on the H100's torch 2.11: an output without a graph): autograd's
+    gradient is 0, off by the whole derivative, and the reason says which parameter it never reached."""
+    real = _toeplitz("learnable")
+
+    def fast_mask(p, device):
+        coeffs = mask_tensor(p.extras["coeffs"], device)
+        return real.fast_mask(dataclasses.replace(p, extras={**p.extras, "coeffs": coeffs.detach()}), device)
+
+    res = _check(dataclasses.replace(real, fast_setup=favor_fast_setup(fast_mask))).evaluate(Context(quick=True))
+    assert res.status == "fail" and res.details["float64_max_rel_error"] <= equivalence.TOL["float64"]
+    v = res.details["variants"]["learnable"]
+    assert v["grad_unreached"] == {f"N={n}": ["coeffs"] for n in equivalence.QUICK_SIZES}
+    assert v["grad_max_rel_error"] > 1e-3
+    reason = [r for r in res.details["reasons"] if "gradient" in r]
+    assert len(reason) == 1 and "autograd reached no gradient of coeffs" in reason[0], reason
 
 
 @pytest.mark.parametrize("protocol", ["update", "learnable"])
