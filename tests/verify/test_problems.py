@@ -37,6 +37,22 @@ def test_qkv_deterministic_shapes_and_norms():
         P.qkv(0)
 
 
+@pytest.mark.parametrize("n, d_qk, d, batch, norm", [(9, 4, 3, (2, 3), 2.5), (300, 16, 16, (), 1.0),
+                                                   (64, 32, 32, (4,), 1.0), (1, 1, 1, (), 0.3), (257, 7, 5, (), 1e3)])
+def test_qkv_is_bit_identical_to_its_formula(n, d_qk, d, batch, norm):
+    """qkv normalises in place (the scale problems draw it at N = 2^20) but must give exactly
+    norm * x / np.linalg.norm(x, axis=-1, keepdims=True) on the same draws: every equivalence
+    problem, and every figure drawn from one, depends on these bits."""
+    rng = P.rng_for(11, 1)
+    x1, x2 = rng.standard_normal((*batch, n, d_qk)), rng.standard_normal((*batch, n, d_qk))
+    want = (norm * x1 / np.linalg.norm(x1, axis=-1, keepdims=True),
+            norm * x2 / np.linalg.norm(x2, axis=-1, keepdims=True), rng.standard_normal((*batch, n, d)))
+    got = P.qkv(n, d_qk, d, batch=batch, norm=norm, seed=11)
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype == np.float64 and g.shape == w.shape and g.flags.c_contiguous
+        assert g.tobytes() == w.tobytes()
+
+
 def test_rng_for_is_independent_of_global_state():
     np.random.seed(1)
     a = P.rng_for(3, 1).standard_normal(4)
