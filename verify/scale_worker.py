@@ -2,15 +2,30 @@
 
     python -m verify.scale_worker MECHANISM N [--device cpu] [--seed 0] [--calls 2] [--train]
         [--threads T] [--reference N1 N2 ...] [--reference-threads 1] [--stop-ratio R] [--budget S]
+    python -m verify.scale_worker --serve      (one request per stdin line, one report per stdout line)
 
 MECHANISM is a registry id (``causal``) or ``module:attribute`` naming a Mechanism record that
 is not registered (``tests.verify.planted_mechanisms:HIDDEN_QUADRATIC``: a test plants a record
 without adding it to the library).
 
-Runs in its own process so that its peak memory belongs to this problem alone (the parent calls
-it through verify.memory.run_scale_worker). The peak is read by verify.memory.peak_memory (VmHWM
-reset after set-up, ru_maxrss fallback; on CUDA also torch.cuda.max_memory_allocated), the same
-helper the memory-vs-N curves use.
+Runs in a process of its own, apart from the parent's sweeps and caches (verify.memory.run_scale_worker
+starts one per request; the scale checks keep one ``--serve`` child for the whole run, see Serving).
+The peak is read by verify.memory.peak_memory (VmHWM reset after set-up, ru_maxrss fallback; on
+CUDA also torch.cuda.max_memory_allocated after reset_peak_memory_stats), the same helper the
+memory-vs-N curves use, so each request's peak is its own.
+
+Serving (``--serve``, client ``WorkerSession``, ``run_in_session``). Each line on stdin is
+{"argv": [the arguments above]}; each reply is one line {"report": ...} or {"error": "..."} with
+"exiting": true when the child ends after it (an error, a stopped call, or no VmHWM reset: then
+a later request needs a fresh child to have a peak of its own). Why one child for every scale
+check of a run: a child per check paid process start, ``import torch``, the registry and (on a
+GPU) CUDA initialisation twelve times over, and scale/<id>-train regenerated the very problem
+that scale/<id> had just built (grf at 2^20: graph, walks and q, k, v, 5-8 s of NumPy and CPU
+torch; the latent graphs 6-9 s). The child keeps the problems of the last (mechanism, seed) it
+saw (``ProblemCache``: the references and N), so scale/<id>-train reuses scale/<id>'s; the
+baseline of the memory check is taken with the problem already resident (it is not part of
+what set-up and the calls add), and fast set-up never writes into a problem (tests check it).
+Protocol lines go to the real stdout; anything else printed in the child goes to stderr.
 
 --train: the runner is built with requires_grad=True (Mechanism.fast_setup(problem, device,
 dtype, requires_grad=True): q, k, v are leaves that require grad) and each call runs the forward
@@ -49,7 +64,10 @@ peak), peak_method, peak_reset_after_setup, finite (the output of every call), s
 omp_wait_policy, device, cost_factor (at N; None without one), reference ({sizes, threads,
 seconds, calls_s, cost_factors, per_unit, coefficient} or None), predicted_s (None without
 references), budget_s (the stop time per call, or None), stopped, stopped_after_s, and on CUDA
-cuda_max_allocated. A stopped report lacks the unfinished call in the lists.
+cuda_max_allocated (torch.cuda.max_memory_allocated over the calls, bytes) with
+cuda_baseline_allocated (memory_allocated before set-up), warmup_s (wall of the warm-up at N;
+None on CPU), stopped_in ("warm-up" | "call" | None) and problem_reused (the problem at N came
+from the serving child's cache). A stopped report lacks the unfinished call in the lists.
 """
 from __future__ import annotations
 
@@ -59,12 +77,20 @@ import importlib
 import json
 import math
 import os
+import queue
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 
 #: How often the watchdog reads the clock (seconds of sleep between readings).
 WATCH_INTERVAL_S = 0.05
+#: CUDA: timed calls per N at least (a call costs milliseconds; the minimum counts).
+CUDA_MIN_CALLS = 3
+#: CUDA: the watchdog budget of the warm-up call at N is at least this (one-off costs included).
+CUDA_WARMUP_MIN_S = 60.0
 #: Classes with a per-problem cofactor and their base class (verify.registry.COST_FACTOR_CLASSES).
 _BASE = {"N": lambda x: x, "N log N": lambda x: x * math.log(x), "N log^2 N": lambda x: x * math.log(x) ** 2,
          "N^2": lambda x: x * x}
@@ -133,13 +159,20 @@ class _Clock:
         self.now = time.perf_counter if cuda else time.process_time
 
 
+def _print_report(report: dict) -> None:
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+
+
 class _Watchdog:
     """Stops the process once the call in progress has run longer than ``budget`` on ``clock``:
-    prints ``report() | {stopped: true, stopped_after_s}`` as the JSON report, then os._exit(0)."""
+    ``emit(report() | {stopped: true, stopped_after_s, stopped_in})`` (default: print it as the
+    JSON report), then os._exit(0). ``arm(budget, phase)`` before a call, ``disarm()`` after."""
 
-    def __init__(self, clock: _Clock, budget: float, report):
-        self.clock, self.budget, self.report = clock, budget, report
+    def __init__(self, clock: _Clock, budget: float, report, emit=_print_report):
+        self.clock, self.budget, self.report, self.emit = clock, budget, report, emit
         self.started: float | None = None
+        self.phase = "call"
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -151,6 +184,13 @@ class _Watchdog:
         self.done.set()
         self.thread.join()
 
+    def arm(self, budget: float, phase: str = "call") -> None:
+        self.budget, self.phase = budget, phase
+        self.started = self.clock.now()
+
+    def disarm(self) -> None:
+        self.started = None
+
     def _watch(self) -> None:
         while not self.done.wait(WATCH_INTERVAL_S):
             started = self.started
@@ -158,10 +198,16 @@ class _Watchdog:
                 continue
             elapsed = self.clock.now() - started
             if elapsed > self.budget:
-                rep = {**self.report(), "stopped": True, "stopped_after_s": elapsed}
-                sys.stdout.write(json.dumps(rep))
-                sys.stdout.flush()
+                self.emit({**self.report(), "stopped": True, "stopped_after_s": elapsed, "stopped_in": self.phase})
                 os._exit(0)  # the call in progress is not waited for: that is the point
+
+
+def _sync(cuda: bool) -> None:
+    """Wait for the GPU's queue (CUDA only): a clock started before would count earlier work."""
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def _call(runner, train: bool, cuda: bool):
@@ -183,14 +229,46 @@ def _setup(mech, problem, device: str, train: bool):
     return mech.fast_setup(problem, device, torch.float32)
 
 
-def reference(mech, sizes, *, device: str, seed: int, train: bool, clock: _Clock, threads: int, calls: int) -> dict:
+class ProblemCache:
+    """The problems (default variant) of ONE (mechanism spec, seed), by N: a request for another
+    spec or seed drops them first, so at most one mechanism's problems stay resident. Used by the
+    serving child so that scale/<id>-train reuses what scale/<id> built (module docstring)."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.problems: dict[int, object] = {}
+        self.hits = 0
+
+    def get(self, spec: str, mech, n: int, seed: int):
+        if self.key != (spec, int(seed)):
+            self.key, self.problems = (spec, int(seed)), {}
+        if n in self.problems:
+            self.hits += 1
+        else:
+            self.problems[n] = mech.problem(n, seed)
+        return self.problems[n]
+
+
+def _problem_source(mech, seed: int, cache: ProblemCache | None, spec: str | None):
+    """n -> the default-variant problem at n (from ``cache`` when given)."""
+    if cache is None:
+        return lambda n: mech.problem(n, seed)
+    return lambda n: cache.get(spec or mech.id, mech, n, seed)
+
+
+def reference(mech, sizes, *, device: str, seed: int, train: bool, clock: _Clock, threads: int, calls: int,
+              problem=None) -> dict:
     """The call (forward, or forward + backward with ``train``) at each N of ``sizes`` on the
     default variant with ``threads`` torch threads (restored after): one warm-up call at a
     16x smaller N, then ``calls`` timed calls each, the minimum on ``clock``; and the class line through
-    them (``class_line``)."""
+    them (``class_line``). CUDA: also one warm-up call at each N, synchronised starts and at least
+    CUDA_MIN_CALLS timed calls (module docstring). problem: n -> Problem (default mech.problem(n, seed))."""
     import torch
 
     cuda = device.startswith("cuda")
+    problem_at = _problem_source(mech, seed, None, None) if problem is None else problem
+    if cuda:
+        calls = max(calls, CUDA_MIN_CALLS)
     sizes = sorted(int(n) for n in sizes)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -198,17 +276,20 @@ def reference(mech, sizes, *, device: str, seed: int, train: bool, clock: _Clock
     rows, cost = [], []
     try:
         with mode:
-            # first call of the process, at a small N: library start-up costs stay out of the times
-            small = mech.problem(mech.admissible(max(16, sizes[0] // 16)), seed)
+            # first call of this mechanism (in this process), at a small N: library start-up costs stay out
+            small = problem_at(mech.admissible(max(16, sizes[0] // 16)))
             _call(_setup(mech, small, device, train), train, cuda)
             del small
             for n in sizes:
-                problem = mech.problem(n, seed)
-                cost.append(None if mech.cost_factor is None else float(mech.cost_factor(problem)))
-                runner = _setup(mech, problem, device, train)
-                del problem
+                p = problem_at(n)
+                cost.append(None if mech.cost_factor is None else float(mech.cost_factor(p)))
+                runner = _setup(mech, p, device, train)
+                del p
+                if cuda:  # one-off costs of a new size on the GPU (module docstring)
+                    _call(runner, train, cuda)
                 times = []
                 for _ in range(max(1, calls)):
+                    _sync(cuda)
                     t0 = clock.now()
                     _call(runner, train, cuda)
                     times.append(clock.now() - t0)
@@ -226,8 +307,10 @@ def reference(mech, sizes, *, device: str, seed: int, train: bool, clock: _Clock
 # ------------------------------------------------------------------------------ entry point
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m verify.scale_worker")
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m verify.scale_worker",
+                                 epilog="python -m verify.scale_worker --serve: one request (these arguments as "
+                                        "{\"argv\": [...]}) per stdin line, one JSON reply per stdout line")
     ap.add_argument("mechanism", help="registry id, or module:attribute of a Mechanism record")
     ap.add_argument("n", type=int)
     ap.add_argument("--device", default="cpu")
@@ -241,6 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-ratio", type=float, default=None, metavar="R",
                     help="stop a call at R x the predicted time (needs --reference)")
     ap.add_argument("--budget", type=float, default=None, metavar="S", help="stop a call after S seconds")
+    return ap
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The worker's arguments (SystemExit with argparse's message on stderr when they are bad)."""
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error(f"N must be >= 1, got {args.n}")
@@ -256,11 +345,23 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
     if args.stop_ratio is not None and args.reference is None:
         ap.error("--stop-ratio needs --reference (the prediction it multiplies)")
+    return args
 
+
+def _import_torch():
     if "torch" not in sys.modules:  # read when OpenMP loads (with torch): idle threads sleep, not spin
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
+    return torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--serve"]:
+        return serve()
+    args = parse_args(argv)
+    torch = _import_torch()
     old_threads = torch.get_num_threads()
     try:
         report = _run(args, load_mechanism(args.mechanism))
@@ -270,8 +371,61 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run(args, mech) -> dict:
-    """References (optional), set-up at N, the timed calls under the watchdog: the report."""
+def serve(requests=None) -> int:
+    """The serving loop (module docstring, Serving): reads requests until EOF on stdin (or from
+    the iterable ``requests`` of lines, for tests), answers each on the real stdout. Returns 0."""
+    torch = _import_torch()
+    if requests is None:
+        proto = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints (Python or C) must not reach the channel
+        requests = sys.stdin
+    else:
+        proto = sys.stdout
+
+    def reply(obj: dict) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    cache = ProblemCache()
+    threads = torch.get_num_threads()
+    for line in requests:
+        if not line.strip():
+            continue
+        try:
+            args = parse_args(list(json.loads(line)["argv"]))
+            report = _run(args, load_mechanism(args.mechanism), cache=cache, spec=args.mechanism,
+                          emit=lambda rep: reply({"report": rep, "exiting": True}))
+            answer = {"report": report, "exiting": not report.get("peak_reset_after_setup", False)}
+        except SystemExit as exc:  # argparse: its message is on stderr
+            answer = {"error": f"invalid arguments (status {exc.code}; argparse's message is on stderr)",
+                      "exiting": True}
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it; the child ends
+            traceback.print_exc()
+            answer = {"error": f"{type(exc).__name__}: {exc}", "exiting": True}
+        finally:
+            torch.set_num_threads(threads)
+        reply(answer)
+        if answer["exiting"]:  # after an error (a CUDA one can poison the context) or without a peak reset
+            break
+        _release(args.device)
+    return 0
+
+
+def _release(device: str) -> None:
+    """Between requests: free what the last one left (its problems stay in the cache)."""
+    import gc
+
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def _run(args, mech, cache: ProblemCache | None = None, spec: str | None = None, emit=_print_report) -> dict:
+    """References (optional), set-up at N, the timed calls under the watchdog: the report.
+    cache: the serving child's ProblemCache (None: problems are built here and dropped after);
+    emit: how the watchdog delivers a stopped report."""
     import gc
 
     import torch
@@ -280,19 +434,28 @@ def _run(args, mech) -> dict:
 
     cuda = args.device.startswith("cuda")
     clock = _Clock(cuda)
+    problem_at = _problem_source(mech, args.seed, cache, spec)
+    calls = max(1, args.calls) if not cuda else max(args.calls, CUDA_MIN_CALLS)
     ref = None
     if args.reference is not None:
         ref = reference(mech, args.reference, device=args.device, seed=args.seed, train=args.train, clock=clock,
-                        threads=args.reference_threads, calls=args.calls)
+                        threads=args.reference_threads, calls=args.calls, problem=problem_at)
         gc.collect()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    hits = cache.hits if cache is not None else 0
+    problem = problem_at(args.n)
+    reused = cache is not None and cache.hits > hits
+    cost_factor = None if mech.cost_factor is None else float(mech.cost_factor(problem))
+    # the baselines hold the problem (resident while the calls run, cached or not): what set-up
+    # and the calls add on top of it is measured, the inputs on the device included
+    gc.collect()
+    _sync(cuda)
+    cuda_baseline = int(torch.cuda.memory_allocated(args.device)) if cuda else None
     baseline = rss_bytes()
     t0 = time.perf_counter()
-    problem = mech.problem(args.n, args.seed)
-    cost_factor = None if mech.cost_factor is None else float(mech.cost_factor(problem))
     runner = _setup(mech, problem, args.device, args.train)
-    del problem
+    _sync(cuda)
     setup_s = time.perf_counter() - t0
     after_setup = rss_bytes()
     predicted = None if ref is None else ref["coefficient"] * class_size(mech.complexity, args.n, cost_factor)
@@ -304,26 +467,41 @@ def _run(args, mech) -> dict:
               "setup_s": setup_s, "baseline_rss": baseline, "after_setup_rss": after_setup,
               "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
               "device": args.device, "clock": clock.name, "cost_factor": cost_factor, "reference": ref,
-              "predicted_s": predicted, "budget_s": budget, "stopped": False, "stopped_after_s": None}
+              "predicted_s": predicted, "budget_s": budget, "stopped": False, "stopped_after_s": None,
+              "stopped_in": None, "warmup_s": None, "cuda_baseline_allocated": cuda_baseline,
+              "problem_reused": reused}
 
     def so_far(pk=None) -> dict:
         peak = pk.peak if pk is not None and pk.peak else peak_rss_bytes()
-        return {**report, "first_s": walls[0] if walls else None, "second_s": walls[-1] if walls else None,
-                "calls_s": list(walls), "calls_cpu_s": list(cpus), "timed_s": list(timed), "peak_rss": peak,
-                "finite": finite, "shape": list(shape)}
+        rep = {**report, "first_s": walls[0] if walls else None, "second_s": walls[-1] if walls else None,
+               "calls_s": list(walls), "calls_cpu_s": list(cpus), "timed_s": list(timed), "peak_rss": peak,
+               "finite": finite, "shape": list(shape)}
+        if cuda:  # the peak so far (reset on entering the measured block); final reports read it synchronised
+            rep["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(args.device))
+        return rep
 
     mode = torch.enable_grad() if args.train else torch.inference_mode()
-    dog = _Watchdog(clock, budget, so_far) if budget is not None else contextlib.nullcontext()
+    dog = _Watchdog(clock, budget, so_far, emit) if budget is not None else None
     with peak_memory("cpu") as pk, (peak_memory(args.device) if cuda else contextlib.nullcontext()) as cuda_pk, \
-            mode, dog:
+            mode, (dog if dog is not None else contextlib.nullcontext()):
         report.update(peak_method=pk.method, peak_reset_after_setup=pk.method == METHOD_HWM)
-        for _ in range(max(1, args.calls)):
-            w0, c0 = time.perf_counter(), time.process_time()
-            if budget is not None:
-                dog.started = clock.now()
+        if cuda:  # warm-up at N: one-off costs of the GPU (module docstring), not timed
+            if dog is not None:
+                dog.arm(max(budget, CUDA_WARMUP_MIN_S), "warm-up")
+            w0 = time.perf_counter()
             out = _call(runner, args.train, cuda)
-            if budget is not None:
-                dog.started = None
+            report["warmup_s"] = time.perf_counter() - w0
+            if dog is not None:
+                dog.disarm()
+            del out
+        for _ in range(calls):
+            _sync(cuda)
+            w0, c0 = time.perf_counter(), time.process_time()
+            if dog is not None:
+                dog.arm(budget)
+            out = _call(runner, args.train, cuda)
+            if dog is not None:
+                dog.disarm()
             walls.append(time.perf_counter() - w0)
             cpus.append(time.process_time() - c0)
             timed.append(walls[-1] if cuda else cpus[-1])
@@ -333,7 +511,153 @@ def _run(args, mech) -> dict:
     final = so_far(pk)
     if cuda:
         final["cuda_max_allocated"] = cuda_pk.peak
+    del runner, problem
     return final
+
+
+# ------------------------------------------------------------------------------ the client of --serve
+
+
+def worker_argv(mech_id: str, n: int, *, device: str = "cpu", seed: int = 0, calls: int = 2, train: bool = False,
+                threads: int | None = None, reference=None, reference_threads: int = 1,
+                stop_ratio: float | None = None, budget: float | None = None) -> list[str]:
+    """The worker's command-line arguments for one request (None: the flag is not passed)."""
+    argv = [mech_id, str(int(n)), "--device", str(device), "--seed", str(int(seed)), "--calls", str(int(calls))]
+    argv += ["--train"] if train else []
+    if threads is not None:
+        argv += ["--threads", str(int(threads))]
+    if reference:
+        argv += ["--reference", *(str(int(r)) for r in reference), "--reference-threads", str(int(reference_threads))]
+    for flag, value in (("--stop-ratio", stop_ratio), ("--budget", budget)):
+        if value is not None:
+            argv += [flag, repr(float(value))]
+    return argv
+
+
+class WorkerSession:
+    """One ``python -m verify.scale_worker --serve`` child at a time, serving requests in turn; a
+    new one is started when none is alive (first request, or the last one ended: see Serving).
+
+    ``request(argv, timeout, what)`` -> the report; RuntimeError naming ``what`` with the child's
+    error and stderr tail when it fails or dies; subprocess.TimeoutExpired (the child is killed)
+    when no reply comes within ``timeout`` wall seconds. ``close()`` ends the child (EOF on its
+    stdin). ``started`` counts the children started. Thread-safe (one request at a time)."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.started = 0
+        self._lock = threading.Lock()
+        self._lines: queue.Queue | None = None
+        self._err = None
+
+    def _cmd(self) -> list[str]:
+        return [sys.executable, "-m", "verify.scale_worker", "--serve"]
+
+    def _start(self) -> None:
+        from verify.memory import MALLOC_ENV
+
+        env = {**os.environ, **MALLOC_ENV}
+        # a record outside the registry (module:attribute) must import in the child as it does here
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self._err = tempfile.TemporaryFile(mode="w+")  # never a pipe nobody reads
+        self.proc = subprocess.Popen(self._cmd(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                     text=True, env=env)
+        self._lines = queue.Queue()
+        threading.Thread(target=_read_lines, args=(self.proc.stdout, self._lines), daemon=True).start()
+        self.started += 1
+
+    def _stderr_tail(self, chars: int = 2000) -> str:
+        if self._err is None:
+            return ""
+        self._err.flush()
+        self._err.seek(0)
+        return self._err.read()[-chars:]
+
+    def _discard(self, kill: bool = False) -> None:
+        """Forget the child: killed (by its own handle) or waited for, briefly."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if kill:
+            proc.kill()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+
+    def request(self, argv: list[str], timeout: float, what: str) -> dict:
+        with self._lock:
+            line = json.dumps({"argv": list(argv)}) + "\n"
+            for attempt in (0, 1):
+                if self.proc is None or self.proc.poll() is not None:
+                    self._discard()
+                    self._start()
+                try:
+                    self.proc.stdin.write(line)
+                    self.proc.stdin.flush()
+                    break
+                except OSError:  # the child ended between requests: once more with a fresh one
+                    self._discard()
+                    if attempt:
+                        raise
+            try:
+                got = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                self._discard(kill=True)
+                raise subprocess.TimeoutExpired(self._cmd(), timeout) from None
+            if got is None:
+                rc = self.proc.wait()
+                tail = self._stderr_tail()
+                self._discard()
+                raise RuntimeError(f"scale worker for {what} exited with status {rc} without a report:\n{tail}")
+            try:
+                reply = json.loads(got)
+            except json.JSONDecodeError as exc:
+                self._discard(kill=True)
+                raise RuntimeError(f"scale worker for {what} printed no JSON ({exc}): {got[-500:]!r}") from None
+            if reply.get("exiting"):
+                self._discard()
+            if "error" in reply:
+                raise RuntimeError(f"scale worker for {what} failed: {reply['error']}\n{self._stderr_tail()}")
+            return reply["report"]
+
+    def close(self) -> None:
+        with self._lock:
+            if self.proc is not None:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()  # EOF: the serving loop ends
+                self._discard()
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)  # EOF
+
+
+_SESSION: WorkerSession | None = None
+
+
+def session() -> WorkerSession:
+    """This process's WorkerSession (started on first use, closed at exit)."""
+    global _SESSION
+    if _SESSION is None:
+        import atexit
+
+        _SESSION = WorkerSession()
+        atexit.register(_SESSION.close)
+    return _SESSION
+
+
+def run_in_session(mech_id: str, n: int, *, timeout: float, **options) -> dict:
+    """One request to this process's WorkerSession: the report of ``python -m verify.scale_worker``
+    with ``worker_argv(mech_id, n, **options)``; errors as WorkerSession.request."""
+    what = f"{mech_id} at N={int(n)}{' (train)' if options.get('train') else ''}"
+    return session().request(worker_argv(mech_id, n, **options), timeout, what)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 matrix cannot exist, runs in the time its complexity class predicts; -train runs forward + backward.
 
 Memory (a deterministic proof of sub-quadratic memory, docs/methods.md): one float32 N x N
-matrix at N = 2^20 needs 4 TiB. The fast path runs in a child process
-(verify.memory.run_scale_worker -> verify.scale_worker) so its peak memory is its own; the peak
-above the pre-set-up baseline must stay below 1/1000 of one dense matrix, and the output must be
-finite with the right shape.
+matrix at N = 2^20 needs 4 TiB. The fast path runs in a child process (verify.scale_worker: one
+``--serve`` child serves every scale check of a run, see Cost) whose peak mark is reset per request,
+so each peak is its own; the peak above the pre-set-up baseline (the problem already built) must
+stay below 1/1000 of one dense matrix, and the output must be finite with the right shape. On
+CUDA both the host's peak RSS and the GPU's peak (torch.cuda.max_memory_allocated over the calls
+above memory_allocated before set-up; never nvidia-smi) are held to that bound.
 
 Time (the statistic). complexity/<id> fits the slope on N <= 2^16 (2^17 full); a fast path that
 is linear there and quadratic beyond passes it. So the call at N = 2^20 must take at most
@@ -30,7 +32,11 @@ WORKER_THREADS = 2 (both cores here: about half the wall time of one thread) and
 like the references, on CPU seconds (user + system over all threads) with OpenMP's passive wait
 policy, so that idle threads sleep instead of spinning: the CPU seconds of a call at 2^20 are then
 its work whatever the thread count (verify.scale_worker gives the 1- vs 2-thread measurements,
-within 16%). CUDA: wall seconds after synchronisation.
+within 16%). CUDA: wall seconds from a synchronised start to torch.cuda.synchronize(), after one
+untimed warm-up call at every N (the references and 2^20), the minimum of at least 3 calls
+(verify.scale_worker.CUDA_MIN_CALLS): the first call at a new size pays cudaMalloc growth, cuFFT plans
+and lazily loaded kernels, as long as a call of a few milliseconds, and would fail the ratio for
+costs that are not the call's.
 
 Why it holds on a busy machine. (1) CPU seconds do not count the time the worker waits for a core
 (at load 7 on 2 cores, one-thread block-toeplitz-train took 282 s of wall time and 163 s of CPU;
@@ -46,10 +52,18 @@ Stopping early. The worker stops a call at STOP_FACTOR x RATIO_LIMIT = 6 times t
 its clock) and reports the time so far: a hidden quadratic costs seconds, and its ratio is then a
 lower bound (> 6). A wall-clock backstop (BACKSTOP_S) ends a child that hangs.
 
-quick: one timed call at each size (the first at 2^20 includes one-off costs such as a cached FFT
-spectrum: an upper bound); full: two, the faster counts. The checks are generated from the
-registry: scale/<id> for every record with ``scale=True``, scale/<id>-train for
+quick: one timed call at each size on CPU (the first at 2^20 includes one-off costs such as a
+cached FFT spectrum: an upper bound); full: two, the faster counts. The checks are generated from
+the registry: scale/<id> for every record with ``scale=True``, scale/<id>-train for
 ``scale_train=True`` (default variant).
+
+Cost. One child per check used to pay process start, ``import torch`` and the registry (~2-3 s;
+on a GPU also CUDA initialisation, 1-5 s) twelve times in --quick, and scale/<id>-train rebuilt at
+2^20 the problem scale/<id> had just built (NumPy and CPU work that no GPU speeds up: grf 5-8 s,
+nodeformer and sgformer 6-9 s). run_worker therefore sends every check to ONE serving child
+(verify.scale_worker.run_in_session), which keeps the last mechanism's problems for its -train
+check. What remains per check is the problem at 2^20 (once per mechanism), set-up, the
+references and the calls.
 """
 from __future__ import annotations
 
@@ -58,7 +72,7 @@ import subprocess
 from verify.mechanisms import mechanisms
 from verify.registry import Mechanism
 from verify.result import Check, Context, Outcome, judged
-from verify.scale_worker import class_line, class_size
+from verify.scale_worker import class_line, class_size, run_in_session
 
 __all__ = ["N", "DENSE_BYTES", "LIMIT_BYTES", "RATIO_LIMIT", "STOP_FACTOR", "PREDICT_POINTS", "BACKSTOP_S",
            "WORKER_THREADS", "REFERENCE_THREADS", "class_size", "class_line", "reference_sizes", "run_worker",
@@ -93,12 +107,12 @@ def reference_sizes(mech: Mechanism, quick: bool) -> list[int]:
 def run_worker(mech_id: str, n: int, *, device: str, seed: int, calls: int, train: bool, timeout: float,
                threads: int | None = None, reference=None, reference_threads: int = 1,
                stop_ratio: float | None = None) -> dict:
-    """The child process's report (verify.memory.run_scale_worker, the one memory helper)."""
-    from verify.memory import run_scale_worker  # imported when run: --list needs no measuring code
-
-    return run_scale_worker(mech_id, n, device=device, seed=seed, calls=calls, train=train, timeout=timeout,
-                            threads=threads, reference=reference, reference_threads=reference_threads,
-                            stop_ratio=stop_ratio)
+    """The child's report for one request, from this process's serving child
+    (verify.scale_worker.run_in_session; its peaks come from verify.memory.peak_memory, the one
+    memory helper). RuntimeError when the child fails; subprocess.TimeoutExpired after ``timeout``."""
+    return run_in_session(mech_id, n, device=device, seed=seed, calls=calls, train=train, timeout=timeout,
+                          threads=threads, reference=reference, reference_threads=reference_threads,
+                          stop_ratio=stop_ratio)
 
 
 def sweep_line(mech: Mechanism, ctx: Context, train: bool) -> dict | None:
@@ -134,7 +148,8 @@ def _judge_time(report: dict, what: str, complexity: str) -> tuple[float | None,
     if report.get("stopped") and not timed:  # stopped at its budget: a lower bound
         elapsed = report["stopped_after_s"]
         ratio = elapsed / predicted
-        return ratio, [f"one {what} call was stopped after {elapsed:.2f} {report['clock']} s, at least {ratio:.1f}x "
+        call = "the warm-up" if report.get("stopped_in") == "warm-up" else "one"
+        return ratio, [f"{call} {what} call was stopped after {elapsed:.2f} {report['clock']} s, at least {ratio:.1f}x "
                        f"the {complexity} line's prediction {predicted:.3g} s (> {RATIO_LIMIT:g}x)"]
     measured = min(timed)
     ratio = measured / predicted
@@ -162,20 +177,31 @@ def _run(mech: Mechanism, train: bool, ctx: Context, load: str | None = None) ->
         reasons.append(f"{what}: non-finite values in the output")
     if finished and report["shape"][-2] != N:
         reasons.append(f"output shape {report['shape']} lacks N={N}")
-    # the run's own peak above the process before any problem existed (inputs are O(N) too)
+    # the run's own peak above the process before set-up (inputs are O(N) too)
     used = report["peak_rss"] - report["baseline_rss"]
     if not used <= LIMIT_BYTES:
         reasons.append(f"peak memory {used / 2**30:.2f} GiB > {LIMIT_BYTES / 2**30:.2f} GiB")
+    gpu_used = None
+    if str(report.get("device", "cpu")).startswith("cuda"):  # the GPU's own peak (docs/methods.md)
+        if report.get("cuda_max_allocated") is None or report.get("cuda_baseline_allocated") is None:
+            reasons.append("no GPU peak memory in the report (torch.cuda.max_memory_allocated)")
+        else:
+            gpu_used = report["cuda_max_allocated"] - report["cuda_baseline_allocated"]
+            if not gpu_used <= LIMIT_BYTES:
+                reasons.append(f"GPU peak memory {gpu_used / 2**30:.2f} GiB > {LIMIT_BYTES / 2**30:.2f} GiB "
+                               "(torch.cuda.max_memory_allocated)")
     line = sweep_line(mech, ctx, train)
     if line is not None and timed:  # for comparison only: wall seconds of an earlier, maybe busier, moment
         line["predicted_s"] = line["coefficient"] * class_size(mech.complexity, N, report.get("cost_factor"))
         line["ratio"] = min(timed) / line["predicted_s"]
     details = {**report, "call_s": min(timed) if timed else report.get("stopped_after_s"),
-               "peak_over_baseline_bytes": used, "dense_float32_bytes": DENSE_BYTES, "memory_limit_bytes": LIMIT_BYTES,
+               "peak_over_baseline_bytes": used, "gpu_peak_over_baseline_bytes": gpu_used,
+               "dense_float32_bytes": DENSE_BYTES, "memory_limit_bytes": LIMIT_BYTES,
                "ratio": ratio, "ratio_limit": RATIO_LIMIT, "ratio_is_lower_bound": bool(report.get("stopped")) and
                not finished, "sweep_line": line,
                "statistic": f"{what} time at N = 2^20 / the {mech.complexity} class line's prediction "
-                            f"({report.get('clock', 'cpu')} seconds; peak memory in peak_over_baseline_bytes)"}
+                            f"({report.get('clock', 'cpu')} seconds; peak memory in peak_over_baseline_bytes, "
+                            "on CUDA also gpu_peak_over_baseline_bytes)"}
     return judged(not reasons, ratio, reasons, **details)
 
 

@@ -178,20 +178,55 @@ def test_a_hung_worker_is_a_failure(monkeypatch):
     assert r.status == "fail" and "no report within 3600 s" in r.details["reasons"][0]
 
 
-def test_uses_the_one_memory_helper(monkeypatch):
-    import verify.memory as memory
+def test_every_check_goes_to_the_one_serving_child(monkeypatch):
+    """run_worker sends the request to this process's serving child (verify.scale_worker.session),
+    with the worker's arguments, not to a child of its own."""
+    import verify.scale_worker as W
 
     seen = {}
 
-    def fake(mech_id, n, **kw):
-        seen.update(kw, mech_id=mech_id, n=n)
-        return _report()
+    class Session:
+        def request(self, argv, timeout, what):
+            seen.update(argv=argv, timeout=timeout, what=what)
+            return _report()
 
-    monkeypatch.setattr(memory, "run_scale_worker", fake)
+    monkeypatch.setattr(W, "session", lambda: Session())
     S.run_worker("linear", 8, device="cpu", seed=0, calls=1, train=True, timeout=5.0, threads=2, reference=[2, 4],
                  stop_ratio=6.0)
-    assert seen == dict(mech_id="linear", n=8, device="cpu", seed=0, calls=1, train=True, timeout=5.0, threads=2,
-                        reference=[2, 4], reference_threads=1, stop_ratio=6.0)
+    assert seen == dict(argv=["linear", "8", "--device", "cpu", "--seed", "0", "--calls", "1", "--train", "--threads",
+                              "2", "--reference", "2", "4", "--reference-threads", "1", "--stop-ratio", "6.0"],
+                        timeout=5.0, what="linear at N=8 (train)")
+
+
+def _cuda_report(max_allocated=2**28, baseline=2**20, **kw):
+    rep = {**_report(**kw), "device": "cuda", "clock": "wall", "cuda_max_allocated": max_allocated,
+           "cuda_baseline_allocated": baseline}
+    return rep
+
+
+@pytest.mark.parametrize("report, words", [
+    (_cuda_report(max_allocated=2**20 + 5 * 2**30), ["GPU peak memory 5.00 GiB > 4.10 GiB"]),
+    (_cuda_report(max_allocated=None), ["no GPU peak memory"]),
+    (_cuda_report(peak=5 * 2**30), ["peak memory 5.00 GiB > 4.10 GiB"]),  # the host is held to it too
+    ({**_cuda_report(cpu=(), stopped=70.0), "stopped_in": "warm-up"}, ["the warm-up forward call was stopped"]),
+])
+def test_cuda_reports_are_judged_on_the_gpu_peak(monkeypatch, report, words):
+    """On CUDA the GPU's own peak (torch.cuda.max_memory_allocated above memory_allocated before
+    set-up) is held to the 1/1000-of-dense bound; a report without it fails."""
+    _fake(monkeypatch, report)
+    r = S.check_for(get("linear")).evaluate(Context(device="cpu"))
+    assert r.status == "fail" and len(r.details["reasons"]) == len(words), r.details["reasons"]
+    for reason, word in zip(r.details["reasons"], words):
+        assert word in reason
+
+
+def test_a_cuda_report_within_bounds_passes_with_its_gpu_peak(monkeypatch):
+    _fake(monkeypatch, _cuda_report())
+    r = S.check_for(get("linear")).evaluate(Context())
+    assert r.status == "pass", r.details["reasons"]
+    assert r.details["gpu_peak_over_baseline_bytes"] == 2**28 - 2**20
+    _fake(monkeypatch, _report())
+    assert S.check_for(get("linear")).evaluate(Context()).details["gpu_peak_over_baseline_bytes"] is None
 
 
 # ------------------------------------------------------------------------------ the real thing (children at 2^20)
