@@ -67,7 +67,10 @@ references), budget_s (the stop time per call, or None), stopped, stopped_after_
 cuda_max_allocated (torch.cuda.max_memory_allocated over the calls, bytes) with
 cuda_baseline_allocated (memory_allocated before set-up), warmup_s (wall of the warm-up at N;
 None on CPU), stopped_in ("warm-up" | "call" | None) and problem_reused (the problem at N came
-from the serving child's cache). A stopped report lacks the unfinished call in the lists.
+from the serving child's cache). Where a request's wall time went: problem_s (building the
+problem at N, ~0 when reused), setup_s, reference_s (all of the references, their problems
+included), warmup_s, calls_s; through run_in_session also child_started (this request paid a
+child's start: interpreter, torch, registry). A stopped report lacks the unfinished call in the lists.
 """
 from __future__ import annotations
 
@@ -437,14 +440,18 @@ def _run(args, mech, cache: ProblemCache | None = None, spec: str | None = None,
     problem_at = _problem_source(mech, args.seed, cache, spec)
     calls = max(1, args.calls) if not cuda else max(args.calls, CUDA_MIN_CALLS)
     ref = None
+    r0 = time.perf_counter()
     if args.reference is not None:
         ref = reference(mech, args.reference, device=args.device, seed=args.seed, train=args.train, clock=clock,
                         threads=args.reference_threads, calls=args.calls, problem=problem_at)
         gc.collect()
+    reference_s = time.perf_counter() - r0
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     hits = cache.hits if cache is not None else 0
+    p0 = time.perf_counter()
     problem = problem_at(args.n)
+    problem_s = time.perf_counter() - p0
     reused = cache is not None and cache.hits > hits
     cost_factor = None if mech.cost_factor is None else float(mech.cost_factor(problem))
     # the baselines hold the problem (resident while the calls run, cached or not): what set-up
@@ -469,7 +476,7 @@ def _run(args, mech, cache: ProblemCache | None = None, spec: str | None = None,
               "device": args.device, "clock": clock.name, "cost_factor": cost_factor, "reference": ref,
               "predicted_s": predicted, "budget_s": budget, "stopped": False, "stopped_after_s": None,
               "stopped_in": None, "warmup_s": None, "cuda_baseline_allocated": cuda_baseline,
-              "problem_reused": reused}
+              "problem_reused": reused, "problem_s": problem_s, "reference_s": reference_s}
 
     def so_far(pk=None) -> dict:
         peak = pk.peak if pk is not None and pk.peak else peak_rss_bytes()
@@ -657,7 +664,10 @@ def run_in_session(mech_id: str, n: int, *, timeout: float, **options) -> dict:
     """One request to this process's WorkerSession: the report of ``python -m verify.scale_worker``
     with ``worker_argv(mech_id, n, **options)``; errors as WorkerSession.request."""
     what = f"{mech_id} at N={int(n)}{' (train)' if options.get('train') else ''}"
-    return session().request(worker_argv(mech_id, n, **options), timeout, what)
+    s = session()
+    before = s.started
+    report = s.request(worker_argv(mech_id, n, **options), timeout, what)
+    return {**report, "child_started": s.started > before}
 
 
 if __name__ == "__main__":

@@ -186,13 +186,17 @@ def test_every_check_goes_to_the_one_serving_child(monkeypatch):
     seen = {}
 
     class Session:
+        started = 0
+
         def request(self, argv, timeout, what):
             seen.update(argv=argv, timeout=timeout, what=what)
+            self.started += 1
             return _report()
 
     monkeypatch.setattr(W, "session", lambda: Session())
-    S.run_worker("linear", 8, device="cpu", seed=0, calls=1, train=True, timeout=5.0, threads=2, reference=[2, 4],
-                 stop_ratio=6.0)
+    rep = S.run_worker("linear", 8, device="cpu", seed=0, calls=1, train=True, timeout=5.0, threads=2,
+                       reference=[2, 4], stop_ratio=6.0)
+    assert rep["child_started"] is True
     assert seen == dict(argv=["linear", "8", "--device", "cpu", "--seed", "0", "--calls", "1", "--train", "--threads",
                               "2", "--reference", "2", "4", "--reference-threads", "1", "--stop-ratio", "6.0"],
                         timeout=5.0, what="linear at N=8 (train)")

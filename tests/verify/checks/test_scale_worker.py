@@ -66,6 +66,7 @@ def test_serving_builds_each_problem_once_for_forward_and_train(monkeypatch, cap
     replies = _serve([["linear", *args], ["linear", *args, "--train"], ["causal", *args]], capsys)
     assert [r["report"]["problem_reused"] for r in replies] == [False, True, False]
     assert [r["report"]["train"] for r in replies] == [False, True, False]
+    assert all(r["report"]["problem_s"] >= 0 and r["report"]["reference_s"] > 0 for r in replies)
     if replies[0]["report"]["peak_reset_after_setup"]:  # Linux: one child serves them all
         assert not any(r["exiting"] for r in replies)
     linear = [n for m, n in built if m == "linear"]
