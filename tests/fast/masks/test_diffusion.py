@@ -18,6 +18,7 @@ from fast import masked_linear_attention
 from fast.graphs import as_graph
 from fast.masks.diffusion import KINDS, DiffusionMask, expm_action, plan_terms, poisson_tail
 from reference.masks.diffusion import diffusion_mask, generator_matrix, random_walk_series
+from tests.helpers import DEVICES
 
 # ---------------------------------------------------------------------------- graphs (scipy csr)
 
@@ -64,8 +65,6 @@ def _x(n, c=3, seed=0, dtype=torch.float64, lead=()):
 U64 = 2.0**-53  # unit round-off of float64
 U32 = 2.0**-24  # unit round-off of float32
 
-#: Where the cross-device test runs: CPU always (CI), CUDA too when present (the GPU run).
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _cross_roundoff(op, graph, u: float) -> float:

@@ -18,13 +18,11 @@ from fast import HypercubeDiffusionMask, masked_linear_attention
 from fast.masks.hypercube import GROUP_BITS
 from reference.attention import masked_kernel_attention
 from reference.masks.hypercube import hypercube_mask
-from tests.helpers import GenericMask, gen, np_, positive, randn, rel_frobenius
+from tests.helpers import DEVICES, GenericMask, gen, np_, positive, randn, rel_frobenius
 
 seeds = st.integers(0, 2**31 - 1)
 RTOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 POPCOUNT = np.array([bin(i).count("1") for i in range(1 << 12)])
-#: Where the device test runs: CPU always (CI), CUDA too when present (the GPU run).
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _dense_rows(rows: np.ndarray, n: int, t: float) -> np.ndarray:
