@@ -10,6 +10,10 @@ from fast.masks.tree.forest import (DEFAULT_MAX_CHUNK_BYTES, DistanceFunctionMas
 from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, FFT_ROW, SeparatorPlan
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
+#: The dtype of every scatter (index_add_), Hankel product and FFT of a TreeDCMask product,
+#: whatever the input dtype (TreeDCMask's docstring, "Precision").
+ACCUMULATE_DTYPE = torch.float64
+
 
 class TreeDCMask(DistanceFunctionMask):
     """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n log^2 n c) (Lemma 6.1).
@@ -44,21 +48,32 @@ class TreeDCMask(DistanceFunctionMask):
     O(n log^2 n c) in all. The plan (index and distance arrays, in preorder so that subproblems are
     contiguous ranges) takes O(n log n) memory and set-up; ``recursion_depth``, ``num_subproblems``
     (separator splits plus dense blocks), ``num_dense_blocks`` and ``num_fft_rows`` describe it.
-    Memory of a product: the plan, x and the output, plus buffers bounded by ``max_chunk_bytes``
-    (without autograd; with it, every step's buffers are kept, O(n log n c) in all). Half
-    precision inputs compute in float32.
+    Memory of a product: the plan, x, the output and a float64 accumulator of its size, plus
+    buffers bounded by ``max_chunk_bytes`` (without autograd; with it, every step's buffers are
+    kept, O(n log n c) in all). Half precision inputs compute in float32.
 
-    Precision: the Hankel FFTs run in float64 for every input dtype (``_fft_dtype``). An FFT
-    correlation's error is ~u log N |f|_2 |y|_2, relative to norms rather than to each output,
-    so with a decaying f the far entries z[a] = sum_b f(a + b) y[b] of a row holding one loud key
-    drown in float32 round-off (rows of FAVOR+ attention off by 0.1-0.6% on 4096-node paths at
-    q, k std 4-8). In float64 the relative error of a row of M x with x >= 0 is below
-    ~1e-15 log2(N) depth |f|_2 N / f_min (f_min the smallest f(l) over the distances present):
-    < 3e-4 at N = 4096 for f(l) = (1 + l)^-1.5, the float32 round-off of the rest in practice.
-    An f that decays to below ~1e-13 |f|_2 over the tree's distances can still lose far rows to
-    FFT round-off in float64; use TreeDiamMask there. Cost of the float64 transforms for float32
-    inputs (one thread, 64 columns, min of 4): 1.47x the float32-FFT product on a 2^14-node path,
-    1.25x on a 2^16-node path (every row by FFT) and 1.24x on the 2^16-node mixed forest.
+    Precision: every scatter (the index_add_ of x into y and of the products into the result)
+    and every FFT runs in float64 (``ACCUMULATE_DTYPE``) for every input dtype; the gathers, the
+    dense blocks and the short Hankel GEMMs run in the compute dtype; the result is rounded once
+    to x's dtype. Two reasons. (1) An FFT correlation's error is ~u log N |f|_2 |y|_2, relative
+    to norms rather than to each output, so with a decaying f the far entries
+    z[a] = sum_b f(a + b) y[b] of a row holding one loud key drown in float32 round-off (rows of
+    FAVOR+ attention off by 0.1-0.6% on 4096-node paths at q, k std 4-8). In float64 the relative
+    error of a row of M x with x >= 0 is below ~1e-15 log2(N) depth |f|_2 N / f_min (f_min the
+    smallest f(l) over the distances present): < 3e-4 at N = 4096 for f(l) = (1 + l)^-1.5, the
+    float32 round-off of the rest in practice. An f that decays to below ~1e-13 |f|_2 over the
+    tree's distances can still lose far rows to FFT round-off in float64; use TreeDiamMask there.
+    (2) index_add_ is an atomic add on CUDA, and float32 atomic adds flush subnormal inputs and
+    results to zero (PTX ISA, atom/red.add.f32 without .noftz; float64 ones keep them, and so
+    does ordinary float32 arithmetic). FAVOR+ key features span far more than float32's
+    normal range (exponents hundreds apart at q, k std 8), so terms below 2^-126 that a normal
+    row of M x still needs (a query whose largest features meet only tiny key features)
+    vanished on CUDA: numerics/tree-dc at N = 512, d = 128 had 1 of 15,360 float32 rows off by
+    1.9e-3 on an H100 (7e-2 at seed 4 with CUDA's atomics emulated on CPU), with no refusal,
+    while CPU arithmetic (gradual underflow) kept them. No float32 number is subnormal in
+    float64. Cost for float32 inputs (one thread, 64 columns, CPU time, min of 15, against
+    float32 scatters with float64 FFTs): 1.16-1.34x on the mixed forest, 1.07-1.12x on a path,
+    N = 2^12 .. 2^15.
     """
 
     def __init__(self, forest: Forest, f: FTable, *, dense_threshold: int | None = None,
@@ -118,15 +133,16 @@ class TreeDCMask(DistanceFunctionMask):
         xs = x.to(work).reshape(-1, n, c).index_select(1, plan["pre_node"])
         f = f_table.to(device=x.device, dtype=work)
         grad = torch.is_grad_enabled() and (xs.requires_grad or f.requires_grad)
-        out = self._cross_terms(xs, f, self._dense_blocks(xs, f, plan), grad)[:, :n]
-        out = out - f[0] * plan["splits"].to(work)[:, None] * xs  # v was in both halves of its split
+        out = self._cross_terms(xs, f, self._dense_blocks(xs, f, plan), grad)[:, :n]  # ACCUMULATE_DTYPE
+        out = out - f[0] * plan["splits"].to(out.dtype)[:, None] * xs  # v was in both halves of its split
         return out.index_select(1, plan["label"]).reshape(*lead, n, c).to(out_dtype)
 
     def _dense_blocks(self, xs: torch.Tensor, f: torch.Tensor, plan: dict) -> torch.Tensor:
-        """sum over dense blocks of f(dist) @ x[block], scattered back: (B, n, c)."""
+        """sum over dense blocks of f(dist) @ x[block] (in xs's dtype), scattered back into a
+        float64 (B, n + 1, c) (ACCUMULATE_DTYPE: no float32 atomic add)."""
         B, n, c = xs.shape
         xp = torch.cat([xs, xs.new_zeros(B, 1, c)], dim=1)  # row n: padding
-        out = xs.new_zeros(B, n + 1, c)
+        out = xs.new_zeros(B, n + 1, c, dtype=ACCUMULATE_DTYPE)
         f_ext = torch.cat([f, f.new_zeros(1)])  # f_ext[n] = 0: padding and pairs across trees
         item = xs.element_size()
         for size, nodes, dists in plan["blocks"]:
@@ -134,11 +150,13 @@ class TreeDCMask(DistanceFunctionMask):
             for b0 in range(0, nodes.shape[0], step):
                 idx = nodes[b0:b0 + step].reshape(-1)
                 xb = xp.index_select(1, idx).view(B, -1, size, c)
-                out.index_add_(1, idx, torch.matmul(f_ext[dists[b0:b0 + step]], xb).view(B, -1, c))
+                out.index_add_(1, idx, torch.matmul(f_ext[dists[b0:b0 + step]], xb).view(B, -1, c).to(out.dtype))
         return out
 
     def _cross_terms(self, xs: torch.Tensor, f: torch.Tensor, out: torch.Tensor, grad: bool) -> torch.Tensor:
-        """Adds the Hankel products through the separators to out (B, n, c); returns it.
+        """Adds the Hankel products through the separators to out (B, n + 1, c), ACCUMULATE_DTYPE;
+        returns it. xs, f: the compute dtype. y is accumulated and z added in out's dtype (no
+        float32 atomic add); dense rows multiply in the compute dtype, FFT rows transform in out's.
 
         Rows (one per side of a split) are sorted by key and processed in steps of one key that
         fit ``max_chunk_bytes``: y (B, rows, y length, c) by index_add of x at distance bins, then
@@ -148,22 +166,19 @@ class TreeDCMask(DistanceFunctionMask):
         B, n, c = xs.shape
         p = self.plan
         plan = self._device_plan(xs.device)
-        fft_dtype = _fft_dtype(xs.dtype)
-        budgets = {DENSE_ROW: max(1, self.max_chunk_bytes // (6 * B * c * xs.element_size())),
-                   FFT_ROW: max(1, self.max_chunk_bytes // (6 * B * c * torch.finfo(fft_dtype).bits // 8))}
+        budget = max(1, self.max_chunk_bytes // (6 * B * c * out.element_size()))
         ops: dict = {}  # per key: the Hankel matrix, or conj(rfft(f[:N])) as (N // 2 + 1, 1)
         rows, r0, change = len(p.row_key), 0, p.key_change
         while r0 < rows:
             kind, z_len, y_len = key = p.row_key[r0]
-            budget = budgets[kind]
             r1 = int(np.searchsorted(p.w_start, p.w_start[r0] + budget, side="right")) - 1
             nxt = change[np.searchsorted(change, r0, side="right"):]
             r1 = min(max(r1, r0 + 1), int(nxt[0]) if nxt.size else rows)
             y0, z0 = int(p.y_start[r0]), int(p.z_start[r0])
             s0, s1 = int(p.src_off[r0]), int(p.src_off[r1])
             t0, t1 = int(p.tgt_off[r0]), int(p.tgt_off[r1])
-            y = xs.new_zeros(B, (r1 - r0) * y_len, c).index_add_(
-                1, plan["src_bin"][s0:s1] - y0, xs.index_select(1, plan["src_node"][s0:s1]))
+            y = out.new_zeros(B, (r1 - r0) * y_len, c).index_add_(
+                1, plan["src_bin"][s0:s1] - y0, xs.index_select(1, plan["src_node"][s0:s1]).to(out.dtype))
             y = y.view(B, r1 - r0, y_len, c)
             if key not in ops:
                 if kind == DENSE_ROW:
@@ -172,21 +187,15 @@ class TreeDCMask(DistanceFunctionMask):
                     fp = torch.nn.functional.pad(f, (0, max(0, z_len + y_len + 1 - n)))
                     ops[key] = fp[a[:, None] + b[None, :]]  # H[a - 1, b - 1] = f(a + b)
                 else:
-                    spec = torch.fft.rfft(torch.nn.functional.pad(f[:z_len].to(fft_dtype), (0, max(0, z_len - n))))
+                    spec = torch.fft.rfft(torch.nn.functional.pad(f[:z_len].to(out.dtype), (0, max(0, z_len - n))))
                     ops[key] = spec.conj().resolve_conj()[:, None]
-            if kind == DENSE_ROW:
-                z = torch.matmul(ops[key], y)
+            if kind == DENSE_ROW:  # a short GEMM: the compute dtype keeps it fast; the casts keep subnormals
+                z = torch.matmul(ops[key], y.to(xs.dtype)).to(out.dtype)
             else:
-                spec = torch.fft.rfft(y.to(fft_dtype), dim=2)
+                spec = torch.fft.rfft(y, dim=2)
                 spec = spec * ops[key] if grad else spec.mul_(ops[key])
-                z = torch.fft.irfft(spec, n=z_len, dim=2).to(xs.dtype)
+                z = torch.fft.irfft(spec, n=z_len, dim=2)
             z = z.reshape(B, (r1 - r0) * z_len, c).contiguous()
             out.index_add_(1, plan["tgt_node"][t0:t1], z.index_select(1, plan["tgt_bin"][t0:t1] - z0))
             r0 = r1
         return out
-
-
-def _fft_dtype(work: torch.dtype) -> torch.dtype:
-    """The dtype of the Hankel FFTs for products computed in ``work``: float64 always (see
-    TreeDCMask's docstring, "Precision": float32 transforms swamp far entries of decaying f)."""
-    return torch.float64
