@@ -22,7 +22,8 @@ check of a run: a child per check paid process start, ``import torch``, the regi
 GPU) CUDA initialisation twelve times over, and scale/<id>-train regenerated the very problem
 that scale/<id> had just built (grf at 2^20: graph, walks and q, k, v, 5-8 s of NumPy and CPU
 torch; the latent graphs 6-9 s). The child keeps the problems of the last (mechanism, seed) it
-saw (``ProblemCache``: the references and N), so scale/<id>-train reuses scale/<id>'s; the
+saw (``ProblemCache``: the references and N), so scale/<id>-train reuses scale/<id>'s (and
+drops them after a --train request or one for a record without scale_train); the
 baseline of the memory check is taken with the problem already resident (it is not part of
 what set-up and the calls add), and fast set-up never writes into a problem (tests check it).
 Protocol lines go to the real stdout; anything else printed in the child goes to stderr.
@@ -251,6 +252,9 @@ class ProblemCache:
             self.problems[n] = mech.problem(n, seed)
         return self.problems[n]
 
+    def clear(self) -> None:
+        self.key, self.problems = None, {}
+
 
 def _problem_source(mech, seed: int, cache: ProblemCache | None, spec: str | None):
     """n -> the default-variant problem at n (from ``cache`` when given)."""
@@ -396,9 +400,12 @@ def serve(requests=None) -> int:
             continue
         try:
             args = parse_args(list(json.loads(line)["argv"]))
-            report = _run(args, load_mechanism(args.mechanism), cache=cache, spec=args.mechanism,
+            mech = load_mechanism(args.mechanism)
+            report = _run(args, mech, cache=cache, spec=args.mechanism,
                           emit=lambda rep: reply({"report": rep, "exiting": True}))
             answer = {"report": report, "exiting": not report.get("peak_reset_after_setup", False)}
+            if args.train or not mech.scale_train:  # scale/<id>-train comes right after scale/<id>, or never:
+                cache.clear()  # nothing will reuse these, so an idle child holds no problem
         except SystemExit as exc:  # argparse: its message is on stderr
             answer = {"error": f"invalid arguments (status {exc.code}; argparse's message is on stderr)",
                       "exiting": True}
