@@ -1,0 +1,265 @@
+"""Segment sums with the same bits on every run, on every device: the one place fast/ adds rows
+into groups (issue 21).
+
+Why not index_add_: a floating ``index_add_``, ``scatter_add``, ``index_put_(accumulate=True)`` or
+``scatter_reduce(reduce="sum")`` adds with atomics on CUDA, in whatever order the threads
+arrive, so the same inputs give different bits from run to run; so does the backward of
+``index_select`` and ``gather``, which is an ``index_add``. torch.use_deterministic_algorithms's
+documentation lists them as nondeterministic on CUDA. Library code must not flip that global
+flag, so fast/ calls them on floating data nowhere but in this module's CPU backend: every
+grouped sum goes through ``Segments`` (tests/fast/test_deterministic.py makes them raise and runs
+the mechanisms on the CUDA backend).
+
+``Segments(index, num_segments)``: P rows grouped into S segments, row p in segment index[p]
+(any order; rows of a segment need not be contiguous). Planned once, reused:
+
+    sum(x (..., P, ...), dim)     -> (..., S, ...)   out_s = sum_{p: index[p] = s} x_p (0 if empty)
+    expand(y (..., S, ...), dim)  -> (..., P, ...)   row p = y[index[p]] (the adjoint of sum)
+
+Each is the other's backward (autograd Functions, so double backward works too), and neither
+calls an atomic operation on CUDA, forward or backward. The backend is chosen here, in one place
+(``backend``):
+
+- CPU: ``index_add_`` itself. On CPU it adds the rows of each output in index order (torch
+  documents index_add as nondeterministic only on CUDA), and overall it was the fastest option
+  measured (P = 2^16 rows, one thread): a CSR x dense product (MKL) was faster for narrow x
+  (C <= 32 columns) but 1.7-12x slower for C >= 64 (the driver's column blocks), and
+  torch.segment_reduce 2-50x slower.
+- CUDA (any other device): ``torch.segment_reduce(..., "sum", offsets=...)`` over the rows sorted
+  by segment (a stable sort, planned once): one thread per (segment, column) adds its rows in
+  order, with no atomics (``expand`` is an index_select, a plain gather). cuSPARSE's SpMM, which torch calls
+  with CUSPARSE_SPMM_CSR_ALG2, is not used: cuSPARSE documents bitwise-reproducible SpMM only for
+  COO_ALG2 and CSR_ALG3 (jax-ml/jax#10255 quotes it). One thread per segment would serialise a
+  long segment, so segments longer than SPLIT_ABOVE rows are summed in two passes: pieces of
+  ceil(sqrt(L)) rows (L the longest segment), then the pieces of each segment, both in a fixed
+  order.
+
+Leading dims (before ``dim``) are summed as independent copies, trailing dims as columns: x
+(B, H, P, c) with dim=-2 is summed as B H P rows of c columns in B H S segments (a block-diagonal
+plan, built once per leading size), with no copy of x when it is contiguous. Half and bfloat16
+are summed in float32 and cast back. Work O(P C) per call after an O(P log P) plan.
+
+Host reads: none on CPU. On CUDA the plan reads the longest segment once per device (none when
+the segments were given by host pointers, ``from_pointers``).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["Segments", "add_into", "backend", "index_sum", "SPLIT_ABOVE"]
+
+#: On CUDA, segments longer than this many rows are summed in two passes (module doc).
+SPLIT_ABOVE = 64
+#: Tiled (block-diagonal) plans kept per Segments: the last few leading sizes seen.
+_TILES_KEPT = 4
+
+
+def backend(device: torch.device) -> str:
+    """How segment sums are formed on ``device`` (module doc): "index_add" on CPU, "segment_reduce"
+    elsewhere. The one place the choice is made (tests patch it to run the CUDA backend on CPU)."""
+    return "index_add" if torch.device(device).type == "cpu" else "segment_reduce"
+
+
+class Segments:
+    """P rows grouped into S segments (module doc). Build once, call ``sum`` and ``expand``.
+
+    index: (P,) integer tensor with values in [0, num_segments) (not checked: the callers build
+    it); num_segments: S >= 0 (segments no row maps to sum to 0). ``sorted``: True when the caller
+    knows index is nondecreasing (no sort is planned), None when unknown (then sorted once per
+    device on CUDA). ``longest``: the longest segment when known (saves the plan's host read on
+    CUDA; an upper bound is fine). Attributes: ``index`` (P,) int64, ``num_segments``, ``n`` (P).
+    TypeError for a non-integer or non-1-D index, ValueError for a bad num_segments.
+
+        >>> seg = Segments(torch.tensor([1, 0, 1]), 2)
+        >>> seg.sum(torch.tensor([[1.0], [2.0], [4.0]]), dim=0)
+        tensor([[2.],
+                [5.]])
+        >>> seg.expand(torch.tensor([[2.0], [5.0]]), dim=0)
+        tensor([[5.],
+                [2.],
+                [5.]])
+    """
+
+    __slots__ = ("index", "num_segments", "n", "_sorted", "_longest", "_plans", "_tiles")
+
+    def __init__(self, index: torch.Tensor, num_segments: int, *, sorted: bool | None = None,
+                 longest: int | None = None):
+        if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.dtype.is_floating_point \
+                or index.dtype.is_complex or index.dtype == torch.bool:
+            raise TypeError(f"index must be a 1-D integer tensor (P,) of segment ids, got {index!r:.80}")
+        if isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments < 0:
+            raise ValueError(f"num_segments must be an int >= 0, got {num_segments!r}")
+        self.index = index.to(torch.int64)
+        self.num_segments = num_segments
+        self.n = int(index.numel())
+        self._sorted = sorted
+        self._longest = longest
+        self._plans: dict = {}
+        self._tiles: dict = {}
+
+    @classmethod
+    def from_pointers(cls, ptr: Sequence[int], device=None) -> "Segments":
+        """Contiguous segments given on the host: segment s = rows ptr[s]:ptr[s + 1] (ptr
+        nondecreasing, ptr[0] = 0; S = len(ptr) - 1). Plans without any host read."""
+        ptr = [int(p) for p in ptr]
+        lengths = [b - a for a, b in zip(ptr[:-1], ptr[1:])]
+        counts = torch.tensor(lengths, dtype=torch.int64, device=device)
+        index = torch.repeat_interleave(torch.arange(len(lengths), device=device), counts, output_size=ptr[-1])
+        return cls(index, len(lengths), sorted=True, longest=max(lengths, default=0))
+
+    def __repr__(self) -> str:
+        return f"Segments(n={self.n}, num_segments={self.num_segments})"
+
+    # ------------------------------------------------------------------ public products
+    def sum(self, x: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """Segment sums along ``dim``: x (..., P, ...) -> (..., S, ...). Differentiable (backward
+        ``expand``); deterministic on every device."""
+        dim = self._dim(x, dim, self.n, "x", "P")
+        return _SegmentSum.apply(x, self, dim)
+
+    def expand(self, y: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """Each row's segment value along ``dim``: y (..., S, ...) -> (..., P, ...), row p =
+        y[index[p]]. Differentiable (backward ``sum``); deterministic on every device."""
+        dim = self._dim(y, dim, self.num_segments, "y", "S")
+        return _SegmentExpand.apply(y, self, dim)
+
+    def _dim(self, x: object, dim: int, size: int, name: str, what: str) -> int:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not -x.dim() <= dim < x.dim() or x.shape[dim] != size:
+            raise ValueError(f"{name} must have {what} = {size} entries on axis {dim}, got shape {tuple(x.shape)}")
+        return dim % x.dim()
+
+    # ------------------------------------------------------------------ plans
+    def index_on(self, device: torch.device) -> torch.Tensor:
+        """index on ``device`` (moved once)."""
+        key = ("index", str(device))
+        if key not in self._plans:
+            self._plans[key] = self.index if self.index.device == device else self.index.to(device)
+        return self._plans[key]
+
+    def tiled(self, copies: int) -> "Segments":
+        """``copies`` independent copies side by side: rows l P + p in segment l S + index[p]
+        (the block-diagonal plan of a leading size; cached for the last few sizes)."""
+        if copies == 1:
+            return self
+        tile = self._tiles.pop(copies, None)
+        if tile is None:
+            offset = torch.arange(copies, device=self.index.device)[:, None]
+            index = (self.index[None, :] + self.num_segments * offset).reshape(-1)
+            tile = Segments(index, self.num_segments * copies, sorted=self._sorted, longest=self._longest)
+        self._tiles[copies] = tile  # most recent last
+        while len(self._tiles) > _TILES_KEPT:
+            self._tiles.pop(next(iter(self._tiles)))
+        return tile
+
+    def _pointers(self, device: torch.device) -> torch.Tensor:
+        counts = torch.bincount(self.index_on(device), minlength=self.num_segments)
+        ptr = torch.zeros(self.num_segments + 1, dtype=torch.int64, device=device)
+        torch.cumsum(counts, 0, out=ptr[1:])  # integer prefix sum: exact
+        return ptr
+
+    def _order(self, device: torch.device) -> torch.Tensor | None:
+        """Rows in segment order (stable), or None when index is known sorted (no sort)."""
+        if self._sorted:
+            return None
+        return torch.sort(self.index_on(device), stable=True)[1]
+
+    def _device_plan(self, device: torch.device) -> dict:
+        key = ("offsets", str(device))
+        if key not in self._plans:
+            ptr = self._pointers(device)
+            longest = self._longest
+            if longest is None:
+                longest = int((ptr[1:] - ptr[:-1]).max()) if self.num_segments else 0  # the one host read
+                self._longest = longest
+            plan = {"order": self._order(device), "offsets": ptr, "pieces": None}
+            if longest > SPLIT_ABOVE:
+                width = math.isqrt(longest - 1) + 1  # ceil(sqrt(longest)): both passes add <= that many rows
+                per_segment = (ptr[1:] - ptr[:-1] + width - 1) // width
+                piece_ptr = torch.zeros_like(ptr)
+                torch.cumsum(per_segment, 0, out=piece_ptr[1:])
+                seg = torch.repeat_interleave(torch.arange(self.num_segments, device=device), per_segment)
+                rank = torch.arange(seg.numel(), device=device) - piece_ptr[seg]  # piece's rank in its segment
+                plan["offsets"] = torch.cat([ptr[seg] + width * rank, ptr[-1:]])
+                plan["pieces"] = piece_ptr
+            self._plans[key] = plan
+        return self._plans[key]
+
+    # ------------------------------------------------------------------ raw products (no autograd)
+    def _sum_rows(self, flat: torch.Tensor) -> torch.Tensor:
+        """(P, C) -> (S, C), C >= 1, on CUDA (the "segment_reduce" backend of the module doc)."""
+        plan = self._device_plan(flat.device)
+        rows = flat if plan["order"] is None else flat.index_select(0, plan["order"])
+        out = torch.segment_reduce(rows, "sum", offsets=plan["offsets"], axis=0, unsafe=True)
+        if plan["pieces"] is not None:
+            out = torch.segment_reduce(out, "sum", offsets=plan["pieces"], axis=0, unsafe=True)
+        return out
+
+    def _sum(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        lead, rest = x.shape[:dim], x.shape[dim + 1:]
+        copies, cols = math.prod(lead), math.prod(rest)
+        work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        if copies == 0 or cols == 0 or self.n == 0:
+            return x.new_zeros(*lead, self.num_segments, *rest)
+        plan = self.tiled(copies)  # copies side by side: one 2-D sum over (copies P, cols) rows
+        flat = x.reshape(copies * self.n, cols).to(work)
+        if backend(x.device) == "index_add":  # CPU: rows added in index order (2-D, dim 0: its fast loop)
+            out = flat.new_zeros(plan.num_segments, cols).index_add_(0, plan.index_on(x.device), flat)
+        else:
+            out = plan._sum_rows(flat)
+        return out.to(x.dtype).reshape(*lead, self.num_segments, *rest)
+
+
+class _SegmentSum(torch.autograd.Function):
+    """y = Segments.sum(x) along dim; backward: the gradient expanded to the rows (Segments.expand)."""
+
+    @staticmethod
+    def forward(ctx, x, seg, dim):
+        ctx.seg, ctx.dim = seg, dim
+        return seg._sum(x, dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _SegmentExpand.apply(g, ctx.seg, ctx.dim), None, None
+
+
+class _SegmentExpand(torch.autograd.Function):
+    """y[index] along dim (a gather: no atomics forward); backward: the gradient's segment sums
+    (Segments.sum), where torch's own index_select backward would index_add."""
+
+    @staticmethod
+    def forward(ctx, y, seg, dim):
+        ctx.seg, ctx.dim = seg, dim
+        return y.index_select(dim, seg.index_on(y.device))
+
+    @staticmethod
+    def backward(ctx, g):
+        return _SegmentSum.apply(g, ctx.seg, ctx.dim), None, None
+
+
+def index_sum(x: torch.Tensor, index: torch.Tensor, num_segments: int, dim: int = 0) -> torch.Tensor:
+    """The deterministic twin of ``x.new_zeros(...).index_add(dim, index, x)``: sums of the
+    entries of x along ``dim`` grouped by index (P,) into num_segments outputs. Plans once per
+    call (O(P log P)); for repeated use keep a ``Segments``."""
+    return Segments(index, num_segments).sum(x, dim)
+
+
+def add_into(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """``out.index_add_(dim, index, src)`` with the same bits on every run: in place, returns out.
+
+    For accumulations into a large ``out`` from many small batches of rows (a backward's edge
+    blocks), where a Segments of out's size per batch would cost O(size of out) each time. CPU:
+    index_add_ itself (deterministic there). Elsewhere: src summed per distinct index (a Segments
+    over torch.unique's inverse) and added to those rows once, read-modify-write with index_copy_
+    (each row written once: no two threads meet). One host read per call there (unique's size).
+    Not differentiable (in place): for backward passes written by hand."""
+    dim = dim % out.dim()
+    if backend(out.device) == "index_add":
+        return out.index_add_(dim, index, src)
+    keys, inverse = torch.unique(index, return_inverse=True)
+    partial = Segments(inverse, int(keys.numel()), longest=int(index.numel())).sum(src, dim)
+    return out.index_copy_(dim, keys, out.index_select(dim, keys) + partial.to(out.dtype))
