@@ -13,6 +13,7 @@ import math
 import torch
 
 from fast.masks.base import MaskOperator, SymmetricMaskOperator
+from fast.segments import Segments
 from fast.validation import broadcast_shape, check_key_log_scale, check_positive_int, check_tokens
 
 
@@ -623,21 +624,40 @@ class PackingMask(SymmetricMaskOperator):
         if segment_ids.dim() < 1 or segment_ids.shape[-1] == 0:
             raise ValueError(f"segment_ids must have shape (..., N) with N >= 1, got {tuple(segment_ids.shape)}")
         self.n = segment_ids.shape[-1]
-        # relabel to 0..S-1 once so that any labels work as scatter indices
+        # relabel to 0..S-1 once so that any labels work as segment indices
         labels, inverse = torch.unique(segment_ids, return_inverse=True)
         self.segment_index = inverse.to(torch.int64)
         self.num_segments = labels.numel()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """Segment sums broadcast back to tokens, x: (..., N, c) -> (..., N, c)."""
+        """Segment sums broadcast back to tokens, x: (..., N, c) -> (..., N, c).
+
+        fast.segments (no atomics): the same bits on every run on CUDA too, forward and backward."""
         check_tokens("x", x, self.n)
         lead = check_mask_batch("segment_ids", tuple(self.segment_index.shape), x, "input x")
-        x = x.expand(*lead, *x.shape[-2:])
-        idx = self.segment_index.to(x.device).expand(*lead, self.n).unsqueeze(-1).expand(x.shape)
-        sums = torch.zeros(*lead, self.num_segments, x.shape[-1], dtype=x.dtype, device=x.device)
-        sums = sums.scatter_add(-2, idx, x)
-        return torch.gather(sums, -2, idx)
+        if self.segment_index.dim() == 1:  # one packing for every slice: sums along -2, slice by slice
+            seg = self._segments(())
+            return seg.expand(seg.sum(x, dim=-2), dim=-2)
+        flat = x.expand(*lead, *x.shape[-2:]).reshape(-1, x.shape[-1])  # (L N, c): a view when x is full
+        seg = self._segments(lead)
+        return seg.expand(seg.sum(flat, dim=0), dim=0).reshape(*lead, *x.shape[-2:])
 
+    def _segments(self, lead: tuple[int, ...]) -> Segments:
+        """The segments of the product (fast.segments), planned once per leading shape: for (N,) ids,
+        the N tokens in num_segments segments; for batched ids, the L N rows of x (..., N, c) flattened
+        with leading shape ``lead`` (L = prod(lead)), each (slice, label) pair its own segment (a
+        segment of one slice never meets the same label in another slice)."""
+        cache = self.__dict__.setdefault("_segment_plans", {})  # lazily: __init__ sets n, segment_index only
+        if lead not in cache:
+            index = self.segment_index
+            if index.dim() == 1:
+                cache[lead] = Segments(index, self.num_segments)
+            else:
+                rows = index.expand(*lead, self.n).reshape(-1, self.n)  # (L, N)
+                slot = torch.arange(rows.shape[0], device=index.device)[:, None] * self.num_segments
+                keys, inverse = torch.unique((rows + slot).reshape(-1), return_inverse=True)
+                cache[lead] = Segments(inverse, keys.numel())
+        return cache[lead]
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
         """Per-segment max of z (..., N, m) -> (..., N, 1): exact, as segments never mix."""

@@ -232,6 +232,22 @@ def test_packing_batched_segment_ids_broadcast_over_heads():
             assert_unchanged(out[i, j], masked_linear_attention(pq[i, j], pk[i, j], v[i, j], PackingMask(ids[i])))
 
 
+@pytest.mark.parametrize("x_shape", [(2, 4, 6, 3), (1, 4, 6, 3), (2, 1, 6, 3)])
+def test_packing_batched_ids_sharing_labels_with_broadcast_inputs(x_shape):
+    """ids (B, 1, N) whose samples use the same labels, against inputs that broadcast on either
+    leading dim: each (sample, head) slice sums its own segments only (a label of one sample never
+    meets the same label in another sample or head), forward and backward, as the dense mask."""
+    g = gen(11)
+    ids = torch.tensor([[3, 3, 7, 7, 7, 3], [7, 3, 3, 3, 7, 7]])[:, None, :]
+    dense = (ids[..., :, None] == ids[..., None, :]).double()  # (2, 1, 6, 6)
+    x = randn(x_shape, g).requires_grad_(True)
+    y = randn((2, 4, 6, 3), g)
+    out = PackingMask(ids).matmul(x)
+    want = dense @ x
+    assert_unchanged(out.detach(), want.detach().expand(out.shape))
+    assert_unchanged(torch.autograd.grad((out * y).sum(), x)[0], torch.autograd.grad((want * y).sum(), x)[0])
+
+
 @given(n=st.integers(1, 20), c=st.integers(1, 4), seed=seeds)
 def test_padding_matmul_sums_real_rows(n, c, seed):
     g = gen(seed)
