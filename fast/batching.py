@@ -18,7 +18,9 @@ offending position. ``segment_outer``'s per-graph loop needs the graph boundarie
 read once per BatchIndex and cached. Nothing else synchronises.
 
 Every reduction here sums each graph's rows in a fixed order that depends only on that graph's
-rows: perturbing one graph's inputs leaves every other graph's outputs bit for bit unchanged.
+rows: perturbing one graph's inputs leaves every other graph's outputs bit for bit unchanged. The
+sums and gathers go through fast.segments, forward and backward: no atomic adds, so the same
+inputs give the same bits on every run on CUDA too (issue 21).
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ import numbers
 import numpy as np
 
 import torch
+
+from fast.segments import Segments
 
 __all__ = ["BatchIndex", "check_batch", "SMALL_GRAPH_COUNT", "OUTER_BLOCK_ELEMENTS"]
 
@@ -49,7 +53,7 @@ class BatchIndex:
     tensor (nodes per graph; 0 for an empty label), ``device``.
     """
 
-    __slots__ = ("n", "num_graphs", "index", "ptr", "sizes", "_host_ptr", "cache")
+    __slots__ = ("n", "num_graphs", "index", "ptr", "sizes", "_host_ptr", "_segments", "_blocks", "cache")
 
     def __init__(self, index: torch.Tensor, num_graphs: int):
         """Trusts its arguments (``check_batch`` validates): index (N,) int64 sorted in [0, num_graphs)."""
@@ -61,6 +65,8 @@ class BatchIndex:
         torch.cumsum(self.sizes, 0, out=ptr[1:])
         self.ptr = ptr
         self._host_ptr: list[int] | None = None
+        self._segments: Segments | None = None
+        self._blocks: dict = {}
         #: derived layouts of this batch that its users build once (e.g. fast.nodeformer's padding slots)
         self.cache: dict = {}
 
@@ -77,6 +83,7 @@ class BatchIndex:
         out.n, out.num_graphs = self.n, self.num_graphs
         out.index, out.ptr, out.sizes = self.index.to(device), self.ptr.to(device), self.sizes.to(device)
         out._host_ptr = self._host_ptr
+        out._segments, out._blocks = self._segments, self._blocks  # device-independent plans (fast.segments)
         out.cache = {}
         return out
 
@@ -88,6 +95,31 @@ class BatchIndex:
 
     def __repr__(self) -> str:
         return f"BatchIndex(n={self.n}, num_graphs={self.num_graphs}, device={self.device})"
+
+    def segments(self) -> Segments:
+        """The N nodes in their G graphs as a fast.segments.Segments (sorted; planned once)."""
+        if self._segments is None:
+            self._segments = Segments(self.index, self.num_graphs, sorted=True)
+        return self._segments
+
+    def node_blocks(self, block: int) -> list[tuple[int, int, int, int, Segments]]:
+        """Nodes in blocks of ``block`` rows: (s, e, g0, g1, segments) per block, nodes s:e lying in
+        graphs g0:g1 (contiguous: the batch is sorted) and ``segments`` grouping the block's rows by
+        graph - g0. From the host pointers (no device read beyond ``host_ptr``'s); cached per block."""
+        if block not in self._blocks:
+            ptr = self.host_ptr()
+            out, g0 = [], 0
+            for s in range(0, self.n, block):
+                e = min(self.n, s + block)
+                while ptr[g0 + 1] <= s:  # the graph of node s (empty graphs skipped)
+                    g0 += 1
+                g1 = g0
+                while ptr[g1] < e:  # one past the graph of node e - 1
+                    g1 += 1
+                local = [0] + [min(ptr[g], e) - s for g in range(g0 + 1, g1 + 1)]
+                out.append((s, e, g0, g1, Segments.from_pointers(local, device=self.index.device)))
+            self._blocks[block] = out
+        return self._blocks[block]
 
     # ------------------------------------------------------------------ reductions
     def _nodes(self, name: str, x: object, min_dim: int = 2) -> torch.Tensor:
@@ -103,10 +135,9 @@ class BatchIndex:
 
     def segment_sum(self, x: torch.Tensor) -> torch.Tensor:
         """sum_{u in g} x_u per graph: x (..., N, c) -> (..., G, c) (0 for an empty graph). O(N c);
-        differentiable (index_add)."""
+        differentiable (fast.segments: deterministic forward and backward)."""
         x = self._nodes("x", x)
-        out = torch.zeros(*x.shape[:-2], self.num_graphs, x.shape[-1], dtype=x.dtype, device=x.device)
-        return out.index_add(-2, self._index_on(x), x)
+        return self.segments().sum(x, dim=-2)
 
     def segment_max(self, x: torch.Tensor) -> torch.Tensor:
         """max_{u in g} x_u per graph, entrywise: x (..., N, c) -> (..., G, c) (-inf for an empty graph).
@@ -123,7 +154,7 @@ class BatchIndex:
         if y.dim() < 2 or y.shape[-2] != self.num_graphs:
             raise ValueError(f"y must have shape (..., G, c) with G = {self.num_graphs} graphs on axis -2, got "
                              f"{tuple(y.shape)}")
-        return y.index_select(-2, self._index_on(y))
+        return self.segments().expand(y, dim=-2)  # index_select's own backward would index_add
 
     def apply_state(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """Row u times its graph's matrix: x (..., N, m), state (..., G, m, d) -> (..., N, d),
@@ -131,7 +162,8 @@ class BatchIndex:
 
         Never materialises N x m x d: up to SMALL_GRAPH_COUNT graphs one GEMM per graph's contiguous
         slice; beyond, node blocks with their graphs' states gathered, B * m * d * (leading size)
-        <= OUTER_BLOCK_ELEMENTS per block (memory-bound, no loop over graphs). Differentiable."""
+        <= OUTER_BLOCK_ELEMENTS per block (memory-bound, no loop over graphs). Differentiable, with a
+        deterministic backward (the gather's adjoint is a segment sum, fast.segments)."""
         n = x.shape[-2]
         if self.num_graphs <= SMALL_GRAPH_COUNT:
             ptr = self.host_ptr()
@@ -139,11 +171,9 @@ class BatchIndex:
             return torch.cat(parts, dim=-2)
         per_node = max(1, math.prod(state.shape[:-3]) * state.shape[-2] * state.shape[-1])
         step = max(1, OUTER_BLOCK_ELEMENTS // per_node)
-        index = self._index_on(x)
         parts = []
-        for s in range(0, n, step):
-            e = min(n, s + step)
-            block = state[..., index[s:e], :, :]  # (..., B, m, d)
+        for s, e, g0, g1, local in self.node_blocks(step):
+            block = local.expand(state[..., g0:g1, :, :], dim=-3)  # (..., B, m, d)
             parts.append((x[..., s:e, :].unsqueeze(-2) @ block).squeeze(-2))
         return torch.cat(parts, dim=-2)
 
@@ -156,7 +186,8 @@ class BatchIndex:
           graph boundaries read to the host once per BatchIndex);
         - more graphs (a GEMM per graph would be dominated by call overhead): node blocks of B
           rows, B * m * d * (leading size) <= OUTER_BLOCK_ELEMENTS, whose outer products are
-          formed and scattered into their graphs (index_add_); peak extra memory
+          formed, summed per graph (fast.segments: no atomics, the same bits on every run) and
+          added to the block's graphs in block order; peak extra memory
           O(OUTER_BLOCK_ELEMENTS + G m d), work O(N m d).
         a and b broadcast in their leading dims. Differentiable in a and b (both routes).
         """
@@ -177,12 +208,10 @@ class BatchIndex:
         for s in lead:
             lead_size *= int(s)
         block = max(1, OUTER_BLOCK_ELEMENTS // max(1, lead_size * m * d))
-        index = self._index_on(a)
         out = torch.zeros(*lead, self.num_graphs, m * d, dtype=dtype, device=a.device)
-        for s in range(0, self.n, block):
-            e = min(self.n, s + block)
+        for s, e, g0, g1, local in self.node_blocks(block):
             outer = (a[..., s:e, :].unsqueeze(-1) * b[..., s:e, :].unsqueeze(-2)).flatten(-2)  # (..., B, m d)
-            out.index_add_(-2, index[s:e], outer.expand(*lead, e - s, m * d))
+            out[..., g0:g1, :] += local.sum(outer.expand(*lead, e - s, m * d), dim=-2)
         return out.unflatten(-1, (m, d))
 
 

@@ -116,6 +116,20 @@ def test_segment_outer_both_routes(small, monkeypatch):
                              (randn((10, 2), gen(3)).requires_grad_(), randn((10, 2), gen(4)).requires_grad_()))
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 4, 7, 10, 20])
+def test_node_blocks_tile_the_nodes_with_their_graphs(block):
+    """node_blocks(block): blocks s:e of at most ``block`` nodes tiling 0..N, each with the graphs
+    g0:g1 its nodes lie in and its rows grouped by graph - g0 (empty graphs between and at the end)."""
+    b = check_batch(torch.tensor([0, 0, 2, 2, 2, 2, 2, 4, 4, 6]), 10, num_graphs=8)  # empty 1, 3, 5, 7
+    blocks = b.node_blocks(block)
+    assert [s for s, *_ in blocks] == list(range(0, 10, block)) and blocks[-1][1] == 10
+    for s, e, g0, g1, local in blocks:
+        assert e - s == min(block, 10 - s) and local.n == e - s and local.num_segments == g1 - g0
+        assert torch.equal(local.index + g0, b.index[s:e])
+        assert int(b.index[s]) == g0 and int(b.index[e - 1]) == g1 - 1
+    assert b.node_blocks(block) is blocks  # cached
+
+
 def test_graphs_never_mix():
     """Perturbing one graph's rows leaves the other graphs' sums bit for bit unchanged."""
     b = check_batch(torch.tensor(LABELS), 10)
