@@ -49,6 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fast.segments import Segments
+
 __all__ = ["Graph", "as_graph", "normalized_adjacency", "SYMMETRY_RTOL"]
 
 #: Relative tolerance under which W[i, j] and W[j, i] count as equal (see the module docstring).
@@ -125,7 +127,7 @@ def _canonical(rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor, n: int, 
     keys = rows * n + cols
     if keys.numel() > 1 and not bool((keys[1:] > keys[:-1]).all()):  # not already sorted and unique
         keys, inverse = torch.unique(keys, sorted=True, return_inverse=True)
-        w = torch.zeros(keys.numel(), dtype=torch.float64, device=device).index_add_(0, inverse, w)
+        w = Segments(inverse, keys.numel()).sum(w, dim=0)  # duplicates summed without atomics (fast.segments)
     keep = w != 0
     if not bool(keep.all()):
         keys, w = keys[keep], w[keep]
@@ -185,7 +187,7 @@ class Graph:
         self._degree = crow[1:] - crow[:-1]
         self._row = torch.repeat_interleave(torch.arange(self._n, device=crow.device), self._degree,
                                             output_size=col.numel())
-        self._wdeg = torch.zeros(self._n, dtype=torch.float64, device=crow.device).index_add_(0, self._row, weight)
+        self._wdeg: torch.Tensor | None = None  # weighted_degree, formed at its first use
         self._keys = None
         self._csr: dict = {}
         #: what other modules derive from this graph once and reuse while it lives (fast.nodeformer:
@@ -247,7 +249,10 @@ class Graph:
 
     @property
     def weighted_degree(self) -> torch.Tensor:
-        """Row sums d_i = sum_j W_ij (n,) float64."""
+        """Row sums d_i = sum_j W_ij (n,) float64 (formed once, at the first call: on CUDA its plan
+        reads the largest degree to the host)."""
+        if self._wdeg is None:  # row sums in column order (fast.segments: the same bits on every CUDA run)
+            self._wdeg = Segments(self._row, self._n, sorted=True).sum(self._weight, dim=0)
         return self._wdeg
 
     @property

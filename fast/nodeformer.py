@@ -100,6 +100,7 @@ from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
 from fast.masks.base import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
+from fast.segments import add_into
 from fast.validation import check_same_device, check_tensor, compute_dtype, raise_if_non_finite
 
 __all__ = ["gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders", "relational_bias",
@@ -804,8 +805,8 @@ class _EdgeLogSumExp(torch.autograd.Function):
             t = zq.index_select(0, us)
             t += zk.index_select(0, ws)
             p = t.sub_(out[s:s + ctx.block].unsqueeze(-1)).exp_().mul_(g[s:s + ctx.block].unsqueeze(-1))
-            dq.index_add_(0, us, p)
-            dk.index_add_(0, ws, p)
+            add_into(dq, us, p)  # not index_add_: its atomics give other bits at every CUDA run (fast.segments)
+            add_into(dk, ws, p)
         return dq, dk, None, None, None
 
 

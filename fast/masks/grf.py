@@ -64,6 +64,7 @@ import torch
 from fast.algebra import default_block_cols, features_per_block, masked_products
 from fast.graphs import Graph, as_graph
 from fast.masks.base import MaskOperator, default_key_stabilizer
+from fast.segments import Segments
 from fast.validation import check_key_log_scale, check_tokens, compute_dtype
 from fast.walks import Walks
 
@@ -162,7 +163,8 @@ class WalkPrefixes:
         inverse = torch.cumsum(new, 0) - 1
         key = key[new]
         # duplicates (same row, column and t: walks of one node meeting) merge into one entry
-        self.base = torch.zeros(key.numel(), dtype=torch.float64, device=device).index_add_(0, inverse, base[order])
+        # (a segment sum over the sorted keys, fast.segments: no atomics, the same bits on CUDA too)
+        self.base = Segments(inverse, key.numel(), sorted=True).sum(base[order].to(torch.float64), dim=0)
         self.entry_t = key % num_t
         pair_key = key // num_t
         first = torch.ones(key.numel(), dtype=torch.bool, device=device)
@@ -180,6 +182,10 @@ class WalkPrefixes:
         self.col_t = self.pair_row[self.perm_t]
         self._index: dict = {}
         self._base: dict = {}
+        #: entries grouped by pair (sorted) and by prefix length t: the sums and gathers of values and
+        #: coef_grad, deterministic forward and backward (fast.segments)
+        self.by_pair = Segments(self.entry_pair, self.nnz, sorted=True)
+        self.by_t = Segments(self.entry_t, num_t)
 
     def index(self, device: torch.device) -> dict:
         """Int32 (or int64 when large) CSR structure and int64 gather indices on ``device``, built once."""
@@ -223,21 +229,18 @@ class WalkPrefixes:
         Formed in float64 and cast once: a load (a product of W deg / (1 - p_halt) over the hops)
         may exceed float32's range where base * coef[t] does not (heavy weights, long walks, a
         decaying f), and casting the base first would turn such an entry into inf (or NaN)."""
-        ix = self.index(device)
         wide = torch.float64 if dtype != torch.float64 and device.type != "mps" else dtype
-        contrib = self.bases(device, wide) * coef.to(device=device, dtype=wide)[ix["entry_t"]]
+        contrib = self.bases(device, wide) * self.by_t.expand(coef.to(device=device, dtype=wide), dim=0)
         if not self.one_per_pair:
-            # one segment sum (entries are sorted by pair): out-of-place so double backward can see it
-            contrib = torch.zeros(self.nnz, dtype=wide, device=device).index_add(0, ix["entry_pair"], contrib)
+            contrib = self.by_pair.sum(contrib, dim=0)  # entries are sorted by pair; differentiable twice
         return contrib.to(dtype)
 
     def coef_grad(self, grad_values: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """d L / d coef (num_t,) from d L / d values (P,): sum over entries of base * grad[pair], by t."""
-        ix = self.index(device)
-        g = grad_values if self.one_per_pair else grad_values[ix["entry_pair"]]
+        g = grad_values if self.one_per_pair else self.by_pair.expand(grad_values, dim=0)
         wide = torch.float64 if dtype != torch.float64 and device.type != "mps" else dtype  # as ``values``
         contrib = self.bases(device, wide) * g.to(wide)
-        return torch.zeros(self.num_t, dtype=wide, device=device).index_add(0, ix["entry_t"], contrib).to(dtype)
+        return self.by_t.sum(contrib, dim=0).to(dtype)
 
     def matrix(self, values: torch.Tensor, transpose: bool) -> torch.Tensor:
         """The CSR tensor (N, N) of these values (or of the transpose) on values' device."""

@@ -27,6 +27,7 @@ from fast.masks.base import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.masks.grf import (LocallyStabilised, ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, as_walks, plain_attend,
                             stabilising_factors)
+from fast.segments import Segments
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
@@ -68,12 +69,13 @@ def rwgnk_features(graph: Any, walks: Any, lam: float, alpha: int = 0) -> torch.
     key = (walker // walks.n_walkers) * n + walks.nodes
     pairs, inverse = torch.unique(key, sorted=True, return_inverse=True)
     disc = torch.pow(torch.tensor(lam, dtype=torch.float64, device=t.device), t.to(torch.float64)) / walks.n_walkers
-    values = torch.zeros(pairs.numel(), dtype=torch.float64, device=key.device).index_add_(0, inverse, disc)
-    rows, cols = pairs // n, pairs % n
-    if alpha == 1:
-        norm2 = torch.zeros(n, dtype=torch.float64, device=key.device).index_add_(0, rows, values * values)
-        values = values / norm2.sqrt()[rows]  # every row holds f_h(h) >= 1: never 0
+    # segment sums (fast.segments), not index_add_: no atomics, the same Psi bits on every CUDA run
+    values = Segments(inverse, pairs.numel()).sum(disc, dim=0)
+    rows, cols = pairs // n, pairs % n  # rows sorted: pairs are
     counts = torch.bincount(rows, minlength=n)
+    if alpha == 1:
+        norm2 = Segments(rows, n, sorted=True).sum(values * values, dim=0)
+        values = values / norm2.sqrt()[rows]  # every row holds f_h(h) >= 1: never 0
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     return _csr(crow, cols, values, n)
 
