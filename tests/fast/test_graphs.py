@@ -359,17 +359,23 @@ def test_canonicalisation_of_a_64x64_grid_matches_scipy():
     assert g.degree.max() == 4 and g.degree.min() == 2
 
 
-@cuda
-def test_cuda_graph():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_graph_on_a_device(device):
+    """Built on ``device`` from scipy and from edge_index + edge_weight: the canonical CSR, products and
+    the normalised adjacency match the CPU/scipy ones. The graph ends in 2 isolated nodes, which an
+    edge_index cannot show: n=12 must be given (without it n = max index + 1 = 10)."""
     a = _weighted_graph(12, 7)
-    g = as_graph(a, device="cuda")
-    assert g.device.type == "cuda" and g.col.is_cuda and g.weighted_degree.is_cuda
+    g = as_graph(a, device=device)
+    assert g.device.type == device and g.col.device.type == device and g.weighted_degree.device.type == device
     _same(g.to("cpu"), a)
-    ei = torch.as_tensor(np.stack(a.nonzero())).cuda()
-    g2 = as_graph(ei, edge_weight=torch.as_tensor(a[a.nonzero()].A1).cuda())
-    assert g2.device.type == "cuda"
+    ei = torch.as_tensor(np.stack(a.nonzero())).to(device)
+    w = torch.as_tensor(a[a.nonzero()].A1).to(device)
+    assert as_graph(ei, edge_weight=w).n == 10  # the isolated nodes are lost without n
+    g2 = as_graph(ei, edge_weight=w, n=12)
+    assert g2.device.type == device
     _same(g2.to("cpu"), a)
-    x = torch.randn(12, 2, device="cuda", dtype=torch.float64)
+    np.testing.assert_array_equal(g2.weighted_degree.cpu().numpy(), np.asarray(a.sum(axis=1)).ravel())
+    x = torch.randn(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     np.testing.assert_allclose((g.csr(torch.float64) @ x).cpu().numpy(), a.toarray() @ x.cpu().numpy(), rtol=1e-12)
     np.testing.assert_array_equal(normalized_adjacency(g).to("cpu").weight.numpy(),
                                   normalized_adjacency(as_graph(a)).weight.numpy())
