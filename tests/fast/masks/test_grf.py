@@ -16,9 +16,8 @@ from fast.masks.explicit import DenseMask
 from fast.masks.grf import GRFAsymMask, GRFMask, WalkFeatures, grf_features
 from fast.walks import sample_walks
 from reference.masks import grf as ref
+from tests.helpers import DEVICES
 from tests.reference.masks.test_grf import small_graph, walks_dict
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def graphs() -> dict[str, sp.csr_matrix]:

@@ -11,7 +11,8 @@ from fast.masks.base import nonnegative_of, parameters_of, rmatmul_of
 from fast.masks.rwgnk import RWGNKMask, rwgnk_features
 from fast.walks import sample_walks
 from reference.masks import rwgnk as ref
-from tests.fast.masks.test_grf import DEVICES, close, graphs
+from tests.fast.masks.test_grf import close, graphs
+from tests.helpers import DEVICES
 from tests.reference.masks.test_grf import small_graph, walks_dict
 
 MODES = {"halting": {"p_halt": 0.4, "choice": "weighted"}, "capped": {"p_halt": 0.3, "i_max": 2, "choice": "weighted"},
