@@ -1,8 +1,9 @@
 """Peak memory: the one helper (``peak_memory``) and the child processes that use it.
 
-Both the scale checks (``run_scale_worker`` -> ``python -m verify.scale_worker``) and the
-memory-vs-N curves (``memory_curve`` -> ``python -m verify.memory``) measure in a child process
-of their own, with ``peak_memory`` around the measured calls, so the two agree by construction.
+Both the scale checks (verify.scale_worker.run_in_session: one ``python -m verify.scale_worker
+--serve`` child serves every scale check of a run; ``run_scale_worker`` starts one child for one
+request) and the memory-vs-N curves (``memory_curve`` -> ``python -m verify.memory``) measure in a
+child process, with ``peak_memory`` around the measured calls, so the two agree by construction.
 
 Method (CPU). The point is
 
