@@ -39,8 +39,13 @@ Leading dims (before ``dim``) are summed as independent copies, trailing dims as
 plan, built once per leading size), with no copy of x when it is contiguous. Half and bfloat16
 are summed in float32 and cast back. Work O(P C) per call after an O(P log P) plan.
 
+``IndexAdd(index)``: the same sums added IN PLACE into a large tensor that lives across many calls
+(an accumulator filled in chunks, a level of a tree updated in place), ``add_into``, and the
+adjoint gather ``take``, planned once per index (``add_into`` below plans at every call).
+
 Host reads: none on CPU. On CUDA the plan reads the longest segment once per device (none when
-the segments were given by host pointers, ``from_pointers``).
+the segments were given by host pointers, ``from_pointers``, or ``longest`` was given); an
+IndexAdd's plan reads its number of distinct rows once per device.
 """
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["Segments", "add_into", "backend", "index_sum", "SPLIT_ABOVE"]
+__all__ = ["IndexAdd", "Segments", "add_into", "backend", "index_sum", "SPLIT_ABOVE"]
 
 #: On CUDA, segments longer than this many rows are summed in two passes (module doc).
 SPLIT_ABOVE = 64
@@ -263,3 +268,103 @@ def add_into(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor, dim: int
     keys, inverse = torch.unique(index, return_inverse=True)
     partial = Segments(inverse, int(keys.numel()), longest=int(index.numel())).sum(src, dim)
     return out.index_copy_(dim, keys, out.index_select(dim, keys) + partial.to(out.dtype))
+
+
+class IndexAdd:
+    """``out.index_add_(dim, index, src)`` and its adjoint ``x.index_select(dim, index)`` for a fixed
+    index (P,), planned once: the same bits on every run, on every device, and differentiable
+    (twice). For sums into a LARGE tensor that lives across many calls (an accumulator filled in
+    chunks, a level of a tree updated in place), where a Segments' fresh output per call would cost
+    O(rows of out) each time, and for gathers from it whose backward would be such a sum.
+
+        add_into(out (..., R, ...), src (..., P, ...), dim) -> out   in place: out[index[p]] += src[p]
+        take(x (..., R, ...), dim)                        -> (..., P, ...)   row p = x[index[p]]
+
+    index: (P,) integer tensor with values in [0, R) (not checked: the callers build it). src must
+    have out's dtype (as for index_add_).
+
+    CPU (``backend`` "index_add"): index_add_ and index_select themselves, with autograd's own
+    backward (index_select and index_add_): deterministic there, and the bits of the code they
+    replace. Elsewhere: the distinct rows ``keys`` (K,) of index and each row's place among them
+    (torch.unique, planned once per device: one host read); add_into sums src per key
+    (Segments: no atomics) and adds the K sums to out's rows read-modify-write (index_copy_: each
+    row written once, no two threads meet); take is index_select, whose backward is add_into on
+    zeros. Work O(P C) per call (take's backward also O(R C) for its zeros, as index_select's)."""
+
+    __slots__ = ("index", "n", "_plans")
+
+    def __init__(self, index: torch.Tensor):
+        if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.dtype.is_floating_point \
+                or index.dtype.is_complex or index.dtype == torch.bool:
+            raise TypeError(f"index must be a 1-D integer tensor (P,) of row ids, got {index!r:.80}")
+        self.index = index.to(torch.int64)
+        self.n = int(index.numel())
+        self._plans: dict = {}
+
+    def __repr__(self) -> str:
+        return f"IndexAdd(n={self.n})"
+
+    def index_on(self, device: torch.device) -> torch.Tensor:
+        key = ("index", str(device))
+        if key not in self._plans:
+            self._plans[key] = self.index if self.index.device == device else self.index.to(device)
+        return self._plans[key]
+
+    def _keys(self, device: torch.device) -> tuple:
+        """(keys (K,), Segments of the rows by their place among keys, IndexAdd of keys) on device."""
+        key = ("keys", str(device))
+        if key not in self._plans:
+            keys, inverse, counts = torch.unique(self.index_on(device), return_inverse=True, return_counts=True)
+            longest = int(counts.max()) if counts.numel() else 0  # the plan's one host read
+            seg = Segments(inverse, int(keys.numel()), longest=longest)
+            place = IndexAdd(keys)
+            place._plans[("keys", str(device))] = (keys, None, place)  # keys are distinct: their own keys
+            self._plans[key] = (keys, seg, place)
+        return self._plans[key]
+
+    def add_into(self, out: torch.Tensor, src: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """out.index_add_(dim, index, src), in place; returns out. Differentiable in out and src."""
+        dim = dim % out.dim()
+        if backend(out.device) == "index_add":
+            return out.index_add_(dim, self.index_on(out.device), src)
+        keys, seg, place = self._keys(out.device)
+        partial = src if seg is None else seg.sum(src, dim)
+        return _AddRows.apply(out, partial, place, dim)
+
+    def take(self, x: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """x.index_select(dim, index): (..., R, ...) -> (..., P, ...). Differentiable (backward: add_into)."""
+        dim = dim % x.dim()
+        if backend(x.device) == "index_add":
+            return x.index_select(dim, self.index_on(x.device))
+        return _TakeRows.apply(x, self, dim)
+
+
+class _AddRows(torch.autograd.Function):
+    """out[keys] += partial along dim, in place, keys distinct (IndexAdd.add_into off CPU): read-modify-
+    write with index_copy_. Backward: g for out, g's rows at keys (IndexAdd.take of keys) for partial."""
+
+    @staticmethod
+    def forward(ctx, out, partial, place, dim):
+        keys = place.index_on(out.device)
+        out.index_copy_(dim, keys, out.index_select(dim, keys) + partial)
+        ctx.mark_dirty(out)
+        ctx.place, ctx.dim = place, dim
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, ctx.place.take(g, ctx.dim), None, None
+
+
+class _TakeRows(torch.autograd.Function):
+    """x.index_select(dim, index) (IndexAdd.take off CPU); backward: IndexAdd.add_into on zeros of x's
+    shape, where torch's own would index_add_ with atomics."""
+
+    @staticmethod
+    def forward(ctx, x, plan, dim):
+        ctx.plan, ctx.dim, ctx.shape = plan, dim, x.shape
+        return x.index_select(dim, plan.index_on(x.device))
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.plan.add_into(g.new_zeros(ctx.shape), g, ctx.dim), None, None
