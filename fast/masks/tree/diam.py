@@ -9,7 +9,7 @@ from fast.masks.tree.forest import (DEFAULT_MAX_CHUNK_BYTES, DistanceFunctionMas
                                    check_unweighted, forest_diameter)
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
-#: The dtype of the children-into-parents sums (index_add_) of a TreeDiamMask product, whatever
+#: The dtype of the children-into-parents sums (segment sums) of a TreeDiamMask product, whatever
 #: the input dtype (TreeDiamMask's docstring, "Precision").
 ACCUMULATE_DTYPE = torch.float64
 
@@ -26,7 +26,9 @@ class TreeDiamMask(DistanceFunctionMask):
         (M x)_i = sum_l f(l) h_i[l]                   (Eqs. 27-29; shift(z)[0] = 0, shift(z)[l] = z[l - 1])
     h_p(i)[l - 1] counts the nodes at distance l from i through its parent, except those of T_i at
     depth l - 2 below i, which the second shift removes. Both passes go level by level: one
-    index_add (children into parents) or index_select (parents to children) per depth.
+    segment sum (children into parents) or gather (parents to children) per depth, through the
+    forest's fast.segments plans (Forest.level_plans): no atomic add on CUDA, forward or backward,
+    so the same inputs give the same bits at every run.
 
     Storage (H the height): g of a depth-k node has length H - k + 1 (its subtree is no deeper);
     h is stored by s = l - k + H in an array of length 2H + 1 (no node is farther
@@ -39,9 +41,9 @@ class TreeDiamMask(DistanceFunctionMask):
     no-grad buffers stay under ``max_chunk_bytes`` (default 32 MiB; at least one column).
     Half precision inputs compute in float32.
 
-    Precision: the children-into-parents sums (index_add_, an atomic add on CUDA) accumulate in
-    float64 (``ACCUMULATE_DTYPE``) and are rounded once to the compute dtype. float32 atomic adds
-    on CUDA flush subnormal inputs and results to zero (PTX ISA, atom/red.add.f32 without .noftz;
+    Precision: the children-into-parents sums accumulate in float64 (``ACCUMULATE_DTYPE``) and are
+    rounded once to the compute dtype. They were index_add_, an atomic add on CUDA, and float32
+    atomic adds flush subnormal inputs and results to zero (PTX ISA, atom/red.add.f32 without .noftz;
     float64 ones keep them), and FAVOR+ key features span far more than float32's normal range
     at large q, k: terms below 2^-126 that a normal row of M x still needs vanished on CUDA
     (numerics/tree-diam at N = 512, d = 128, q, k std 8, seed 4, CUDA's atomics emulated on CPU:
@@ -65,17 +67,6 @@ class TreeDiamMask(DistanceFunctionMask):
         pairs = max([int(a + b) for a, b in zip(level_h, level_h[1:])] + [int(level_h[0])])
         #: numbers per column held at the peak of a no-grad product (all g, two levels of h, out)
         self.elems_per_column = int(np.dot(counts, H + 1 - np.arange(H + 1))) + pairs + 2 * self.n
-        self._local_parents: dict = {}
-
-    def _parents(self, device: torch.device | str) -> list:
-        """Per depth k >= 1: each node's parent as an index into level k - 1 (cached per device)."""
-        key = str(device)
-        if key not in self._local_parents:
-            f = self.forest
-            self._local_parents[key] = [None] + [
-                torch.as_tensor(f.parent_pos[lo:hi] - f.level_starts[k - 1], device=device)
-                for k, lo, hi in f.levels()[1:]]
-        return self._local_parents[key]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the depths, O(n diam c) work."""
@@ -101,7 +92,7 @@ class TreeDiamMask(DistanceFunctionMask):
 
     def _levels(self, xs: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         """The two passes on xs (B, n, c) in level order; returns (B, n, c) in level order."""
-        parents = self._parents(xs.device)
+        parents = [None if p is None else p[0] for p in self.forest.level_plans()]  # by parent within level k - 1
         levels = self.forest.levels()
         H = self.height
         B, _, c = xs.shape
@@ -111,14 +102,14 @@ class TreeDiamMask(DistanceFunctionMask):
             if k == H:
                 g[k] = xk
             else:
-                below = xs.new_zeros(B, hi - lo, H - k, c, dtype=ACCUMULATE_DTYPE).index_add_(
-                    1, parents[k + 1], g[k + 1].to(ACCUMULATE_DTYPE)).to(xs.dtype)  # no float32 atomic add
+                # segment sums, not index_add_: no atomic add on CUDA, and float64 (class doc, "Precision")
+                below = parents[k + 1].sum(g[k + 1].to(ACCUMULATE_DTYPE), dim=1).to(xs.dtype)
                 g[k] = torch.cat([xk, below], dim=-2)
         h = xs.new_zeros(B, levels[0][2], 2 * H + 1, c)
         h[:, :, H:] = g[0]  # roots: h = g, at s = l + H
         outs = [torch.matmul(f[None, :H + 1], h[:, :, H:]).squeeze(-2)]
         for k, lo, hi in levels[1:]:
-            h = h.index_select(1, parents[k])  # h_p(i)[s]: the parent's term, already shifted
+            h = parents[k].expand(h, dim=1)  # h_p(i)[s]: the parent's term, already shifted (a gather)
             h[:, :, H - k:2 * H - 2 * k + 1] += g[k]  # + g_i[l]
             stop = min(2 * H - 2 * k + 3, 2 * H + 1)
             h[:, :, H - k + 2:stop] -= g[k][:, :, :stop - (H - k + 2)]  # - g_i[l - 2]

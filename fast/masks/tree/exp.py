@@ -4,7 +4,9 @@ O(N c) per product, two passes over the levels of the ``Forest``:
     phase I (bottom-up)  s_i = e^b x_i + sum_{c child of i} e^{a w(i,c)} s_c
     phase II (top-down)  w_root = s_root,  w_i = e^{a w(i,p)} w_p + (1 - e^{2 a w(i,p)}) s_i
 so that w_i = sum_j exp(a dist(i, j) + b) x_j. (The printed Eqs. 11, 15, 16 drop the factor a
-in the exponents; that recursion is wrong, see verify's choromanski22/lemma-3.5.)
+in the exponents; that recursion is wrong, see verify's choromanski22/lemma-3.5.) Each level's
+sums into its parents and gathers from them go through the forest's fast.segments plans
+(Forest.level_plans): no atomic add on CUDA, forward or backward (the same bits at every run).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from fast.masks.base import SymmetricMaskOperator
 from fast.masks.tree.forest import Forest, check_forest
 from fast.validation import check_tokens, compute_dtype
 
-#: The dtype of phase I's sums (index_add_) of a TreeExpMask product, whatever the input dtype
+#: The dtype of phase I's sums (children into parents) of a TreeExpMask product, whatever the input dtype
 #: (TreeExpMask's docstring, "Precision").
 ACCUMULATE_DTYPE = torch.float64
 
@@ -40,8 +42,9 @@ class TreeExpMask(SymmetricMaskOperator):
     favor_attention use) leaves e^b out altogether: it cancels in num / den, so attention works
     for every finite b.
 
-    Precision: phase I (children into parents by index_add_, an atomic add on CUDA) accumulates
-    in float64 (``ACCUMULATE_DTYPE``), phase II runs in the compute dtype. float32 atomic adds on
+    Precision: phase I (children into parents; index_add_ on CPU, segment sums on CUDA, where
+    index_add_ was an atomic add) accumulates in float64 (``ACCUMULATE_DTYPE``), phase II runs in
+    the compute dtype. float32 atomic adds on
     CUDA flush subnormal inputs and results to zero (PTX ISA, atom/red.add.f32 without .noftz;
     float64 ones keep them): subtree sums of inputs below 2^-126 (FAVOR+ key features at large
     q, k span far more than float32's normal range) would vanish on CUDA where CPU arithmetic
@@ -93,19 +96,19 @@ class TreeExpMask(SymmetricMaskOperator):
         out_dtype = x.dtype
         work = compute_dtype(x.dtype) if self._min_dtype is None else self._min_dtype
         f = self.forest
-        parent_pos = f.tensors(x.device)["parent_pos"]
+        plans = f.level_plans()  # per level, the edges to the parents (fast.segments: no atomic add on CUDA)
         down, keep = self._edge_factors(x.device, work)
         # phase I on x (e^b is applied last), its sums in float64: no float32 atomic add (class doc)
         s = f.to_level_order(x.to(ACCUMULATE_DTYPE))
         levels = f.levels()
-        for _, lo, hi in reversed(levels[1:]):  # deepest level first: children into parents
-            s.index_add_(-2, parent_pos[lo:hi], s[..., lo:hi, :] * down[lo:hi])
+        for k, lo, hi in reversed(levels[1:]):  # deepest level first: children into parents
+            plans[k][1].add_into(s, s[..., lo:hi, :] * down[lo:hi], dim=-2)  # s.index_add_(-2, parent_pos, ...)
         s = s.to(work)
         w = torch.empty_like(s)
         _, lo0, hi0 = levels[0]
         w[..., lo0:hi0, :] = s[..., lo0:hi0, :]  # roots: their subtree is their tree
-        for _, lo, hi in levels[1:]:
-            w[..., lo:hi, :] = down[lo:hi] * w.index_select(-2, parent_pos[lo:hi]) + keep[lo:hi] * s[..., lo:hi, :]
+        for k, lo, hi in levels[1:]:
+            w[..., lo:hi, :] = down[lo:hi] * plans[k][1].take(w, dim=-2) + keep[lo:hi] * s[..., lo:hi, :]
         if abs(self.b) <= 80.0:  # e^b last; it fits every compute dtype (float32 to e^88.7)
             w = w * math.exp(self.b) if self.b != 0.0 else w
         else:  # inf (or 0) only where M x itself overflows (underflows)

@@ -2,7 +2,9 @@
 
 ``Forest`` roots a forest once (setup, O(N) in SciPy's C breadth-first search plus O(N log N)
 vectorised pointer doubling for depths) and stores its nodes in level order, so every recursion
-over it is O(depth) tensor operations on contiguous slices, with no per-node Python loop. Entries
+over it is O(depth) tensor operations on contiguous slices, with no per-node Python loop. The
+permutations to and from level order and each level's edges to its parents are fast.segments plans
+made once per forest (``level_plans``), so no tree mask adds with atomics on CUDA (issue 21). Entries
 of a tree mask between different trees are 0. ``forest_diameter`` gives the diameter that decides
 between Lemma 6.2 and Lemma 6.1 (choromanski22 Cor. 6.4; docs/papers.md Sec. 2).
 """
@@ -16,6 +18,7 @@ import scipy.sparse.csgraph as csgraph
 import torch
 
 from fast.masks.base import SymmetricMaskOperator
+from fast.segments import IndexAdd, Segments
 from fast.validation import check_positive_int, check_tokens
 
 
@@ -33,6 +36,7 @@ class Forest:
         height       max depth (edges); weighted_height: max root distance
         tree_of (n,) the tree of each node id, 0 .. num_trees - 1 (trees numbered by their roots'
                      level-order positions); num_trees: how many trees
+    ``level_plans()`` gives the per-level fast.segments plans of the edges (built once, any device).
     """
 
     def __init__(self, parent: np.ndarray, weight: np.ndarray):
@@ -61,6 +65,7 @@ class Forest:
         self.tree_of = np.empty(n, dtype=np.int64)
         self.tree_of[order] = tree_pos
         self._tensors: dict = {}
+        self._plans: dict = {}
 
     # ----------------------------------------------------------------------- constructors
 
@@ -199,12 +204,34 @@ class Forest:
         return [(k, int(s[k]), int(s[k + 1])) for k in range(len(s) - 1)]
 
     def to_level_order(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., n, c) by node id -> (..., n, c) in level order."""
-        return x.index_select(-2, self.tensors(x.device)["order"])
+        """x (..., n, c) by node id -> (..., n, c) in level order (a gather; its backward, the
+        inverse permutation, through fast.segments: no atomic add on CUDA)."""
+        return self._permutation("order").expand(x, dim=-2)
 
     def from_level_order(self, y: torch.Tensor) -> torch.Tensor:
         """Inverse of ``to_level_order``."""
-        return y.index_select(-2, self.tensors(y.device)["position"])
+        return self._permutation("position").expand(y, dim=-2)
+
+    def _permutation(self, which: str) -> Segments:
+        """order or position as a Segments of n one-row segments (planned once, any device)."""
+        if which not in self._plans:
+            self._plans[which] = Segments(torch.as_tensor(getattr(self, which)), self.n, longest=1)
+        return self._plans[which]
+
+    def level_plans(self) -> list:
+        """Per depth k >= 1, the edges from level k up to level k - 1, planned once (fast.segments):
+        ``(Segments, IndexAdd)``, the Segments grouping level k's nodes by their parent's index within
+        level k - 1 (n_k rows into n_(k-1) segments: a fresh sum or a gather of level k - 1's rows),
+        the IndexAdd by the parent's level-order position (into (or from) a whole (..., n, c) tensor
+        in place). Index 0 (the roots) is None."""
+        if "levels" not in self._plans:
+            plans = [None]
+            for k, lo, hi in self.levels()[1:]:
+                parent = torch.as_tensor(self.parent_pos[lo:hi])
+                up_lo = int(self.level_starts[k - 1])
+                plans.append((Segments(parent - up_lo, lo - up_lo), IndexAdd(parent)))
+            self._plans["levels"] = plans
+        return self._plans["levels"]
 
 
 def _weights(weights, size: int, what: str) -> np.ndarray:

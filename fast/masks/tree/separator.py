@@ -5,14 +5,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import fast.segments as segments
 from fast.masks.tree.forest import (DEFAULT_MAX_CHUNK_BYTES, DistanceFunctionMask, Forest, FTable, check_f,
                                    check_unweighted)
 from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, FFT_ROW, SeparatorPlan
+from fast.segments import IndexAdd, Segments
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: The dtype of every scatter (index_add_), Hankel product and FFT of a TreeDCMask product,
 #: whatever the input dtype (TreeDCMask's docstring, "Precision").
 ACCUMULATE_DTYPE = torch.float64
+#: Step plans (the scatters and gathers of one product step, fast.segments) kept per device off
+#: CPU: those of the last few step layouts (a layout is set by the leading size times the columns
+#: and the dtype's size, through max_chunk_bytes).
+_LAYOUTS_KEPT = 4
 
 
 class TreeDCMask(DistanceFunctionMask):
@@ -51,6 +57,13 @@ class TreeDCMask(DistanceFunctionMask):
     Memory of a product: the plan, x, the output and a float64 accumulator of its size, plus
     buffers bounded by ``max_chunk_bytes`` (without autograd; with it, every step's buffers are
     kept, O(n log n c) in all). Half precision inputs compute in float32.
+
+    Determinism: every scatter and every gather whose backward is a sum (x by node and by
+    distance bin, f by distance or by a + b) goes through fast.segments: index_add_ and
+    index_select themselves on CPU; on CUDA no atomic add, forward or backward, so the same inputs
+    give the same bits at every run there too (issue 21), with each product step planned once per
+    step layout (the last few layouts kept; the first call with a layout reads the host once per
+    step).
 
     Precision: every scatter (the index_add_ of x into y and of the products into the result)
     and every FFT runs in float64 (``ACCUMULATE_DTYPE``) for every input dtype; the gathers, the
@@ -103,14 +116,35 @@ class TreeDCMask(DistanceFunctionMask):
         self._tensors: dict = {}
 
     def _device_plan(self, device: torch.device | str) -> dict:
-        """The plan's index arrays and dense blocks as tensors on ``device`` (cached per device)."""
+        """The plan's index arrays and dense blocks as tensors on ``device`` (cached per device), the
+        permutations to and from preorder (fast.segments), and the steps' plans (``_steps``)."""
         key = str(device)
         if key not in self._tensors:
             t = {k: torch.as_tensor(v, device=device) for k, v in self.plan.index_arrays().items()}
             t["blocks"] = [(size, torch.as_tensor(nodes, device=device), torch.as_tensor(dists, device=device))
                            for size, nodes, dists in self.plan.blocks]
+            t["to_pre"] = Segments(t["pre_node"], self.n, longest=1)
+            t["from_pre"] = Segments(t["label"], self.n, longest=1)
+            t["hankel"] = {}  # per dense-row key: the Segments of a + b (the table's gather with grad)
+            t["steps"] = {}  # per step layout: {step bounds: plans} (_steps)
             self._tensors[key] = t
         return self._tensors[key]
+
+    @staticmethod
+    def _steps(plan: dict, layout: tuple, device: torch.device) -> dict:
+        """The step plans of one layout, cached for the last _LAYOUTS_KEPT layouts where planning costs
+        something (CUDA: sorts, host reads). On CPU (index_add_ and index_select themselves) a step's
+        plan is a few views and one subtraction, and caching it would only hold memory (~7 MiB per
+        layout at N = 2^15, B = 2, beside the plan's 19 MiB): built at every call instead."""
+        if segments.backend(device) == "index_add":
+            return {}
+        steps = plan["steps"].pop(layout, None)
+        if steps is None:
+            steps = {}
+        plan["steps"][layout] = steps  # most recent last
+        while len(plan["steps"]) > _LAYOUTS_KEPT:
+            plan["steps"].pop(next(iter(plan["steps"])))
+        return steps
 
     # ----------------------------------------------------------------------- product
 
@@ -130,30 +164,51 @@ class TreeDCMask(DistanceFunctionMask):
         lead, c, n = x.shape[:-2], x.shape[-1], self.n
         plan = self._device_plan(x.device)
         # preorder: every subproblem is a few contiguous ranges, so the gathers below stay local
-        xs = x.to(work).reshape(-1, n, c).index_select(1, plan["pre_node"])
+        xs = plan["to_pre"].expand(x.to(work).reshape(-1, n, c), dim=1)  # a gather (fast.segments backward)
         f = f_table.to(device=x.device, dtype=work)
         grad = torch.is_grad_enabled() and (xs.requires_grad or f.requires_grad)
-        out = self._cross_terms(xs, f, self._dense_blocks(xs, f, plan), grad)[:, :n]  # ACCUMULATE_DTYPE
+        f_grad = torch.is_grad_enabled() and f.requires_grad
+        steps = self._steps(plan, (xs.shape[0] * c, xs.element_size()), x.device)
+        out = self._dense_blocks(xs, f, plan, steps, f_grad)
+        out = self._cross_terms(xs, f, out, grad, steps, f_grad)[:, :n]  # ACCUMULATE_DTYPE
         out = out - f[0] * plan["splits"].to(out.dtype)[:, None] * xs  # v was in both halves of its split
-        return out.index_select(1, plan["label"]).reshape(*lead, n, c).to(out_dtype)
+        return plan["from_pre"].expand(out, dim=1).reshape(*lead, n, c).to(out_dtype)
 
-    def _dense_blocks(self, xs: torch.Tensor, f: torch.Tensor, plan: dict) -> torch.Tensor:
+    def _dense_blocks(self, xs: torch.Tensor, f: torch.Tensor, plan: dict, steps: dict, f_grad: bool) -> torch.Tensor:
         """sum over dense blocks of f(dist) @ x[block] (in xs's dtype), scattered back into a
-        float64 (B, n + 1, c) (ACCUMULATE_DTYPE: no float32 atomic add)."""
+        float64 (B, n + 1, c) (ACCUMULATE_DTYPE: no float32 atomic add).
+
+        The scatters and gathers go through fast.segments (planned once per step, in ``steps``):
+        index_add_ and index_select themselves on CPU, no atomic add on CUDA; so does the gather of
+        f at the distances when f requires grad (its backward sums by distance)."""
         B, n, c = xs.shape
         xp = torch.cat([xs, xs.new_zeros(B, 1, c)], dim=1)  # row n: padding
         out = xs.new_zeros(B, n + 1, c, dtype=ACCUMULATE_DTYPE)
         f_ext = torch.cat([f, f.new_zeros(1)])  # f_ext[n] = 0: padding and pairs across trees
         item = xs.element_size()
-        for size, nodes, dists in plan["blocks"]:
+        for which, (size, nodes, dists) in enumerate(plan["blocks"]):
             step = max(1, self.max_chunk_bytes // (size * item * (3 * B * c + size)))
+            # distances within a block are < min(size, n); n (padding, across trees) reads the 0 after them
+            table = torch.cat([f[:min(size, n)], f.new_zeros(1)]) if f_grad else None
             for b0 in range(0, nodes.shape[0], step):
-                idx = nodes[b0:b0 + step].reshape(-1)
-                xb = xp.index_select(1, idx).view(B, -1, size, c)
-                out.index_add_(1, idx, torch.matmul(f_ext[dists[b0:b0 + step]], xb).view(B, -1, c).to(out.dtype))
+                key = ("dense", which, b0, b0 + step)
+                if key not in steps:
+                    steps[key] = {"rows": IndexAdd(nodes[b0:b0 + step].reshape(-1))}
+                rows = steps[key]["rows"]
+                xb = rows.take(xp, dim=1).view(B, -1, size, c)
+                d = dists[b0:b0 + step]
+                if f_grad:
+                    if "dist" not in steps[key]:
+                        steps[key]["dist"] = Segments(d.reshape(-1).to(torch.int64).clamp_(max=min(size, n)),
+                                                      min(size, n) + 1)
+                    fb = steps[key]["dist"].expand(table, dim=0).view(d.shape)
+                else:
+                    fb = f_ext[d]  # a gather; no backward
+                rows.add_into(out, torch.matmul(fb, xb).view(B, -1, c).to(out.dtype), dim=1)
         return out
 
-    def _cross_terms(self, xs: torch.Tensor, f: torch.Tensor, out: torch.Tensor, grad: bool) -> torch.Tensor:
+    def _cross_terms(self, xs: torch.Tensor, f: torch.Tensor, out: torch.Tensor, grad: bool, steps: dict,
+                     f_grad: bool) -> torch.Tensor:
         """Adds the Hankel products through the separators to out (B, n + 1, c), ACCUMULATE_DTYPE;
         returns it. xs, f: the compute dtype. y is accumulated and z added in out's dtype (no
         float32 atomic add); dense rows multiply in the compute dtype, FFT rows transform in out's.
@@ -161,7 +216,9 @@ class TreeDCMask(DistanceFunctionMask):
         Rows (one per side of a split) are sorted by key and processed in steps of one key that
         fit ``max_chunk_bytes``: y (B, rows, y length, c) by index_add of x at distance bins, then
         z = H y (dense rows) or z = irfft(rfft(y) conj(rfft(f[:N]))) (FFT rows: a correlation,
-        z[a] at bin N - a), gathered at the targets' bins and added to their rows.
+        z[a] at bin N - a), gathered at the targets' bins and added to their rows. Each step's
+        gathers and sums go through fast.segments, planned once per step (``steps``): on CPU
+        index_select and index_add_ themselves, on CUDA no atomic add, forward or backward.
         """
         B, n, c = xs.shape
         p = self.plan
@@ -177,15 +234,26 @@ class TreeDCMask(DistanceFunctionMask):
             y0, z0 = int(p.y_start[r0]), int(p.z_start[r0])
             s0, s1 = int(p.src_off[r0]), int(p.src_off[r1])
             t0, t1 = int(p.tgt_off[r0]), int(p.tgt_off[r1])
-            y = out.new_zeros(B, (r1 - r0) * y_len, c).index_add_(
-                1, plan["src_bin"][s0:s1] - y0, xs.index_select(1, plan["src_node"][s0:s1]).to(out.dtype))
+            step = steps.get(("cross", r0, r1))
+            if step is None:  # the step's sources by node and y bin, targets by z bin and node
+                step = steps[("cross", r0, r1)] = (
+                    IndexAdd(plan["src_node"][s0:s1]), Segments(plan["src_bin"][s0:s1] - y0, (r1 - r0) * y_len),
+                    Segments(plan["tgt_bin"][t0:t1] - z0, (r1 - r0) * z_len), IndexAdd(plan["tgt_node"][t0:t1]))
+            src_node, src_bin, tgt_bin, tgt_node = step
+            y = src_bin.sum(src_node.take(xs, dim=1).to(out.dtype), dim=1)  # (B, rows * y length, c)
             y = y.view(B, r1 - r0, y_len, c)
             if key not in ops:
                 if kind == DENSE_ROW:
                     a = torch.arange(1, z_len + 1, device=xs.device)
                     b = torch.arange(1, y_len + 1, device=xs.device)
                     fp = torch.nn.functional.pad(f, (0, max(0, z_len + y_len + 1 - n)))
-                    ops[key] = fp[a[:, None] + b[None, :]]  # H[a - 1, b - 1] = f(a + b)
+                    if f_grad:  # H[a - 1, b - 1] = f(a + b), a gather whose backward sums by a + b (fast.segments)
+                        if key not in plan["hankel"]:
+                            plan["hankel"][key] = Segments((a[:, None] + b[None, :]).reshape(-1), z_len + y_len + 1,
+                                                           longest=min(z_len, y_len))
+                        ops[key] = plan["hankel"][key].expand(fp[:z_len + y_len + 1], dim=0).view(z_len, y_len)
+                    else:
+                        ops[key] = fp[a[:, None] + b[None, :]]  # H[a - 1, b - 1] = f(a + b)
                 else:
                     spec = torch.fft.rfft(torch.nn.functional.pad(f[:z_len].to(out.dtype), (0, max(0, z_len - n))))
                     ops[key] = spec.conj().resolve_conj()[:, None]
@@ -196,6 +264,6 @@ class TreeDCMask(DistanceFunctionMask):
                 spec = spec * ops[key] if grad else spec.mul_(ops[key])
                 z = torch.fft.irfft(spec, n=z_len, dim=2)
             z = z.reshape(B, (r1 - r0) * z_len, c).contiguous()
-            out.index_add_(1, plan["tgt_node"][t0:t1], z.index_select(1, plan["tgt_bin"][t0:t1] - z0))
+            tgt_node.add_into(out, tgt_bin.expand(z, dim=1), dim=1)
             r0 = r1
         return out

@@ -270,6 +270,35 @@ def test_batched_leading_dims_and_chunks(cls):
         assert rel_frobenius(op.matmul(x[i, 1]), m @ x[i, 1]) < 1e-10
 
 
+def test_dc_step_plans_are_reused_and_bounded(monkeypatch):
+    """On CUDA (fast.segments' backend, forced here) TreeDCMask plans the scatters and gathers of each
+    product step once per step layout (leading size times columns, dtype size): a second call reuses
+    them with the same bits, and only the last _LAYOUTS_KEPT layouts are kept, so that a caller with
+    many column counts cannot grow the cache. On CPU nothing is kept (cheap to rebuild)."""
+    import fast.segments as segments
+    from fast.masks.tree.separator import _LAYOUTS_KEPT
+
+    n = 120
+    cpu = TreeDCMask(Forest.from_parent(mixed_forest(n, 6)), f_table("random", n), dense_threshold=3)
+    cpu.matmul(randn((n, 2), gen(20)))
+    assert cpu._device_plan("cpu")["steps"] == {}
+    monkeypatch.setattr(segments, "backend", lambda device: "segment_reduce")
+    par = mixed_forest(n, 6)
+    f = f_table("random", n)
+    op = TreeDCMask(Forest.from_parent(par), f, dense_threshold=3, max_chunk_bytes=4000)  # many steps
+    m = torch.as_tensor(dense(par, f))
+    x = randn((2, n, 3), gen(21))
+    first = op.matmul(x)
+    steps = op._device_plan(x.device)["steps"]
+    assert list(steps) == [(6, 8)] and len(steps[(6, 8)]) > 10
+    assert torch.equal(op.matmul(x), first)
+    assert rel_frobenius(first, m @ x) < 1e-10
+    widths = range(4, 6 + _LAYOUTS_KEPT)  # 2 + _LAYOUTS_KEPT other layouts
+    for c in widths:
+        assert rel_frobenius(op.matmul(x[..., :1].expand(2, n, c)), (m @ x[..., :1]).expand(2, n, c)) < 1e-10
+    assert list(steps) == [(2 * c, 8) for c in widths[-_LAYOUTS_KEPT:]]
+
+
 @pytest.mark.parametrize("cls, kw, ratio", [(TreeDiamMask, {}, 0), (TreeDCMask, {"dense_threshold": 1}, 0),
                                             (TreeDCMask, {"dense_threshold": 1}, 10**9),
                                             (TreeDCMask, {"dense_threshold": 3}, 0)])
