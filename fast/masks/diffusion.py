@@ -96,6 +96,7 @@ import torch
 from fast.graphs import Graph, as_graph
 from fast.masks.base import MaskOperator
 from fast.masks.explicit import _CSRProduct
+from fast.segments import Segments
 from fast.validation import check_diffusion_time, check_tokens, compute_dtype
 
 __all__ = ["KINDS", "DiffusionMask", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
@@ -277,7 +278,8 @@ class DiffusionMask(MaskOperator):
         if self.kind == "laplacian":
             # B = c I - L: off-diagonal w_ij, diagonal c - o_i with o_i = d_i - w_ii summed over the
             # off-diagonal entries only (exact >= 0 diagonal; a heavy loop never enters o_i)
-            off = torch.zeros_like(d).index_add_(0, g.row[~loop], g.weight[~loop])
+            # segment sums (fast.segments), not index_add_: its atomics give other bits at every CUDA run
+            off = Segments(g.row[~loop], g.n, sorted=True).sum(g.weight[~loop], dim=0)
             c = float(off.max()) if g.n else 0.0
             self.shift, self.beta = c, c
             edges = ~loop  # the loops live in the diagonal c - o_i

@@ -66,6 +66,7 @@ from fast.graphs import Graph, as_graph
 from fast.masks.base import MaskOperator, SymmetricMaskOperator
 from fast.masks.explicit import _CSRProduct
 from fast.masks.grf import LocallyStabilised, block_diagonal_index, plain_attend, segment_max
+from fast.segments import Segments
 from fast.validation import check_tokens, compute_dtype
 
 __all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion_alpha",
@@ -324,8 +325,10 @@ def convolve(f, k_max: int | None = None) -> torch.Tensor:
     elif isinstance(k_max, bool) or not isinstance(k_max, numbers.Integral) or k_max < 0:
         raise ValueError(f"k_max must be None or an int >= 0, got {k_max!r}")
     idx = torch.arange(big_k + 1, device=t.device)
-    full = torch.zeros(2 * big_k + 1, dtype=t.dtype, device=t.device)
-    full = full.index_add(0, (idx[:, None] + idx[None, :]).reshape(-1), torch.outer(t, t).reshape(-1))
+    # sums by p + q through fast.segments: a float index_add adds with atomics on CUDA (other bits at every run);
+    # no segment has more than K + 1 terms (no host read)
+    by_degree = Segments((idx[:, None] + idx[None, :]).reshape(-1), 2 * big_k + 1, longest=big_k + 1)
+    full = by_degree.sum(torch.outer(t, t).reshape(-1), dim=0)
     if k_max + 1 <= full.shape[0]:
         return full[: k_max + 1]
     return torch.cat([full, full.new_zeros(k_max + 1 - full.shape[0])])
