@@ -100,7 +100,7 @@ from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
 from fast.masks.base import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
-from fast.segments import add_into
+from fast.segments import Segments, add_into
 from fast.validation import check_same_device, check_tensor, compute_dtype, raise_if_non_finite
 
 __all__ = ["gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders", "relational_bias",
@@ -276,7 +276,7 @@ class _Layout:
         ptr = batch.host_ptr()
         g, n = batch.num_graphs, batch.n
         self.size = size = max(e - s for s, e in zip(ptr[:-1], ptr[1:]))
-        self.slots = None
+        self.slots = self._slots = None
         if g <= SMALL_GRAPH_COUNT or g * size > 2 * n:
             self.kind = "slices"
         elif g * size == n:
@@ -285,6 +285,9 @@ class _Layout:
             self.kind = "padded"
             pos = torch.arange(n, device=batch.device) - batch.ptr[batch.index]
             self.slots = batch.index * size + pos
+            # the nodes' slots as one-row segments of the G S padded rows (increasing: batch is sorted), so
+            # that unpad's gather has a backward without atomic adds (fast.segments)
+            self._slots = Segments(self.slots, g * size, sorted=True, longest=1)
 
     @staticmethod
     def of(batch: BatchIndex | None) -> "_Layout":
@@ -304,9 +307,10 @@ class _Layout:
         return z.index_copy_(-2, self.slots.to(x.device), x).unflatten(-2, (g, self.size))
 
     def unpad(self, y: torch.Tensor) -> torch.Tensor:
-        """(..., G, S, c) -> (..., N, c), the inverse of pad on the nodes' rows."""
+        """(..., G, S, c) -> (..., N, c), the inverse of pad on the nodes' rows (a gather; its backward
+        places the rows back through fast.segments, not index_add_'s atomics on CUDA)."""
         y = y.flatten(-3, -2)
-        return y if self.kind == "equal" else y.index_select(-2, self.slots.to(y.device))
+        return y if self.kind == "equal" else self._slots.expand(y, dim=-2)
 
 
 def _key_max(zk: torch.Tensor, batch: BatchIndex | None) -> torch.Tensor:
@@ -844,8 +848,10 @@ def kernelized_attention_rows(q: torch.Tensor, k: torch.Tensor, projection: torc
             raise ValueError(f"rows must be node ids in [0, N = {n}), got values in [{lo}, {hi}]")
     zq, zk = _exponents(q, k, projection, tau)
     lk = _log_key_sums(zk, b)
-    zr = zq.index_select(-2, rows_t)  # (..., R, m)
-    lk_r = lk if b is None else lk.index_select(-2, rows_t)
+    # gathers whose backward sums by row without atomics (fast.segments); R bounds a row's repeats (no host read)
+    picked = Segments(rows_t, n, longest=rows_t.numel())
+    zr = picked.expand(zq, dim=-2)  # (..., R, m)
+    lk_r = lk if b is None else picked.expand(lk, dim=-2)
     log_den = torch.logsumexp(zr + lk_r, -1)  # (..., R)
     lead_size = max(1, math.prod(zq.shape[:-2]))
     block = max(1, ROWS_BLOCK_ELEMENTS // max(1, lead_size * max(1, rows_t.numel()) * zq.shape[-1]))
@@ -895,8 +901,9 @@ def _edge_terms(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, grap
     lead_size = max(1, math.prod(lead))
     block = max(1, EDGE_BLOCK_ELEMENTS // (lead_size * zq.shape[-1]))
     log_num = _EdgeLogSumExp.apply(_node_major(zq), _node_major(zk), g.row, g.col, block)  # (E, L)
-    log_pi = log_num - log_den.reshape(lead_size, n).T.index_select(0, g.row)  # (E, L)
-    total = torch.zeros(n, lead_size, dtype=log_pi.dtype, device=log_pi.device).index_add(0, g.row, log_pi)
+    rows = _row_segments(g)  # the edges by their row: gather and sum without atomics (fast.segments)
+    log_pi = log_num - rows.expand(log_den.reshape(lead_size, n).T, dim=0)  # (E, L)
+    total = rows.sum(log_pi, dim=0)  # (N, L)
     deg = g.degree.to(log_pi.dtype).clamp(min=1.0).unsqueeze(-1)
     out = (total / deg).T.reshape(*lead, n)
     inside = _inside_flag(g, b)
@@ -905,6 +912,15 @@ def _edge_terms(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, grap
             _raise_crossing(g, b)
         _diagnose(q, k, projection, tau)
     return out
+
+
+def _row_segments(g: Graph) -> Segments:
+    """The graph's stored entries grouped by row (CSR order: sorted), planned once and cached on g."""
+    cache = _graph_cache(g)
+    seg = cache.get((_CACHE_KEY, "rows"))
+    if seg is None:
+        seg = cache[(_CACHE_KEY, "rows")] = Segments(g.row, g.n, sorted=True)
+    return seg
 
 
 def edge_loss(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, graph: object, *,
