@@ -22,12 +22,18 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fast
+import fast.masks.tree.separator_plan as plan_mod
+import fast.nodeformer as F
 import fast.segments as segments
 from fast.batching import SMALL_GRAPH_COUNT, check_batch
 from fast.graphs import as_graph
+from fast.masks.diffusion import KINDS, DiffusionMask
+from fast.masks.power_series import PowerSeriesMask, convolve
+from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask
 from fast.nodeformer import _EdgeLogSumExp, _node_major
-from fast.segments import Segments, add_into, index_sum
-from tests.helpers import gen, randn
+from fast.segments import IndexAdd, Segments, add_into, index_sum
+from tests.helpers import gen, positive, randn
+from verify.problems import mixed_forest, random_forest
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning"),
               pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled:UserWarning")]
@@ -205,6 +211,36 @@ def test_index_sum_and_add_into(cuda_backend):
         Segments(torch.zeros(3), 1)
 
 
+@pytest.mark.parametrize("lead", [(), (2, 3)])
+def test_index_add_plan_matches_index_add_and_index_select(cuda_backend, lead):
+    """IndexAdd: add_into = index_add_ in place and take = index_select, forward and (twice) backward,
+    with the CUDA backend (no atomics) and, on CPU, with index_add_ and index_select themselves."""
+    g = gen(11)
+    index = torch.randint(0, 7, (30,), generator=g)
+    index[index == 3] = 4  # row 3 is no target: it stays as it was
+    plan = IndexAdd(index)
+    out, src, x = randn((*lead, 7, 2), g), randn((*lead, 30, 2), g), randn((*lead, 7, 2), g)
+    with NoAtomicAccumulation():
+        added = plan.add_into(out.clone(), src, dim=-2)
+        taken = plan.take(x, dim=-2)
+    torch.testing.assert_close(added, out.index_add(-2, index, src), rtol=1e-13, atol=1e-13)
+    assert torch.equal(added[..., 3, :], out[..., 3, :])
+    assert torch.equal(taken, x.index_select(-2, index))
+    o = out.clone().requires_grad_(True)
+    s = src.clone().requires_grad_(True)
+    y = x.clone().requires_grad_(True)
+    with NoAtomicAccumulation():
+        assert torch.autograd.gradcheck(lambda o, s: plan.add_into(o.clone(), s, dim=-2), (o, s))
+        assert torch.autograd.gradgradcheck(lambda o, s: plan.add_into(o.clone(), s, dim=-2) ** 2, (o, s))
+        assert torch.autograd.gradgradcheck(lambda y: plan.take(y, dim=-2) ** 2, (y,))
+    real = segments.backend
+    try:  # the CPU backend is index_add_ / index_select themselves: the same bits
+        segments.backend = lambda device: "index_add"
+        assert torch.equal(IndexAdd(index).add_into(out.clone(), src, dim=-2), out.index_add(-2, index, src))
+    finally:
+        segments.backend = real
+
+
 # ------------------------------------------------------------------------------ the mechanisms
 
 
@@ -298,6 +334,138 @@ def test_nodeformer_edge_terms_backward(cuda_backend):
     g = gen(10)
     zq, zk = randn((2, 7, 3), g), randn((2, 7, 3), g)
     _run_both(lambda zq, zk: _EdgeLogSumExp.apply(_node_major(zq), _node_major(zk), graph.row, graph.col, 5), zq, zk)
+
+
+def _mixed_forest(n: int = 90) -> Forest:
+    return Forest.from_parent(mixed_forest(n, 4))  # a tree of every family, ids not in level order
+
+
+@pytest.mark.parametrize("ratio", [0, 10**9])  # the cross rows by FFT, by dense Hankel GEMMs
+@pytest.mark.parametrize("kw", [{"dense_threshold": 8}, {"dense_threshold": 3, "max_chunk_bytes": 3000}],
+                         ids=["one-step-per-key", "many-steps"])
+def test_tree_dc_forward_and_backward(cuda_backend, monkeypatch, ratio, kw):
+    """TreeDCMask with x and f requiring grad: its scatters, gathers of x (by node, by bin) and gathers
+    of f (dense blocks by distance, Hankel blocks by a + b) have backward passes without atomics."""
+    monkeypatch.setattr(plan_mod, "HANKEL_DENSE_RATIO", ratio)
+    forest = _mixed_forest()
+    plan = TreeDCMask(forest, np.ones(forest.n), **kw).plan  # one plan for every call below
+    assert plan.num_dense_blocks > 0 and len(plan.row_key) > 0
+    assert plan.num_fft_rows == (len(plan.row_key) if ratio == 0 else 0)
+    g = gen(12)
+    x, f = randn((2, forest.n, 3), g), randn((forest.n,), g)
+    _run_both(lambda x, f: TreeDCMask(forest, f, plan=plan).matmul(x), x, f)
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_chunk_bytes": 1}], ids=["default", "column-chunks"])
+def test_tree_diam_forward_and_backward(cuda_backend, kw):
+    forest = _mixed_forest()
+    g = gen(13)
+    x, f = randn((2, forest.n, 3), g), randn((forest.n,), g)
+    _run_both(lambda x, f: TreeDiamMask(forest, f, **kw).matmul(x), x, f)
+
+
+def test_tree_exp_forward_and_backward(cuda_backend):
+    parent, weights = random_forest(80, 5)
+    forest = Forest.from_parent(parent, weights)
+    _run_both(lambda x: TreeExpMask(forest, -0.4, 0.3).matmul(x), randn((2, 80, 3), gen(14)))
+
+
+@pytest.mark.parametrize("cls", [TreeExpMask, TreeDiamMask, TreeDCMask])
+def test_tree_attention_forward_and_backward(cuda_backend, cls):
+    """favor_attention on each tree mask (the forest's per-tree key stabiliser included); with a learnable
+    f the driver's backward differentiates the mask's own product."""
+    forest = _mixed_forest(60)
+    g = gen(15)
+    q, k, v, w = randn((2, 60, 4), g), randn((2, 60, 4), g), randn((2, 60, 3), g), randn((6, 4), g)
+    f0 = positive((60,), g)
+
+    if cls is TreeExpMask:
+        _run_both(lambda q, k, v: fast.favor_attention(q, k, v, w, mask=TreeExpMask(forest, -0.5)), q, k, v)
+    else:
+        _run_both(lambda q, k, v, f: fast.favor_attention(q, k, v, w, mask=cls(forest, f)), q, k, v, f0)
+
+
+def test_the_guard_catches_the_tree_masks_before_issue_21(cuda_backend, monkeypatch):
+    """TreeDiamMask's children-into-parents sum as it was (index_add_): the guard raises."""
+    forest = _mixed_forest(30)
+    mask = TreeDiamMask(forest, np.ones(30))
+    first = forest.level_plans()[1][0]
+    monkeypatch.setattr(type(first), "sum", lambda self, x, dim=-2: x.new_zeros(
+        *x.shape[:dim], self.num_segments, *x.shape[dim + 1:]).index_add_(dim, self.index, x))
+    with NoAtomicAccumulation(), pytest.raises(AtomicAccumulation, match="index_add"):
+        mask.matmul(torch.ones(30, 2, dtype=torch.float64))
+
+
+def _ring_with_loop(n: int):
+    ei = _ring(n)
+    return torch.cat([ei, torch.tensor([[0], [0]])], dim=1)  # a self-loop: laplacian's off-diagonal degrees
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_diffusion_mask_forward_and_backward(cuda_backend, kind):
+    """DiffusionMask's set-up (weighted and off-diagonal degrees) and its product, learnable lam."""
+    w = torch.linspace(0.5, 2.0, 9, dtype=torch.float64)  # edge (i, i + 1) both ways, then the loop
+    graph = as_graph(_ring_with_loop(9), edge_weight=torch.cat([w, w, torch.tensor([3.0], dtype=w.dtype)]), n=9)
+    g = gen(16)
+    _run_both(lambda x, lam: DiffusionMask(graph, lam, kind).matmul(x), randn((2, 9, 3), g),
+              torch.tensor(0.7, dtype=torch.float64))
+
+
+def test_power_series_forward_and_backward(cuda_backend):
+    """alpha = convolve(f) learnable, through the product and the per-key stabilised attention."""
+    graph = as_graph(_ring(9), n=9)
+    g = gen(17)
+    f0 = torch.tensor([1.0, 0.5, 0.25, 0.125], dtype=torch.float64)
+    q, k, v, w = randn((2, 9, 4), g), randn((2, 9, 4), g), randn((2, 9, 3), g), randn((5, 4), g)
+    _run_both(lambda f, x: PowerSeriesMask(graph, convolve(f)).matmul(x), f0, randn((2, 9, 3), g))
+    _run_both(lambda f, q, k, v: fast.favor_attention(q, k, v, w, mask=PowerSeriesMask(graph, convolve(f))),
+              f0, q, k, v)
+
+
+def _chain_graphs(sizes: torch.Tensor):
+    """A batch vector and an edge_index joining consecutive nodes inside each graph (both directions)."""
+    batch = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
+    u = torch.nonzero(batch[1:] == batch[:-1]).reshape(-1)
+    return batch, torch.cat([torch.stack([u, u + 1]), torch.stack([u + 1, u])], dim=1)
+
+
+def _nodeformer_inputs(graphs: str):
+    """(batch or None, graph, q, k, v, w) on one graph, 3 graphs, or more than SMALL_GRAPH_COUNT graphs
+    of uneven sizes ("padded": the features go through the zero-padded layout and its unpad gather)."""
+    g = gen(18)
+    if graphs == "one":
+        batch, edges = None, _ring(12)
+    else:
+        count = 3 if graphs == "few" else SMALL_GRAPH_COUNT + 6
+        batch, edges = _chain_graphs(torch.randint(2, 4, (count,), generator=g))
+    n = 12 if batch is None else batch.numel()
+    if graphs == "padded":
+        assert F._Layout.of(check_batch(batch, n)).kind == "padded"
+    return batch, as_graph(edges, n=n), randn((2, n, 4), g), randn((2, n, 4), g), randn((2, n, 3), g), randn((6, 4), g)
+
+
+@pytest.mark.parametrize("graphs", ["one", "few", "padded"])
+def test_nodeformer_attention_forward_and_backward(cuda_backend, graphs):
+    """Gumbel noise, a relational bias of order 2 with a learnable b, gradients in q, k, v, b."""
+    batch, graph, q, k, v, w = _nodeformer_inputs(graphs)
+    noise = F.gumbel_noise((2, *q.shape[:-1]), generator=gen(19), dtype=torch.float64)
+    b = torch.tensor([0.3, -0.2], dtype=torch.float64)
+    _run_both(lambda q, k, v, b: F.nodeformer_attention(q, k, v, w, graph=graph, b=b, order=2, noise=noise,
+                                                        batch=batch), q, k, v, b)
+
+
+@pytest.mark.parametrize("graphs", ["one", "few", "padded"])
+def test_edge_loss_forward_and_backward(cuda_backend, graphs):
+    """The per-node sums of the edges' log pi and the gather of the denominators to the edges."""
+    batch, graph, q, k, _, w = _nodeformer_inputs(graphs)
+    _run_both(lambda q, k: F.edge_loss(q, k, w, graph, tau=0.5, batch=batch).reshape(1), q, k)
+
+
+@pytest.mark.parametrize("graphs", ["one", "few"])
+def test_attention_rows_forward_and_backward(cuda_backend, graphs):
+    """kernelized_attention_rows with a repeated row: its gathers of the rows sum their gradients."""
+    batch, graph, q, k, _, w = _nodeformer_inputs(graphs)
+    _run_both(lambda q, k: F.kernelized_attention_rows(q, k, w, [0, 3, 3, 1], tau=0.5, batch=batch), q, k)
 
 
 # ------------------------------------------------------------------------------ verify's side
