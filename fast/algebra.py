@@ -97,11 +97,26 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
     """
     if verified or den.numel() == 0:
         return quotient(num, den)
-    mag = den.abs()
-    info = torch.finfo(den.dtype)
     # NaN fails every comparison, so a NaN den (or floor) takes the slow path, which sorts the cases out
     if bool(guard_flag(den, floor)):
         return quotient(num, den)
+    rows = refused_rows(den, floor=floor, no_key=no_key, policy=policy)
+    if rows is None:  # the fast test and the per-row one disagreed (flush-to-zero)
+        return quotient(num, den)
+    keep = ~rows
+    return torch.where(keep.unsqueeze(-1), num / torch.where(keep, den, torch.ones_like(den)).unsqueeze(-1),
+                       torch.zeros_like(num))
+
+
+def refused_rows(den: torch.Tensor, *, floor: torch.Tensor | None = None,
+                 no_key: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
+                 policy: str = "raise") -> torch.Tensor | None:
+    """``divide``'s per-row analysis of den (..., N), without the division (the caller has the
+    quotient already, e.g. fast.favor_blockwise): raises DenominatorError as ``divide`` does, else
+    returns the bool rows that see no key and get output 0 under policy "zero" (None when there
+    are none). Several host reads: for the rare path only."""
+    mag = den.abs()
+    info = torch.finfo(den.dtype)
     bad = ~torch.isfinite(den) | (mag < info.tiny)
     if floor is not None:
         bad = bad | ~(mag > floor)
@@ -134,11 +149,9 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
                          "or ELU + 1, a nonnegative mask, or float64)")
         raise DenominatorError(
             f"attention denominator refused at {_count(bad)} of {den.numel()} query positions: " + "; ".join(parts))
-    if rows is None or not bool(rows.any()):  # the fast test and the per-row one disagreed (flush-to-zero)
-        return quotient(num, den)
-    keep = ~rows
-    return torch.where(keep.unsqueeze(-1), num / torch.where(keep, den, torch.ones_like(den)).unsqueeze(-1),
-                       torch.zeros_like(num))
+    if rows is None or not bool(rows.any()):
+        return None
+    return rows
 
 
 class _Quotient(torch.autograd.Function):
