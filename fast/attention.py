@@ -79,8 +79,9 @@ import torch
 import torch.nn.functional as F
 
 from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, apply_mask, blocked_numerator, default_block_cols,
-                          divide, features_per_block, guard_flag, linear_products, masked_products)
+                          divide, features_per_block, guard_flag, linear_products, masked_products, refused_rows)
 from fast.errors import DenominatorError
+from fast.favor_blockwise import favor_products
 from fast.features import favor_exponentials
 from fast.masks.base import (MaskOperator, abs_matmul_of, attend_of, key_stabilizer_of, nonnegative_of,
                              rescales_keys_of, roundoff_bound_of)
@@ -614,8 +615,17 @@ def favor_attention(
     query feature times the largest visible key feature, and the guard (module doc) refuses
     only what falls out of the dtype's normal range relative to those, or is not finite. For an
     operator without rescales_keys this equals masked_linear_attention(*favor_features(q, k,
-    projection, mask), v, mask) up to round-off (bit for bit when m is a power of 4). The
-    features cost one GEMM and about one elementwise pass each (fast.features.favor_exponentials).
+    projection, mask), v, mask) up to round-off (bit for bit when m is a power of 4 and, without a
+    mask, the keys fit one block). The features cost one GEMM and about one elementwise pass each
+    (fast.features.favor_exponentials).
+
+    mask=None: the features are formed a block of rows at a time, in forward and in backward
+    (fast.favor_blockwise: the keys reduce to S = sum_j phi_k_j v_j^T and z = sum_j phi_k_j under a
+    running max, the queries are formed per block against them), so neither (N, m) feature matrix
+    exists: the extra memory is the output plus one block (about 0.6-0.75 of
+    masked_linear_attention's with the features given, forward and training), and autograd saves
+    only q, k, v, W and O(N + m d) numbers per (batch, head) slice. With a mask the features are
+    formed whole, as the mask's products need them along N.
 
     q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d). no_key: as in masked_linear_attention
     ("raise" or "zero", for queries whose mask row is all zero, e.g. a fully padded sample).
@@ -633,8 +643,27 @@ def favor_attention(
     op = None if mask is None else as_mask_operator(mask)
     if op is not None:
         _check_mask_n(op, q.shape[-2], k.shape[-2], "q, k")
+    if op is None:
+        return _favor_unmasked(q, k, v, projection)
     # the features are exponentials: >= 0 by construction (no sign test)
     phi_q, phi_k, key_log_scale, flags = _favor_features(q, k, projection, op, in_driver=True)
     return _attention(phi_q, phi_k, v, op, block_cols=None, no_key=no_key, key_log_scale=key_log_scale,
                       features_nonnegative=True, flags=tuple(flags),
                       diagnose=lambda: raise_if_non_finite(q=q, k=k, projection=projection, v=v))
+
+
+def _favor_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
+    """favor_attention with mask=None on checked inputs: the features a block of rows at a time
+    (fast.favor_blockwise: no (N, m) feature matrix, in forward or backward), the same features,
+    stabilisers and guard as the masked paths (the denominators are those of
+    masked_linear_attention's optimistic guard: every den_i in [finfo.tiny, finfo.max], refused
+    otherwise), one host read."""
+    d = projection.shape[1]
+    scale, half = d ** -0.25, 0.5 * d ** -0.5  # folded into W and the norm term, as in _favor_features
+    w_q = projection.to(compute_dtype(q.dtype)) * scale
+    w_k = w_q if compute_dtype(k.dtype) == w_q.dtype else projection.to(compute_dtype(k.dtype)) * scale
+    out, den, flag = favor_products(q, k, v, w_q, w_k, half)
+    if not bool(flag & finite_flag(projection)):  # the call's one host read
+        raise_if_non_finite(q=q, k=k, projection=projection, v=v)
+        refused_rows(den)  # DenominatorError saying why (no query lacks keys without a mask)
+    return out.to(v.dtype)

@@ -182,9 +182,12 @@ def test_favor_attention_samples_and_heads_are_independent(kind, b, h, n, j_raw,
         assert_unchanged(out3[:, 1:], out[:, 1:])
 
 
-def test_batch_independence_test_detects_a_cross_batch_max(monkeypatch):
-    """Power check: with the stabiliser max planted across the batch, the comparison above fails."""
-    from fast import attention
+@pytest.mark.parametrize("path", ["unmasked", "masked"])
+def test_batch_independence_test_detects_a_cross_batch_max(monkeypatch, path):
+    """Power check: with the stabiliser max planted across the batch, the comparison above fails
+    (unmasked: the blockwise path's per-slice max, fast.favor_blockwise; masked: the features of
+    fast.features.favor_exponentials)."""
+    from fast import attention, favor_blockwise
 
     def cross_batch_exp(x, w, half, *, is_query, stabilize=True, key_stabilizer=None, row_stabilizer=None,
                         query_norm=True):
@@ -198,11 +201,15 @@ def test_batch_independence_test_detects_a_cross_batch_max(monkeypatch):
     q, k, v = unit_rows((2, 1, 5, 4), g), unit_rows((2, 1, 5, 4), g), randn((2, 1, 5, 3), g)
     k[1] = _aligned_tokens(w, (1, 5))
     q[1] = _aligned_tokens(w, (1, 5))
-    good = favor_attention(q, k, v, w)
+    mask = None if path == "unmasked" else PaddingMask(torch.ones(2, 1, 5, dtype=torch.bool))
+    good = favor_attention(q, k, v, w, mask)
     assert torch.isfinite(good).all()
-    monkeypatch.setattr(attention, "favor_exponentials", cross_batch_exp)
+    if path == "unmasked":
+        monkeypatch.setattr(favor_blockwise, "_slice_max", lambda rows: rows.amax())  # the planted bug
+    else:
+        monkeypatch.setattr(attention, "favor_exponentials", cross_batch_exp)
     with pytest.raises(DenominatorError):
-        favor_attention(q, k, v, w)
+        favor_attention(q, k, v, w, mask)
 
 
 # ------------------------------------------------ favor_attention: keys hidden by the mask
@@ -313,7 +320,9 @@ def test_favor_attention_is_masked_linear_attention_of_favor_features(kind, dtyp
     (one construction of the features, which verify's guard check drives): bit for bit for a mask
     without rescales_keys (favor_attention drops the factor 1/sqrt(m) = 1/4, a power of two, so
     every product and sum scales exactly); up to round-off for one with it (CausalMask: its running
-    max is undone inside attend, while favor_features keeps the per-slice max)."""
+    max is undone inside attend, while favor_features keeps the per-slice max). Without a mask
+    favor_attention forms the features by blocks of rows (fast.favor_blockwise): bit for bit while
+    the keys fit one block, as here; up to round-off beyond (tests/fast/test_favor_blockwise.py)."""
     q, k, v, w, op, _ = _batched_favor_inputs(12, kind, dtype)
     phi_q, phi_k = fast.favor_features(q, k, w, op)
     assert phi_q.shape == phi_k.shape == (*q.shape[:-1], 16) and phi_q.dtype == phi_k.dtype == dtype

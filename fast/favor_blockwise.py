@@ -1,0 +1,328 @@
+"""Unmasked FAVOR+ attention with the features formed a block of rows at a time (issue 21, item 6).
+
+favor_attention(q, k, v, W) with mask=None is linear attention (choromanski22 Eq. 3) on the
+stabilised FAVOR+ exponentials of fast.features.favor_exponentials (without their 1/sqrt(m)):
+
+    phi_q_i = exp(a_i - max_a a_i),            a_i = W' q_i                      (queries)
+    phi_k_j = exp(b_j - n_j - C),              b_j = W' k_j,  n_j = h |k_j|^2     (keys)
+    C = max_j (max_a b_ja - n_j)               (one constant per (batch, head) slice)
+    S = sum_j phi_k_j v_j^T  (m x d),  z = sum_j phi_k_j  (m),
+    out_i = phi_q_i^T S / phi_q_i . z,
+
+with W' = d_qk^(-1/4) W and h = d_qk^(-1/2) / 2 (the scale folded into W and the norm term).
+The keys enter only through S and z, and each query only through its own row, so neither
+(N, m) feature matrix needs to exist whole: ``favor_products`` forms phi_k for a block of keys,
+adds the block to S and z and drops it, then forms phi_q for a block of queries and writes that
+block of the output. C is a max over all keys, which the exponentials need first; instead of a
+second pass over the keys (a second GEMM), the sums keep a running max as flash attention does:
+with C' = max(C, the block's max), S <- S exp(C - C') + sum_{j in block} exp(b_j - n_j - C') v_j^T
+(z alike), so each exponential is formed once and S, z end on the final C (equal to the
+two-pass values up to round-off: one more rounding per block in the factor exp(C - C')).
+
+Blocks. The leading (batch, head) dims are flattened to L slices (a view for contiguous inputs;
+a non-contiguous q, k or v is copied once, N d numbers) and a block is either several whole
+slices or a range of rows of one slice, so that every block is contiguous: its projection is one
+2-D GEMM and its output rows are written in place (``_plan``). ``default_block_rows``: 1/8 of the
+features per block within a byte range by device (CPU: 2 MiB, cache-sized; GPU: 32-256 MiB, so
+~20 kernels per block stay negligible). The per-slice sums phi^T v of a block of several slices
+go through ``_gram`` (cuBLAS does not split a batched GEMM's long reduction).
+
+Memory. Extra memory beyond the inputs: the output (N d), den (N) and one block's temporaries
+(about two (rows, m) matrices), so the O(N m) feature matrices of the two-GEMM form are gone.
+Measured (B = 1, H = 8, d = m = 64, float32), extra memory over masked_linear_attention's with
+the features given: forward 0.63 and forward + backward 0.75 on CPU at N = 4096 (torch's
+allocation events; 0.51 and 0.68 by RSS at N = 2^16), 0.57 and 0.71 on an H200 at N = 2^20
+(2.3 and 8.6 GiB against 4.0 and 12.0; the whole-feature form took 8.0 and 16.1).
+
+Training memory. The autograd Function ``_FavorBlockwise`` saves q, k, v, W' (the caller's
+tensors), den and the small S, z, C; backward forms the feature blocks again (one more
+projection GEMM and exp per side than a backward from stored features). Its gradients, for the
+upstream gradient G (N x d) of out (per (batch, head) slice; the stabilisers max_a a_i and C are
+constants: out does not depend on them, a per-query or per-slice factor cancels in the ratio, so
+holding them fixed gives the exact gradient):
+
+    den_i = phi_q_i . z,  out_i = phi_q_i^T S / den_i,
+    g_i = G_i / den_i,  e_i = -(G_i . out_i) / den_i               (d num_i, d den_i)
+    d phi_q_i = S g_i + e_i z,   dS = sum_i phi_q_i g_i^T,   dz = sum_i e_i phi_q_i
+    d a_i = phi_q_i * d phi_q_i,   dq_i = W'^T d a_i,   dW' += d a_i q_i^T
+    d phi_k_j = dS v_j + dz,   dv_j = dS^T phi_k_j
+    d b_j = phi_k_j * d phi_k_j,   dk_j = W'^T d b_j - 2 h k_j (1 . d b_j),   dW' += d b_j k_j^T
+
+(* entrywise; G_i . out_i = phi_q_i . (S G_i), so num is not formed again). The query blocks
+give dq and dS, dz (one GEMM with [g | e]); the key blocks then give dk and dv: two passes,
+memory one block as in forward. A double backward (create_graph=True) differentiates the
+whole-tensor form ``favor_naive`` (the readable twin; memory O(N m) there).
+
+Numbers. The forward runs fast.algebra's linear_products operations on each block, so while the
+keys fit one block (and at most GRAM_ROWS rows per slice) favor_attention(q, k, v, W) equals
+masked_linear_attention(*favor_features(q, k, W), v) bit for bit (m a power of 4); otherwise up
+to round-off (other summation orders and the running max; tests/fast/test_favor_blockwise.py
+bounds it).
+
+Half precisions: q and k are cast to float32 a block at a time (the compute dtype of
+fast.validation.compute_dtype); v, S, z and the output are in the work dtype of
+masked_linear_attention (float32 for half inputs). No host read happens here: the finiteness and
+guard checks come back as one 0-dim flag for favor_attention's one read.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fast.algebra import guard_flag
+from fast.features import _half_sq_norm, _slice_max
+from fast.validation import compute_dtype, finite_flag
+
+#: A block of favor_attention's (mask=None) features holds at most 1/FAVOR_BLOCKS of them where
+#: the bytes range below allows (the memory bound: extra memory ~ the output plus 2/FAVOR_BLOCKS
+#: of one (N, m) feature matrix) ...
+FAVOR_BLOCKS = 8
+#: ... and between these many bytes of (rows, m) features, by device type: on CPU one block's
+#: temporaries stay in cache (2 MiB: 8192 rows at m = 64 in float32; 1-4 MiB ran 10-25% faster than
+#: 16 MiB at N = 2^16, 8 heads, d = m = 64, one thread); on a GPU a block fills the device and the
+#: per-block dispatch (~20 kernels) stays negligible (32-256 MiB; below 32 MiB of features in all,
+#: one block).
+FAVOR_BLOCK_BYTES = {"cpu": (2 * 2**20, 2 * 2**20)}
+FAVOR_BLOCK_BYTES_DEFAULT = (32 * 2**20, 256 * 2**20)
+
+
+def default_block_rows(rows: int, m: int, element_size: int, device: torch.device | str = "cpu") -> int:
+    """Rows per block, counted over all (batch, head) slices together, for ``rows`` rows in all
+    (B H N) and m features of ``element_size`` bytes on ``device``: 1/FAVOR_BLOCKS of the features,
+    clamped to the device type's FAVOR_BLOCK_BYTES range, at least one row. E.g. m = 64, float32
+    (256 bytes a row): CPU 8192 rows whatever N; CUDA B H N = 2^23 (N = 2^20, 8 heads) -> 2^20
+    rows (8 blocks), 2^19 -> 2^17 rows (4 blocks), <= 2^17 -> one block."""
+    lo, hi = FAVOR_BLOCK_BYTES.get(torch.device(device).type, FAVOR_BLOCK_BYTES_DEFAULT)
+    row_bytes = m * element_size
+    target = min(max(-(-rows * row_bytes // FAVOR_BLOCKS), lo), hi)
+    return max(1, target // row_bytes)
+
+
+#: Rows a batched GEMM reduces over in one piece (``_gram``).
+GRAM_ROWS = 4096
+
+
+def _gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^T b per slice: a (l, n, m), b (l, n, c) contiguous -> (l, m, c). cuBLAS's batched GEMM does
+    not split a long reduction (seen on an H200: l = 2 slices of n = 2^20 rows took 37 ms, one
+    GEMM per slice 0.56 ms), so for l > 1 and n > GRAM_ROWS the rows are cut into pieces of
+    GRAM_ROWS that become batch entries (a view when GRAM_ROWS divides n, summed after), else one
+    GEMM per slice. l = 1 and short blocks: one bmm (the CPU's 2 MiB blocks at m = 64 never reach
+    GRAM_ROWS per slice with l > 1)."""
+    slices, n, m = a.shape
+    if slices == 1 or n <= GRAM_ROWS:
+        return torch.bmm(a.transpose(1, 2), b)
+    if n % GRAM_ROWS == 0:
+        pieces = slices * (n // GRAM_ROWS)
+        part = torch.bmm(a.reshape(pieces, GRAM_ROWS, m).transpose(1, 2), b.reshape(pieces, GRAM_ROWS, b.shape[-1]))
+        return part.view(slices, n // GRAM_ROWS, m, b.shape[-1]).sum(1)
+    return torch.stack([a[i].transpose(0, 1) @ b[i] for i in range(slices)])
+
+
+def _plan(slices: int, n: int, rows: int) -> list[tuple[int, int, int, int]]:
+    """Blocks (l0, l1, a, b): slices l0:l1, rows a:b of each, at most ``rows`` rows in all (but
+    one row at least) and contiguous in a (slices, n, .) tensor: whole slices when a slice fits,
+    else row ranges of one slice."""
+    if n == 0 or slices == 0:
+        return []
+    if rows >= n:
+        per = rows // n
+        return [(l, min(slices, l + per), 0, n) for l in range(0, slices, per)]
+    return [(l, l + 1, a, min(n, a + rows)) for l in range(slices) for a in range(0, n, rows)]
+
+
+def _slab(t: torch.Tensor, slices: int) -> torch.Tensor:
+    """(..., n, c) -> (slices, n, c): a view when the leading dims merge (contiguous inputs), else
+    a copy (one pass, n c numbers per slice)."""
+    return t.reshape(slices, t.shape[-2], t.shape[-1])
+
+
+def _projected(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (l, n, d) @ w^T (m, d) -> (l, n, m), one 2-D GEMM over the block's rows (x is contiguous)."""
+    return (x.reshape(-1, x.shape[-1]) @ w.transpose(-1, -2)).view(*x.shape[:-1], w.shape[0])
+
+
+def _query_features(x: torch.Tensor, w_q: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+    """phi = exp(x W'^T - rowmax) (l, n, m) in the work dtype, x a block of queries (compute dtype)."""
+    p = _projected(x, w_q)
+    return p.sub_(p.amax(-1, keepdim=True)).exp_().to(work)
+
+
+def _key_features(x: torch.Tensor, w_k: torch.Tensor, half: float, c: torch.Tensor) -> torch.Tensor:
+    """phi = exp(x W'^T - (n + c)) (l, n, m), x a block of keys (compute dtype), c (l, 1, 1)."""
+    return _projected(x, w_k).sub_(_half_sq_norm(x, half) + c).exp_()
+
+
+def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
+    """(S (L, m, d), z (L, m), C (L, 1, 1), the keys' largest n_j (0-dim)) in one pass over blocks
+    of keys, with the running max where a slice spans several blocks (module doc)."""
+    slices, n = k3.shape[0], k3.shape[1]
+    m, d = w_k.shape[0], v3.shape[-1]
+    s = torch.zeros((slices, m, d), dtype=work, device=k3.device)
+    z = torch.zeros((slices, m), dtype=work, device=k3.device)
+    c = torch.full((slices, 1, 1), -torch.inf, dtype=w_k.dtype, device=k3.device)
+    n_max = torch.zeros((), dtype=w_k.dtype, device=k3.device)
+    for l0, l1, a, b in _plan(slices, n, rows):
+        x = k3[l0:l1, a:b].to(w_k.dtype)
+        p = _projected(x, w_k)
+        norms = _half_sq_norm(x, half)
+        n_max = torch.maximum(n_max, norms.amax())  # NaN propagates: the finiteness flag of k
+        old = c[l0:l1]
+        new = torch.maximum(old, _slice_max(p.amax(-1, keepdim=True) - norms))  # NaN propagates too
+        scale = torch.exp(old - new).to(work)  # 0 on a slice's first block (old = -inf)
+        c[l0:l1] = new
+        phi = p.sub_(norms + new).exp_().to(work)
+        s[l0:l1].mul_(scale).add_(_gram(phi, v3[l0:l1, a:b].to(work)))
+        z[l0:l1].mul_(scale.squeeze(-1)).add_(phi.sum(-2))
+        del x, p, phi  # before the next block's are allocated: one block alive at a time
+    return s, z, c, n_max
+
+
+def _forward(q, k, v, w_q, w_k, half: float, rows: int, work: torch.dtype):
+    """(out (..., N_q, d), den (..., N_q), S, z, C, flag): the blocked forward, no autograd."""
+    lead, slices = q.shape[:-2], math.prod(q.shape[:-2])
+    q3, k3, v3 = _slab(q, slices), _slab(k, slices), _slab(v, slices)
+    n_q, d = q.shape[-2], v.shape[-1]
+    s, z, c, n_max = _key_state(k3, v3, w_k, half, rows, work)
+    out = torch.empty((slices, n_q, d), dtype=work, device=q.device)
+    den = torch.empty((slices, n_q), dtype=work, device=q.device)
+    for l0, l1, a, b in _plan(slices, n_q, rows):
+        phi = _query_features(q3[l0:l1, a:b].to(w_q.dtype), w_q, work)
+        # the operations of fast.algebra's linear_products on the block: with the keys in one block,
+        # favor_attention(q, k, v, W) equals masked_linear_attention(*favor_features(q, k, W), v) bit
+        # for bit (m a power of 4), which verify's guard check relies on
+        num = torch.bmm(phi, s[l0:l1], out=out[l0:l1, a:b])
+        den_b = torch.einsum("...nm,...m->...n", phi, z[l0:l1])
+        den[l0:l1, a:b] = den_b
+        num.div_(den_b.unsqueeze(-1))
+        del phi, num, den_b
+    # finite |k_j|^2 and S (every entry of v and phi_k reaches S; q reaches den), den in range
+    flag = (n_max < torch.inf) & finite_flag(s) & guard_flag(den, None, positive=True)
+    return out.view(*lead, n_q, d), den.view(*lead, n_q), s, z, c, flag
+
+
+def favor_naive(q, k, v, w_q, w_k, half: float, c: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole-tensor form of the module doc (the blocked path's readable twin, differentiable):
+    both (N, m) feature matrices at once. c: the keys' constant (..., 1, 1), detached (None: the
+    per-slice max, computed here). Same dtypes as ``favor_products``."""
+    work = compute_dtype(torch.promote_types(torch.promote_types(w_q.dtype, w_k.dtype), v.dtype))
+    x, y = q.to(w_q.dtype), k.to(w_k.dtype)
+    a = x @ w_q.transpose(-1, -2)
+    phi_q = torch.exp(a - a.detach().amax(-1, keepdim=True)).to(work)
+    b = y @ w_k.transpose(-1, -2)
+    n = half * (y * y).sum(-1, keepdim=True)
+    if c is None:
+        c = _slice_max(b.detach().amax(-1, keepdim=True) - n.detach())
+    phi_k = torch.exp(b - n - c.detach()).to(work)
+    num = phi_q @ (phi_k.transpose(-1, -2) @ v.to(work))
+    return num / torch.einsum("...nm,...m->...n", phi_q, phi_k.sum(-2)).unsqueeze(-1)
+
+
+class _FavorBlockwise(torch.autograd.Function):
+    """(out, den, flag) of the module doc; saves q, k, v, W', den and S, z, C; backward by blocks."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w_q, w_k, half, rows, work):
+        out, den, s, z, c, flag = _forward(q, k, v, w_q, w_k, half, rows, work)
+        ctx.save_for_backward(q, k, v, w_q, w_k, den, s, z, c)
+        ctx.half, ctx.rows = half, rows
+        ctx.mark_non_differentiable(den, flag)
+        return out, den, flag
+
+    @staticmethod
+    def backward(ctx, g_out, _g_den, _g_flag):
+        q, k, v, w_q, w_k, den, s, z, c = ctx.saved_tensors
+        half, rows = ctx.half, ctx.rows
+        need = ctx.needs_input_grad[:5]
+        lead, slices = q.shape[:-2], math.prod(q.shape[:-2])
+        if torch.is_grad_enabled():  # double backward: differentiate the whole-tensor twin
+            inputs = [t for t, n in zip((q, k, v, w_q, w_k), need) if n]
+            out = favor_naive(q, k, v, w_q, w_k, half, c.view(*lead, 1, 1))
+            got = iter(torch.autograd.grad(out, inputs, g_out, create_graph=True, allow_unused=True))
+            return (*[next(got) if n else None for n in need], None, None, None)
+        need_q, need_k, need_v, need_wq, need_wk = need
+        work, d = s.dtype, v.shape[-1]
+        keys = need_k or need_v or need_wk
+        q3, g3, den3 = _slab(q, slices), _slab(g_out, slices), den.reshape(slices, -1, 1)
+        # gradients in the compute dtypes (float32 for half inputs), cast to the inputs' at the end
+        dq = torch.empty(q3.shape, dtype=w_q.dtype, device=q.device) if need_q else None
+        dwq = torch.zeros_like(w_q) if need_wq else None
+        # d[S | z] += phi^T [G / den | e], one GEMM per block (e = d den)
+        dsz = torch.zeros((slices, s.shape[1], d + 1), dtype=work, device=s.device) if keys else None
+        s_t, zr = s.transpose(-1, -2), z.unsqueeze(-2)
+        for l0, l1, a, b in _plan(slices, q.shape[-2], rows):
+            x = q3[l0:l1, a:b].to(w_q.dtype)
+            phi = _query_features(x, w_q, work)
+            g, r = g3[l0:l1, a:b], den3[l0:l1, a:b].reciprocal()  # (l, n, d), 1 / den (l, n, 1)
+            t = torch.bmm(g, s_t[l0:l1])  # S G_i (l, n, m)
+            t.mul_(phi)  # phi * (S G_i): its row sums are G_i . num_i
+            e = t.sum(-1, keepdim=True).mul_(r).mul_(r).neg_()  # d den_i = -(G_i . out_i) / den_i
+            if keys:
+                ge = torch.empty((*g.shape[:-1], d + 1), dtype=work, device=g.device)
+                torch.mul(g, r, out=ge[..., :d])
+                ge[..., d:] = e
+                dsz[l0:l1].add_(_gram(phi, ge))
+                del ge
+            if need_q or need_wq:  # d a = phi * (S G_i / den_i + e_i z)
+                da = t.mul_(r).add_(phi.mul_(zr[l0:l1]).mul_(e)).to(w_q.dtype)
+                if need_q:
+                    torch.mm(da.view(-1, da.shape[-1]), w_q, out=dq[l0:l1, a:b].view(-1, q.shape[-1]))
+                if need_wq:
+                    dwq.add_(da.reshape(-1, da.shape[-1]).transpose(-1, -2) @ x.reshape(-1, x.shape[-1]))
+                del da
+            del x, phi, t, e
+        dk = dv = dwk = None
+        if keys:
+            k3, v3 = _slab(k, slices), _slab(v, slices)
+            ds, dz = dsz[..., :d], dsz[..., d:].transpose(-1, -2)  # (L, m, d), (L, 1, m)
+            dk = torch.empty(k3.shape, dtype=w_k.dtype, device=k.device) if need_k else None
+            dv = torch.empty(v3.shape, dtype=work, device=v.device) if need_v else None
+            dwk = torch.zeros_like(w_k) if need_wk else None
+            for l0, l1, a, b in _plan(slices, k.shape[-2], rows):
+                x = k3[l0:l1, a:b].to(w_k.dtype)
+                phi = _key_features(x, w_k, half, c[l0:l1]).to(work)
+                if need_v:
+                    torch.bmm(phi, ds[l0:l1], out=dv[l0:l1, a:b])
+                if need_k or need_wk:  # d b = phi * (dS v_j + dz)
+                    db = torch.baddbmm(dz[l0:l1], v3[l0:l1, a:b].to(work), ds[l0:l1].transpose(-1, -2))
+                    db = db.mul_(phi).to(w_k.dtype)
+                    if need_k:  # dk_j = W'^T d b_j - 2 h k_j (1 . d b_j)
+                        out = dk[l0:l1, a:b]
+                        torch.mm(db.view(-1, db.shape[-1]), w_k, out=out.view(-1, k.shape[-1]))
+                        out.addcmul_(x, db.sum(-1, keepdim=True), value=-2.0 * half)
+                    if need_wk:
+                        dwk.add_(db.reshape(-1, db.shape[-1]).transpose(-1, -2) @ x.reshape(-1, x.shape[-1]))
+                    del db
+                del x, phi
+            dk = None if dk is None else dk.view(k.shape).to(k.dtype)
+            dv = None if dv is None else dv.view(v.shape).to(v.dtype)
+        dq = None if dq is None else dq.view(q.shape).to(q.dtype)
+        return dq, dk, dv, dwq, dwk, None, None, None
+
+
+def favor_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+                   half: float, *, block_rows: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (..., N_q, d), den (..., N_q), flag) of unmasked FAVOR+ attention, blockwise (module doc).
+
+    q: (..., N_q, d_qk); k: (..., N, d_qk); v: (..., N, d), the same leading dims (checked by the
+    caller); w_q, w_k: W' = d_qk^(-1/4) W (m, d_qk) in the compute dtypes of q and k (the same
+    tensor when those agree); half: the norm term's factor h. out and den are in the work dtype
+    (float32 for half inputs), out = num / den UNGUARDED: the caller reads ``flag`` (0-dim bool:
+    the keys' squared norms and S finite, every den_i in [finfo.tiny, finfo.max]) in its one host
+    read and refuses the call when it is False. block_rows: rows per block (None:
+    ``default_block_rows``). Differentiable in q, k, v, w_q, w_k (``_FavorBlockwise``).
+    Cost: O((N_q + N) m (d_qk + d)), as the two-GEMM form; memory one block beyond the output.
+    """
+    work = compute_dtype(torch.promote_types(torch.promote_types(w_q.dtype, w_k.dtype), v.dtype))
+    if block_rows is None:
+        slices = math.prod(q.shape[:-2])
+        block_rows = default_block_rows(slices * max(q.shape[-2], k.shape[-2]), w_q.shape[0], w_q.element_size(),
+                                        q.device)
+    args = (q, k, v, w_q, w_k, half, block_rows, work)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in args[:5]):
+        return _FavorBlockwise.apply(*args)
+    with torch.no_grad():
+        out, den, *_, flag = _forward(*args)
+    return out, den, flag
