@@ -290,9 +290,19 @@ def blocked_numerator(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
 # ----------------------------------------------------------------- which tensors get gradients
 
 
-def _targets(tensors: Sequence[torch.Tensor]) -> tuple[set[int], set[int]]:
-    """(ids of the grad_fn nodes of the non-leaf tensors, ids of the leaf tensors)."""
-    fns = {id(t.grad_fn) for t in tensors if t.grad_fn is not None}
+# Autograd nodes are compared by id() of their Python wrappers. Before torch 2.12 a wrapper died
+# with its last Python reference and the next wrapper made could take its address (PyTorch PR
+# #181390 made wrappers live as long as the node), so every wrapper whose id is compared is held
+# in ``held`` until the comparison is over: on torch 2.11 a freed id once matched a node of
+# phi(P)'s own graph, both low-rank factors were dropped and their gradient came back 0.
+
+
+def _targets(tensors: Sequence[torch.Tensor], held: list) -> tuple[set[int], set[int]]:
+    """(ids of the grad_fn nodes of the non-leaf tensors, ids of the leaf tensors); the nodes are
+    appended to ``held`` so their ids stay theirs."""
+    nodes = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    held.extend(nodes)
+    fns = {id(node) for node in nodes}
     leaves = {id(t) for t in tensors if t.grad_fn is None}
     return fns, leaves
 
@@ -301,14 +311,16 @@ def _hits(node, fns: set[int], leaves: set[int]) -> bool:
     return id(node) in fns or (hasattr(node, "variable") and id(node.variable) in leaves)
 
 
-def _walk(start_nodes, fns: set[int], leaves: set[int]) -> tuple[bool, list[torch.Tensor], set[int]]:
+def _walk(start_nodes, fns: set[int], leaves: set[int], held: list) -> tuple[bool, list[torch.Tensor], set[int]]:
     """Walk the autograd graph from start_nodes, not past target nodes: (hit a target, leaves
-    requiring grad that were reached without passing a target, ids of the non-target nodes passed)."""
+    requiring grad that were reached without passing a target, ids of the non-target nodes passed).
+    Every node visited is appended to ``held`` (its id is compared later)."""
     stack, seen, hit, free, passed = list(start_nodes), set(), False, [], set()
     while stack:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
+        held.append(node)
         seen.add(id(node))
         if _hits(node, fns, leaves):
             hit = True
@@ -346,9 +358,11 @@ def gradient_inputs(op, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
         return [], False
     declared = parameters_of(op)
     kept = []
+    held: list = []  # every autograd node whose id is compared, alive until the comparisons end
     for i, p in enumerate(declared):
         others = declared[:i] + declared[i + 1:]
-        if p.grad_fn is not None and others and _walk([n for n, _ in p.grad_fn.next_functions], *_targets(others))[0]:
+        if p.grad_fn is not None and others and _walk([n for n, _ in p.grad_fn.next_functions],
+                                                      *_targets(others, held), held)[0]:
             continue
         kept.append(p)
     probes, walks = [], []
@@ -358,7 +372,7 @@ def gradient_inputs(op, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
         if not probe.requires_grad:
             return kept, False
         probes.append(probe)  # alive until both walks are done: node ids are not reused
-        walks.append(_walk([probe.grad_fn], *_targets(kept)))
+        walks.append(_walk([probe.grad_fn], *_targets(kept, held), held))
     _, free, nodes = walks[0]
     if free:
         t = free[0]

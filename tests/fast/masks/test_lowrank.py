@@ -277,9 +277,6 @@ class _NodeWrapperModel:
         return obj.address if isinstance(obj, self.Node) else builtins.id(obj)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21: fast.algebra.gradient_inputs compares autograd nodes by id() "
-                   "of wrappers it does not hold (_targets, _walk); under torch <= 2.11's wrappers both factors "
-                   "are dropped. Remove this marker with the fix (hold every wrapper while ids are compared)")
 def test_gradient_survives_node_wrappers_that_are_not_preserved(monkeypatch):
     """The RPE factors' gradient through the memory-saving backward when autograd nodes' Python
     wrappers are not preserved (torch <= 2.11, the H100 run's 2.11.0+cu130; _NodeWrapperModel):
