@@ -105,7 +105,7 @@ def test_collect_rewrites_the_json_after_each_stage_within_the_budget(tmp_path, 
         monkeypatch.setattr(gpu.time, "perf_counter", lambda: clock[0])
         monkeypatch.setattr(gpu, "cuda_environment", lambda device: {"device": device})
         monkeypatch.setattr(gpu, "tests_stage", lambda work, limit, echo: stage("tests", use_all)(limit))
-        monkeypatch.setattr(gpu, "checks_stage", lambda work, dev, limit, echo: stage("checks", use_all)(limit))
+        monkeypatch.setattr(gpu, "checks_stage", lambda work, dev, limit, echo, only: stage("checks", use_all)(limit))
         monkeypatch.setattr(gpu, "sweeps_stage", lambda dev, limit, progress: stage("sweeps", use_all)(limit))
         monkeypatch.setattr(gpu, "peers_stage", lambda work, dev, limit, echo: stage("peers", use_all)(limit))
 

@@ -229,13 +229,14 @@ def tests_stage(work: Path, timeout: float, echo: bool = True) -> dict:
             "tally": {o: sum(c["outcome"] == o for c in cases) for o in ("passed", "failed", "error", "skipped")}}
 
 
-def checks_stage(work: Path, device: str, timeout: float, echo: bool = True) -> dict:
-    """``python -m verify --device DEVICE --quick``; its JSON is rewritten after every check, so a
-    stopped stage keeps what finished (``results``: the check dicts of the results schema)."""
+def checks_stage(work: Path, device: str, timeout: float, echo: bool = True, only: tuple[str, ...] = ()) -> dict:
+    """``python -m verify --device DEVICE --quick`` (``--only`` each of ``only``); its JSON is
+    rewritten after every check, so a stopped stage keeps what finished (``results``: the check
+    dicts of the results schema)."""
     path = work / "gpu-verify.json"
     path.unlink(missing_ok=True)
     child = run_child([sys.executable, "-m", "verify", "--device", device, "--quick", "--no-progress",
-                       "--json", str(path)], timeout, echo)
+                       "--json", str(path)] + [a for prefix in only for a in ("--only", prefix)], timeout, echo)
     try:
         results = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -385,13 +386,14 @@ def write(run: dict, path: Path) -> None:
 
 
 def collect(device: str, out: Path, budget_s: float = DEFAULT_BUDGET_S, skip: tuple[str, ...] = (),
-            echo: bool = True) -> dict:
-    """Run the stages not in ``skip`` within ``budget_s`` seconds, rewriting ``out`` after each."""
+            echo: bool = True, only: tuple[str, ...] = ()) -> dict:
+    """Run the stages not in ``skip`` within ``budget_s`` seconds, rewriting ``out`` after each;
+    ``only``: check id prefixes for the checks stage (all quick checks when empty)."""
     work = out.parent
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     run: dict = {"schema": SCHEMA, "budget_s": budget_s, "environment": cuda_environment(device),
-                 "stage_seconds": {}, "skipped_stages": [s for s in STAGES if s in skip]}
+                 "stage_seconds": {}, "skipped_stages": [s for s in STAGES if s in skip], "checks_only": list(only)}
     write(run, out)
     shares_left = sum(SHARES[s] for s in STAGES if s not in skip)
     for stage in STAGES:
@@ -409,7 +411,7 @@ def collect(device: str, out: Path, budget_s: float = DEFAULT_BUDGET_S, skip: tu
         if stage == "tests":
             run[stage] = tests_stage(work, limit, echo)
         elif stage == "checks":
-            run[stage] = checks_stage(work, device, limit, echo)
+            run[stage] = checks_stage(work, device, limit, echo, only)
         elif stage == "sweeps":
             run[stage] = sweeps_stage(device, limit, progress=status)
         else:
@@ -432,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"wall-clock seconds for all stages together (default {DEFAULT_BUDGET_S:g})")
     for stage in STAGES:
         ap.add_argument(f"--skip-{stage}", action="store_true", help=f"leave out the {stage} stage")
+    ap.add_argument("--only", action="append", default=[], metavar="ID",
+                    help="run only the checks whose id starts with ID (repeatable; default every quick check)")
     ap.add_argument("--quiet", action="store_true", help="do not echo the child processes' output")
     args = ap.parse_args(argv)
     if not (math.isfinite(args.budget) and args.budget > 0):
@@ -443,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     skip = tuple(s for s in STAGES if getattr(args, f"skip_{s}"))
     out = Path(args.out)
-    run = collect(args.device, out, args.budget, skip, echo=not args.quiet)
+    run = collect(args.device, out, args.budget, skip, echo=not args.quiet, only=tuple(args.only))
     for line in run["failures"]:
         status(f"FAIL: {line}")
     status(f"total {run['seconds']:.1f} s of a {args.budget:g} s budget; wrote {out.resolve()} "
