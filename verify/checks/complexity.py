@@ -49,7 +49,7 @@ from verify.registry import COST_FACTOR_CLASSES, Mechanism
 from verify.result import Check, Context, Outcome, judged
 from verify.timing import compare as timing_compare
 from verify.timing import covering_sweep, merge_rounds, speedup_interval
-from verify.timing import fit_times, sweep
+from verify.timing import FIT_MIN_POINTS, fit_times, sweep
 
 #: One-sided upper bounds on the fitted slope for each sub-quadratic class (docs/methods.md).
 CLASS_UPPER = {"N": 1.35, "N log N": 1.4, "N log^2 N": 1.5}
@@ -65,6 +65,14 @@ SLOPE_MARGIN = 0.2
 #: ... and a speed-up test (lower CI of the speed-up slope > 0) only if the speed-up slope is at
 #: least this (a correct fast path against an O(N^2) twin: about 1).
 SPEEDUP_MARGIN = 0.5
+#: On an accelerator a call costs a floor (kernel launches, host reads) that the quick grid may
+#: never leave: a slope over such times says nothing about the work. A size counts as having left
+#: the floor when its time is at least this multiple of the sweep's smallest time; with fewer than
+#: verify.timing.FIT_MIN_POINTS such sizes the check is skipped, saying so (the class is judged on
+#: the CPU, and at N = 2^20 by scale/<id> on the device, where a quadratic term costs 16-32x its
+#: class line). A path whose time grows past the floor over the grid's last sizes is judged, and a
+#: quadratic one fails, on the device too: t = floor + c N^2 is judged once c N_max^2 >= 192 floors.
+LAUNCH_FACTOR = 4.0
 
 
 def tested_class(complexity: str) -> str:
@@ -228,6 +236,22 @@ def _attempt(j: _Judgement, rounds: int) -> dict:
             "speedup_interval": j.details.get("speedup", {}).get("interval"), "reasons": j.failed + j.unsure}
 
 
+def launch_bound(s, device) -> str | None:
+    """Why sweep ``s`` on ``device`` cannot judge a class (None on the CPU, where time is work, or
+    when at least FIT_MIN_POINTS sizes take LAUNCH_FACTOR x the smallest time or more)."""
+    if str(device).split(":")[0] == "cpu" or not s.sizes:
+        return None
+    times = [t for t in s.seconds if t == t]  # NaN-free
+    above = sum(t >= LAUNCH_FACTOR * min(times) for t in times) if times else 0
+    if above >= FIT_MIN_POINTS:
+        return None
+    return (f"launch-bound on {device}: {above} of {len(s.sizes)} sizes ({s.impl}, N up to {max(s.sizes):,}) take "
+            f"at least {LAUNCH_FACTOR:g}x the smallest time ({min(times) * 1e3:.3g} ms), fewer than the "
+            f"{FIT_MIN_POINTS} a fit needs: the times are the device's per-call floor, not the work. The class is "
+            f"judged on the CPU (python -m verify --only complexity/), and scale/<id> bounds the time at N = 2^20 "
+            f"on this device")
+
+
 def _run(mech: Mechanism, ctx: Context) -> Outcome:
     rule = claim_rule(mech.complexity)
     rounds = ROUNDS[ctx.quick]
@@ -241,6 +265,15 @@ def _run(mech: Mechanism, ctx: Context) -> Outcome:
                         "rounds": fs.rounds, "claimed": mech.complexity, "variant": variant.name, "clock": fv.clock,
                         "reasons": [], "reason": f"no slope test for {mech.complexity}"})
     ds = _sweep(mech, "dense", ctx, rounds) if mech.dense_setup is not None else None
+    floor = launch_bound(fs, ctx.device)
+    dense_floor = launch_bound(ds, ctx.device) if ds is not None else None
+    if dense_floor is not None:  # the twin never left its floor: no speed-up test, the slope test stands
+        ds = None
+    if floor is not None:
+        fv = judged_times(fs)
+        return Outcome("skip", None, {"fast": _sweep_details(fs, fv), "threads": fs.threads, "rounds": fs.rounds,
+                                      "claimed": mech.complexity, "variant": variant.name, "clock": fv.clock,
+                                      "reasons": [], "reason": floor})
     j = _judge(mech, fs, ds, ctx)
     attempts = [_attempt(j, fs.rounds)]
     if j.verdict != "pass" and not fs.error and not (ds is not None and ds.error):
@@ -251,6 +284,8 @@ def _run(mech: Mechanism, ctx: Context) -> Outcome:
         attempts.append(_attempt(j, fs.rounds))
     details = {**j.details, "threads": fs.threads, "rounds": fs.rounds, "claimed": mech.complexity,
                "variant": variant.name, "clock": j.details["fast"]["clock"], "attempts": attempts}
+    if dense_floor is not None:
+        details["speedup_skipped"] = dense_floor
     if j.failed:
         return judged(False, j.statistic, j.failed + j.unsure, **details)
     if j.unsure:

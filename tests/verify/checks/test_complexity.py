@@ -313,3 +313,36 @@ def test_a_speedup_scattered_by_rounds_is_inconclusive_unless_it_barely_grows(mo
     sp = f.details["speedup"]
     assert sp["fit"]["slope"] == pytest.approx(0.3, abs=1e-9) and sp["interval"][0] <= 0
     assert f.status == "fail" and any("does not grow" in x for x in f.reasons)
+
+
+FLOOR = 5e-5  # a GPU call's floor (launches, host reads): the quick grid may never leave it
+
+
+def test_launch_bound_times_on_an_accelerator_are_not_judged(monkeypatch):
+    """On cuda, times at the per-call floor say nothing about the work: skipped with the reason,
+    for the fast path and for a dense twin alike; the same times on the CPU are judged (and pass)."""
+    _fake_sweeps(monkeypatch, {"fast": lambda n: FLOOR + 1e-11 * n, "dense": lambda n: FLOOR + 1e-13 * n * n})
+    r = C.check_for(get("causal")).evaluate(Context(quick=True, device="cuda"))
+    assert r.status == "skip" and r.statistic is None and r.reasons == []
+    assert r.details["reason"].startswith("launch-bound on cuda: ")
+    assert "judged on the CPU" in r.details["reason"] and r.details["fast"]["sizes"]
+    # a twin at its floor drops only the speed-up test: the fast path's slope is still judged
+    _fake_sweeps(monkeypatch, {"fast": lambda n: 1e-6 * n, "dense": lambda n: FLOOR + 1e-15 * n * n})
+    r = C.check_for(get("causal")).evaluate(Context(quick=True, device="cuda:0"))
+    assert r.status == "pass" and "speedup" not in r.details
+    assert r.details["speedup_skipped"].startswith("launch-bound on cuda:0: ") and "(dense," in r.details["speedup_skipped"]
+
+
+def test_a_quadratic_path_past_the_floor_still_fails_on_an_accelerator(monkeypatch):
+    top = max(get("linear").sizes("fast", True))
+    c = 200 * FLOOR / top**2  # 200 floors at the largest N: its last 4 sizes leave the floor
+    _fake_sweeps(monkeypatch, {"fast": lambda n: FLOOR + c * n * n, "dense": lambda n: FLOOR + c * n * n})
+    r = C.check_for(get("linear")).evaluate(Context(quick=True, device="cuda"))
+    assert r.status == "fail" and any("not < 1.35" in x for x in r.reasons)
+    assert C.launch_bound(C.sweep(get("linear"), "fast", get("linear").sizes("fast", True)), "cpu") is None
+
+
+def test_a_linear_path_past_the_floor_is_judged_on_an_accelerator(monkeypatch):
+    _fake_sweeps(monkeypatch, {"fast": lambda n: FLOOR + 1e-7 * n, "dense": lambda n: FLOOR + 1e-9 * n * n})
+    r = C.check_for(get("causal")).evaluate(Context(quick=True, device="cuda"))
+    assert r.status == "pass" and r.statistic < 1.35
