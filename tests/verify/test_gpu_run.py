@@ -114,13 +114,15 @@ def test_collect_rewrites_the_json_after_each_stage_within_the_budget(tmp_path, 
     assert run["tests"]["saw"] == [] and run["checks"]["saw"] == ["tests"] and run["sweeps"]["saw"] == ["checks", "tests"]
     assert "peers" not in run and run["skipped_stages"] == ["peers"] and run["failures"] == []
     assert json.loads(out.read_text())["seconds"] == run["seconds"] == pytest.approx(100.0)
-    # shares of the stages that run: tests 0.2, checks 0.45, sweeps 0.15 (of 0.8)
-    assert limits == pytest.approx({"tests": 25.0, "checks": 56.25, "sweeps": 18.75})
+    sh = gpu.SHARES
+    ran = sh["tests"] + sh["checks"] + sh["sweeps"]  # the shares of the stages that run
+    assert limits == pytest.approx({"tests": 100 * sh["tests"] / ran, "checks": 100 * sh["checks"] / ran,
+                                    "sweeps": 100 * sh["sweeps"] / ran})
     clock[0] = 0.0
     install(use_all=False)  # instant stages: each later one may use what the earlier ones left
     gpu.collect("cuda", out, budget_s=100.0, echo=False)
-    assert limits == pytest.approx({"tests": 20.0, "checks": 0.45 / 0.8 * 100, "sweeps": 0.15 / 0.35 * 100,
-                                    "peers": 100.0})
+    assert limits == pytest.approx({"tests": 100 * sh["tests"], "checks": 100 * sh["checks"] / (1 - sh["tests"]),
+                                    "sweeps": 100 * sh["sweeps"] / (sh["sweeps"] + sh["peers"]), "peers": 100.0})
 
 
 def test_failures_name_what_failed():
@@ -133,3 +135,30 @@ def test_failures_name_what_failed():
     got = gpu.failures(run)
     assert got == ["1 CUDA test(s) failed: t::a", "1 check(s) failed: scale/x", "the peer suite exited with status 1",
                    "the checks stage ran out of its time and was stopped"]
+
+
+def test_merge_benchmark_reports():
+    a = {"machine_info": {"node": "x"}, "benchmarks": [{"name": "a"}], "maskbench": {"peers": {"p": "1"},
+                                                                                     "skipped": ["s1"]}}
+    b = {"machine_info": {"node": "y"}, "benchmarks": [{"name": "b"}], "maskbench": {"skipped": ["s1", "s2"]}}
+    merged = gpu.merge_benchmark_reports([a, b])
+    assert [x["name"] for x in merged["benchmarks"]] == ["a", "b"] and merged["machine_info"] == {"node": "x"}
+    assert merged["maskbench"] == {"peers": {"p": "1"}, "skipped": ["s1", "s2"]}
+    assert gpu.merge_benchmark_reports([]) is None
+
+
+def test_peers_stage_runs_each_operation_apart_and_summarises(tmp_path, monkeypatch):
+    """On the CPU: SDPA's math kernel runs in float32 there and its memory-efficient one refuses,
+    so one part times and the other skips with torch's reason; the summary holds the first."""
+    monkeypatch.setattr(gpu, "PEER_OPS", ("softmax-math", "softmax-efficient"))
+    small = ("--bench-N", "256", "--bench-d", "16")
+    out = gpu.peers_stage(tmp_path, "cpu", timeout=600, echo=False, bench_args=small)
+    assert [p["op"] for p in out["parts"]] == ["softmax-math", "softmax-efficient"]
+    assert all(p["returncode"] == 0 and not p["timed_out"] for p in out["parts"]), out["tail"]
+    rows = out["summary"]["rows"]
+    assert rows and {r["op"] for r in rows} == {"softmax-math"} and {r["dtype"] for r in rows} == {"float32"}
+    assert any("torch-sdpa-efficient cannot run on cpu" in s for s in out["summary"]["skipped"])
+    assert not [f for op in gpu.PEER_OPS for f in tmp_path.glob(f"gpu-peers-{op}.json")]  # merged, removed
+    assert json.loads((tmp_path / "gpu-peers-summary.json").read_text()) == out["summary"]
+    stopped = gpu.peers_stage(tmp_path, "cpu", timeout=6, echo=False, bench_args=small)  # too little time: nothing finishes
+    assert stopped["summary"] is None and "no part of the peer suite finished" in stopped["summary_error"]

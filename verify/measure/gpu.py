@@ -40,6 +40,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -54,8 +55,9 @@ SCHEMA = "maskbench-gpu/1"
 DEFAULT_OUT = Path("reports") / "out" / "gpu.json"
 #: make gpu-check's whole budget (seconds): the issue's 8 minutes on one H100.
 DEFAULT_BUDGET_S = 480.0
-#: Each stage's share of the budget (they add up to 1); a stage may use what earlier ones left.
-SHARES = {"tests": 0.2, "checks": 0.45, "sweeps": 0.15, "peers": 0.2}
+#: Each stage's share of the budget (they add up to 1); a stage may use what earlier ones left. On an
+#: H200 the CUDA tests took 32 s (16 cores, pytest-xdist), all 23 sweeps 41 s, 37 quick checks 42 s.
+SHARES = {"tests": 0.15, "checks": 0.5, "sweeps": 0.1, "peers": 0.25}
 STAGES = tuple(SHARES)
 #: Timed measurements per point of a sweep (median); each lasts at least timing.MIN_MEASURE_S.
 ROUNDS = 3
@@ -64,7 +66,7 @@ MIN_SWEEP_N = 2**10
 #: The peer suite's operations on the GPU (benchmarks/ops.py): FAVOR+ beside performer-pytorch, causal
 #: linear attention beside flash-linear-attention's Triton kernels, softmax beside SDPA's flash
 #: (bfloat16) and memory-efficient (float32) kernels. A peer that is not installed skips.
-PEER_OPS = ("favor", "linear-causal", "softmax-flash", "softmax-efficient")
+PEER_OPS = ("favor", "softmax-flash", "softmax-efficient", "linear-causal")
 #: Python packages whose versions the environment records (None where not installed).
 PACKAGES = ("torch", "triton", "numpy", "scipy", "fla-core", "performer-pytorch", "pytest-benchmark")
 
@@ -100,13 +102,20 @@ def _driver_version() -> str | None:
     return lines[0].strip() if out.returncode == 0 and lines else None
 
 
-def _git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _git_commit() -> str | None:
+    """HEAD's short hash, with "+ changes" when the tree differs from it (a copied working tree)."""
+    head = _git("rev-parse", "--short", "HEAD")
+    if not head:
+        return None
+    return f"{head} + changes" if _git("status", "--porcelain", "--untracked-files=no") else head
 
 
 def cuda_environment(device: str) -> dict:
@@ -218,12 +227,21 @@ def parse_junit(path: Path) -> list[dict]:
     return cases
 
 
+def _xdist() -> list[str]:
+    """pytest-xdist's ``-n auto`` where it is installed (the CUDA tests share one GPU well; on 16
+    cores they took 32 s instead of over 43 s serially on an H200), else nothing."""
+    import importlib.util
+
+    return ["-n", "auto"] if importlib.util.find_spec("xdist") is not None else []
+
+
 def tests_stage(work: Path, timeout: float, echo: bool = True) -> dict:
-    """Every CUDA test (``pytest -k cuda tests``), with per-test outcomes."""
+    """Every CUDA test (``pytest -k cuda tests``, in parallel where pytest-xdist is installed), with
+    per-test outcomes."""
     xml = work / "gpu-tests.xml"
     xml.unlink(missing_ok=True)
     child = run_child([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda", "tests",
-                       f"--junitxml={xml}"], timeout, echo)
+                       f"--junitxml={xml}"] + _xdist(), timeout, echo)
     cases = parse_junit(xml)
     return {**child.to_dict(), "cases": cases,
             "tally": {o: sum(c["outcome"] == o for c in cases) for o in ("passed", "failed", "error", "skipped")}}
@@ -244,27 +262,73 @@ def checks_stage(work: Path, device: str, timeout: float, echo: bool = True, onl
     return {**child.to_dict(), "results": results}
 
 
-def peers_stage(work: Path, device: str, timeout: float, echo: bool = True) -> dict:
-    """The peer suite on ``device`` (quick grid), then its summary (benchmarks/summary.py)."""
-    raw, summary_path = work / "gpu-peers.json", work / "gpu-peers-summary.json"
-    for p in (raw, summary_path):
-        p.unlink(missing_ok=True)
-    child = run_child([sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
-                       "--benchmark-enable", "--benchmark-group-by=group", "--benchmark-sort=name",
-                       "--benchmark-min-rounds=5", "--benchmark-max-time=0.05", f"--benchmark-json={raw}",
-                       "--device", device, "--quick", "--ops", ",".join(PEER_OPS)], timeout, echo)
-    out = child.to_dict()
-    if raw.is_file():
-        summ = run_child([sys.executable, str(ROOT / "benchmarks" / "summary.py"), str(raw), "--out",
-                          str(summary_path)], 120, echo=False)
+def merge_benchmark_reports(reports: list[dict]) -> dict | None:
+    """pytest-benchmark JSON reports of one suite run in parts -> one report: the first one's
+    machine and maskbench blocks, every part's benchmarks, and the union of the skipped peers."""
+    if not reports:
+        return None
+    merged = {**reports[0], "benchmarks": [b for r in reports for b in r.get("benchmarks") or []]}
+    block = dict(merged.get("maskbench") or {})
+    block["skipped"] = list(dict.fromkeys(s for r in reports for s in (r.get("maskbench") or {}).get("skipped") or []))
+    merged["maskbench"] = block
+    return merged
+
+
+#: pytest's summary line of a skipped test (-ra): the suite's message says why a peer could not run.
+_SKIP_LINE = re.compile(r"^SKIPPED \[\d+\] [^:]+:\d+: (.+)$")
+
+
+def peers_stage(work: Path, device: str, timeout: float, echo: bool = True, bench_args: tuple[str, ...] = ()) -> dict:
+    """The peer suite on ``device`` (quick grid), one child per operation of PEER_OPS, each with its
+    share of what is left (pytest-benchmark writes its JSON only at the end, so a part stopped at
+    its limit loses only its own numbers; a Triton peer's first compile and autotune is paid in its
+    own part), then the summary of the merged parts (benchmarks/summary.py). ``parts``: each
+    operation's exit status, time and whether it was stopped. bench_args: more options for the suite
+    (e.g. ``--bench-N``)."""
+    start = time.perf_counter()
+    reports, parts, tails, skipped = [], [], [], []
+    for i, op in enumerate(PEER_OPS):
+        raw = work / f"gpu-peers-{op}.json"
+        raw.unlink(missing_ok=True)
+        left = timeout - (time.perf_counter() - start)
+        if left < 5:
+            parts.append({"op": op, "skipped": "no time left"})
+            continue
+        child = run_child([sys.executable, "-m", "pytest", "benchmarks", "-v", "-p", "no:cacheprovider",
+                           "--benchmark-enable", "--benchmark-group-by=group", "--benchmark-sort=name",
+                           "--benchmark-min-rounds=5", "--benchmark-max-time=0.05", f"--benchmark-json={raw}",
+                           "--device", device, "--quick", "--ops", op, *bench_args], left / (len(PEER_OPS) - i), echo)
+        parts.append({"op": op, "returncode": child.returncode, "seconds": round(child.seconds, 2),
+                      "timed_out": child.timed_out})
+        tails.append(f"[{op}]\n{child.tail}")
+        skipped += [m.group(1) for line in child.tail.splitlines() if (m := _SKIP_LINE.match(line))]
         try:
-            out["summary"] = json.loads(summary_path.read_text())
-        except (OSError, ValueError):
-            out["summary"] = None
-            out["summary_error"] = summ.tail[-1000:]
-    else:
-        out["summary"] = None
-        out["summary_error"] = "the peer suite wrote no JSON (stopped, or it failed before timing anything)"
+            reports.append(json.loads(raw.read_text()))
+        except (OSError, ValueError):  # stopped, or nothing ran (every case skipped): no JSON
+            pass
+        finally:
+            raw.unlink(missing_ok=True)
+    codes = [p.get("returncode") for p in parts if p.get("returncode") is not None]
+    out = {"command": f"pytest benchmarks --device {device} --quick --ops <each of {','.join(PEER_OPS)}>",
+           "returncode": max(codes, key=lambda c: c not in (0, 5)) if codes else None,
+           "seconds": round(time.perf_counter() - start, 2), "timed_out": any(p.get("timed_out") for p in parts),
+           "tail": "\n".join(tails)[-4000:], "parts": parts, "summary": None}
+    merged = merge_benchmark_reports(reports)
+    if merged is not None:  # a part whose every case skipped wrote no JSON: keep its reasons
+        block = merged["maskbench"]
+        block["skipped"] = list(dict.fromkeys(block["skipped"] + skipped))
+    if merged is None:
+        out["summary_error"] = "no part of the peer suite finished (each was stopped, or failed before timing)"
+        return out
+    raw, summary_path = work / "gpu-peers.json", work / "gpu-peers-summary.json"
+    write(merged, raw)
+    summary_path.unlink(missing_ok=True)
+    summ = run_child([sys.executable, str(ROOT / "benchmarks" / "summary.py"), str(raw), "--out", str(summary_path)],
+                     120, echo=False)
+    try:
+        out["summary"] = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        out["summary_error"] = summ.tail[-1000:]
     return out
 
 
