@@ -112,3 +112,20 @@ def assert_ids_kinds_ratio(module, ids: list[tuple[str, str]]) -> None:
     """The module's checks are ``ids`` ((id, kind) in order), all quick, judged as ratio <= 1."""
     assert [(c.id, c.kind) for c in module.checks()] == ids
     assert all(c.quick and c.threshold == 1.0 and c.compare == "<=" and c.unit == "ratio" for c in module.checks())
+
+
+def saved_bytes(fn) -> tuple[int, object]:
+    """(bytes of the distinct storages autograd saves while fn() runs, fn's result): every saved tensor passes
+    the pack hook, each storage counted once at its full size (tests/fast/test_training_memory.py)."""
+    storages: dict[int, int] = {}
+    keep = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        keep.append(t)
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(storages.values()), out

@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 import fast
 from fast import DenominatorError, favor_attention, favor_features, masked_linear_attention
 from fast import favor_blockwise as fb
-from tests.helpers import DEVICES, EQUIV_TOL, gen, rel_frobenius
+from tests.helpers import DEVICES, EQUIV_TOL, gen, rel_frobenius, saved_bytes
 
 def previous_formula(q, k, v, w):
     """What favor_attention(q, k, v, w) computed before: the features whole, then linear attention."""
@@ -287,23 +287,6 @@ MEM_LEAD, MEM_D = (1, 8), 64
 MEM_N = {"cpu": 4096, "cuda": 2**17}
 #: issue 21 item 6: favor_attention's extra memory at most this multiple of the features-given path's
 MEMORY_RATIO = 1.25
-
-
-def saved_bytes(fn) -> tuple[int, object]:
-    """(bytes of the distinct storages autograd saves while fn() runs, fn's result): every saved
-    tensor passes the pack hook; each storage counted once at full size (test_training_memory's method)."""
-    storages: dict[int, int] = {}
-    keep = []
-
-    def pack(t):
-        keep.append(t)
-        s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return sum(storages.values()), out
 
 
 def test_saved_tensors_are_the_inputs_and_the_small_state():

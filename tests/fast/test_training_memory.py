@@ -26,26 +26,10 @@ from torch.autograd import gradcheck, gradgradcheck
 from fast import (BlockToeplitzMask, CausalMask, DenseMask, HypercubeDiffusionMask, LowRankMask, PackingMask,
                   PaddingMask, SparseMask, ToeplitzMask, masked_linear_attention)
 from fast.algebra import blocked_numerator, divide, masked_products
-from tests.helpers import gen, positive, randn, rel_frobenius
+from tests.helpers import gen, positive, randn, rel_frobenius, saved_bytes
 
 N_MEM, M_MEM, D_MEM = 4096, 64, 16
 C_PER_TOKEN = 16
-
-
-def saved_bytes(fn) -> tuple[int, object]:
-    """(bytes of the distinct storages autograd saves while fn() runs, fn's result); see the module doc."""
-    storages: dict[int, int] = {}
-    keep = []
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        keep.append(t)
-        s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return sum(storages.values()), out
 
 
 def _mem_inputs(batch=()):
