@@ -70,8 +70,8 @@ import math
 
 import torch
 
+from fast import features
 from fast.algebra import guard_flag
-from fast.features import _half_sq_norm, _slice_max
 from fast.validation import compute_dtype, finite_flag
 
 #: A block of favor_attention's (mask=None) features holds at most 1/FAVOR_BLOCKS of them where
@@ -151,7 +151,7 @@ def _query_features(x: torch.Tensor, w_q: torch.Tensor, work: torch.dtype) -> to
 
 def _key_features(x: torch.Tensor, w_k: torch.Tensor, half: float, c: torch.Tensor) -> torch.Tensor:
     """phi = exp(x W'^T - (n + c)) (l, n, m), x a block of keys (compute dtype), c (l, 1, 1)."""
-    return _projected(x, w_k).sub_(_half_sq_norm(x, half) + c).exp_()
+    return _projected(x, w_k).sub_(features.half_sq_norm(x, half) + c).exp_()
 
 
 def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
@@ -166,10 +166,10 @@ def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
     for l0, l1, a, b in _plan(slices, n, rows):
         x = k3[l0:l1, a:b].to(w_k.dtype)
         p = _projected(x, w_k)
-        norms = _half_sq_norm(x, half)
+        norms = features.half_sq_norm(x, half)
         n_max = torch.maximum(n_max, norms.amax())  # NaN propagates: the finiteness flag of k
         old = c[l0:l1]
-        new = torch.maximum(old, _slice_max(p.amax(-1, keepdim=True) - norms))  # NaN propagates too
+        new = torch.maximum(old, features.slice_max(p.amax(-1, keepdim=True) - norms))  # NaN propagates too
         scale = torch.exp(old - new).to(work)  # 0 on a slice's first block (old = -inf)
         c[l0:l1] = new
         phi = p.sub_(norms + new).exp_().to(work)
@@ -213,7 +213,7 @@ def favor_naive(q, k, v, w_q, w_k, half: float, c: torch.Tensor | None = None) -
     b = y @ w_k.transpose(-1, -2)
     n = half * (y * y).sum(-1, keepdim=True)
     if c is None:
-        c = _slice_max(b.detach().amax(-1, keepdim=True) - n.detach())
+        c = features.slice_max(b.detach().amax(-1, keepdim=True) - n.detach())
     phi_k = torch.exp(b - n - c.detach()).to(work)
     num = phi_q @ (phi_k.transpose(-1, -2) @ v.to(work))
     return num / torch.einsum("...nm,...m->...n", phi_q, phi_k.sum(-2)).unsqueeze(-1)

@@ -75,7 +75,7 @@ def gaussian_projection(
     return g.to(device=device, dtype=dtype)
 
 
-def _half_sq_norm(x: torch.Tensor, half: float) -> torch.Tensor:
+def half_sq_norm(x: torch.Tensor, half: float) -> torch.Tensor:
     """half * |x|^2 per row, (..., N, d) -> (..., N, 1): one read pass (vector_norm), no (N, d) temporary."""
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     if x.requires_grad and torch.is_grad_enabled():
@@ -83,9 +83,10 @@ def _half_sq_norm(x: torch.Tensor, half: float) -> torch.Tensor:
     return norm.square_().mul_(half)
 
 
-def _slice_max(rows: torch.Tensor) -> torch.Tensor:
+def slice_max(rows: torch.Tensor) -> torch.Tensor:
     """The keys' default constant from their row maxima (..., N, 1): the max over ONE (batch, head)
-    slice, (..., 1, 1) (never across the batch: module doc)."""
+    slice, (..., 1, 1) (never across the batch: module doc). Shared with fast.favor_blockwise, which
+    calls it through this module, so both FAVOR+ paths take one rule."""
     return rows.amax(-2, keepdim=True)
 
 
@@ -125,15 +126,15 @@ def favor_exponentials(
         n = None
         shift = c
         if query_norm:
-            n = _half_sq_norm(x, half)
+            n = half_sq_norm(x, half)
             shift = c + (n - n.detach())  # the value is c exactly; the gradient is that of n
         return p.sub_(shift).exp_(), c, n
-    n = _half_sq_norm(x, half)
+    n = half_sq_norm(x, half)
     if not stabilize:
         return p.sub_(n).exp_(), None, n
     if key_stabilizer is None:
         rows = p.detach().amax(-1, keepdim=True) - n.detach()  # (..., N, 1)
-        c = _slice_max(rows) if row_stabilizer is None else row_stabilizer(rows)
+        c = slice_max(rows) if row_stabilizer is None else row_stabilizer(rows)
         return p.sub_(n + c).exp_(), c, n
     z = p.sub_(n)
     c = key_stabilizer(z.detach()).detach()

@@ -129,7 +129,8 @@ def test_from_json_rerender_equals_first_render(rendered, tmp_path):
     root, first = rendered
     again = tmp_path / "again"
     args = ["--from-json", str(root / "out" / "results.json"), "--out", str(again),
-            "--asv-results", str(root / "asv"), "--peers-json", str(root / "peers-summary.json"), "--no-progress"]
+            "--asv-results", str(root / "asv"), "--peers-json", str(root / "peers-summary.json"),
+            "--gpu-json", str(root / "out" / "gpu.json"), "--no-progress"]  # the first render's (none there)
     assert main(args) == 0
     second = (again / "index.html").read_text(encoding="utf-8")
     src = re.compile(r'<code>[^<]*results\.json</code>')  # the page names its source file

@@ -38,7 +38,7 @@ def _all_dims(z: torch.Tensor) -> tuple[int, ...]:
 
 
 def _slice_max_across_batch(rows):
-    """fast.features._slice_max (the keys' default FAVOR+ constant from their row maxima) taken over
+    """fast.features.slice_max (the keys' default FAVOR+ constant from their row maxima) taken over
     the WHOLE tensor (all slices) instead of one (batch, head) slice."""
     return rows.amax(dim=_all_dims(rows), keepdim=True)  # BUG: across batch and heads
 
@@ -139,7 +139,7 @@ def _detached_spectrum(self, device, dtype):
 #: name -> (record id, variant restriction or None for the whole record, [(owner, attribute, copy)])
 PLANTED = {
     "favor-stabiliser-across-batch/linear": (
-        "linear", None, [(fast.features, "_slice_max", _slice_max_across_batch)]),
+        "linear", None, [(fast.features, "slice_max", _slice_max_across_batch)]),
     "favor-stabiliser-across-batch/causal": (
         "causal", None, [(fast.CausalMask, "key_stabilizer", _causal_stabilizer_across_batch)]),
     "causal-state-leaks-across-batch": ("causal", None, [(fast_sequence, "_decayed_scan", _leaky_decayed_scan),
