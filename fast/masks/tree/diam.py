@@ -92,7 +92,7 @@ class TreeDiamMask(DistanceFunctionMask):
 
     def _levels(self, xs: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         """The two passes on xs (B, n, c) in level order; returns (B, n, c) in level order."""
-        parents = [None if p is None else p[0] for p in self.forest.level_plans()]  # by parent within level k - 1
+        parents = [None if p is None else p[0] for p in self.forest.level_plans()]  # parent within level k - 1
         levels = self.forest.levels()
         H = self.height
         B, _, c = xs.shape
@@ -102,14 +102,15 @@ class TreeDiamMask(DistanceFunctionMask):
             if k == H:
                 g[k] = xk
             else:
-                # segment sums, not index_add_: no atomic add on CUDA, and float64 (class doc, "Precision")
-                below = parents[k + 1].sum(g[k + 1].to(ACCUMULATE_DTYPE), dim=1).to(xs.dtype)
+                # fast.segments: no atomic add on CUDA; and float64 (class doc, "Precision")
+                below = xs.new_zeros(B, hi - lo, H - k, c, dtype=ACCUMULATE_DTYPE)
+                below = parents[k + 1].add_into(below, g[k + 1].to(ACCUMULATE_DTYPE), dim=1).to(xs.dtype)
                 g[k] = torch.cat([xk, below], dim=-2)
         h = xs.new_zeros(B, levels[0][2], 2 * H + 1, c)
         h[:, :, H:] = g[0]  # roots: h = g, at s = l + H
         outs = [torch.matmul(f[None, :H + 1], h[:, :, H:]).squeeze(-2)]
         for k, lo, hi in levels[1:]:
-            h = parents[k].expand(h, dim=1)  # h_p(i)[s]: the parent's term, already shifted (a gather)
+            h = parents[k].take(h, dim=1)  # h_p(i)[s]: the parent's term, already shifted (a gather)
             h[:, :, H - k:2 * H - 2 * k + 1] += g[k]  # + g_i[l]
             stop = min(2 * H - 2 * k + 3, 2 * H + 1)
             h[:, :, H - k + 2:stop] -= g[k][:, :, :stop - (H - k + 2)]  # - g_i[l - 2]

@@ -18,7 +18,7 @@ import scipy.sparse.csgraph as csgraph
 import torch
 
 from fast.masks.base import SymmetricMaskOperator
-from fast.segments import IndexAdd, Segments
+from fast.segments import IndexAdd
 from fast.validation import check_positive_int, check_tokens
 
 
@@ -204,32 +204,31 @@ class Forest:
         return [(k, int(s[k]), int(s[k + 1])) for k in range(len(s) - 1)]
 
     def to_level_order(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., n, c) by node id -> (..., n, c) in level order (a gather; its backward, the
-        inverse permutation, through fast.segments: no atomic add on CUDA)."""
-        return self._permutation("order").expand(x, dim=-2)
+        """x (..., n, c) by node id -> (..., n, c) in level order (a gather; its backward through
+        fast.segments: index_add_ itself on CPU, no atomic add on CUDA)."""
+        return self._permutation("order").take(x, dim=-2)
 
     def from_level_order(self, y: torch.Tensor) -> torch.Tensor:
         """Inverse of ``to_level_order``."""
-        return self._permutation("position").expand(y, dim=-2)
+        return self._permutation("position").take(y, dim=-2)
 
-    def _permutation(self, which: str) -> Segments:
-        """order or position as a Segments of n one-row segments (planned once, any device)."""
+    def _permutation(self, which: str) -> IndexAdd:
+        """order or position as a fast.segments plan (planned once, any device)."""
         if which not in self._plans:
-            self._plans[which] = Segments(torch.as_tensor(getattr(self, which)), self.n, longest=1)
+            self._plans[which] = IndexAdd(torch.as_tensor(getattr(self, which)))
         return self._plans[which]
 
     def level_plans(self) -> list:
-        """Per depth k >= 1, the edges from level k up to level k - 1, planned once (fast.segments):
-        ``(Segments, IndexAdd)``, the Segments grouping level k's nodes by their parent's index within
-        level k - 1 (n_k rows into n_(k-1) segments: a fresh sum or a gather of level k - 1's rows),
-        the IndexAdd by the parent's level-order position (into (or from) a whole (..., n, c) tensor
-        in place). Index 0 (the roots) is None."""
+        """Per depth k >= 1, the edges from level k up to level k - 1 as fast.segments plans (built
+        once; index_add_ and index_select themselves on CPU, no atomic add on CUDA): ``(local,
+        position)``, IndexAdds of each level-k node's parent by its index within level k - 1 (sums
+        into, gathers from, a (..., n_(k-1), ...) tensor) and by its level-order position (into, from,
+        a whole (..., n, c) tensor in place). Index 0 (the roots) is None."""
         if "levels" not in self._plans:
             plans = [None]
             for k, lo, hi in self.levels()[1:]:
                 parent = torch.as_tensor(self.parent_pos[lo:hi])
-                up_lo = int(self.level_starts[k - 1])
-                plans.append((Segments(parent - up_lo, lo - up_lo), IndexAdd(parent)))
+                plans.append((IndexAdd(parent - int(self.level_starts[k - 1])), IndexAdd(parent)))
             self._plans["levels"] = plans
         return self._plans["levels"]
 

@@ -123,8 +123,7 @@ class TreeDCMask(DistanceFunctionMask):
             t = {k: torch.as_tensor(v, device=device) for k, v in self.plan.index_arrays().items()}
             t["blocks"] = [(size, torch.as_tensor(nodes, device=device), torch.as_tensor(dists, device=device))
                            for size, nodes, dists in self.plan.blocks]
-            t["to_pre"] = Segments(t["pre_node"], self.n, longest=1)
-            t["from_pre"] = Segments(t["label"], self.n, longest=1)
+            t["to_pre"], t["from_pre"] = IndexAdd(t["pre_node"]), IndexAdd(t["label"])
             t["hankel"] = {}  # per dense-row key: the Segments of a + b (the table's gather with grad)
             t["steps"] = {}  # per step layout: {step bounds: plans} (_steps)
             self._tensors[key] = t
@@ -164,7 +163,7 @@ class TreeDCMask(DistanceFunctionMask):
         lead, c, n = x.shape[:-2], x.shape[-1], self.n
         plan = self._device_plan(x.device)
         # preorder: every subproblem is a few contiguous ranges, so the gathers below stay local
-        xs = plan["to_pre"].expand(x.to(work).reshape(-1, n, c), dim=1)  # a gather (fast.segments backward)
+        xs = plan["to_pre"].take(x.to(work).reshape(-1, n, c), dim=1)  # a gather (fast.segments backward)
         f = f_table.to(device=x.device, dtype=work)
         grad = torch.is_grad_enabled() and (xs.requires_grad or f.requires_grad)
         f_grad = torch.is_grad_enabled() and f.requires_grad
@@ -172,7 +171,7 @@ class TreeDCMask(DistanceFunctionMask):
         out = self._dense_blocks(xs, f, plan, steps, f_grad)
         out = self._cross_terms(xs, f, out, grad, steps, f_grad)[:, :n]  # ACCUMULATE_DTYPE
         out = out - f[0] * plan["splits"].to(out.dtype)[:, None] * xs  # v was in both halves of its split
-        return plan["from_pre"].expand(out, dim=1).reshape(*lead, n, c).to(out_dtype)
+        return plan["from_pre"].take(out, dim=1).reshape(*lead, n, c).to(out_dtype)
 
     def _dense_blocks(self, xs: torch.Tensor, f: torch.Tensor, plan: dict, steps: dict, f_grad: bool) -> torch.Tensor:
         """sum over dense blocks of f(dist) @ x[block] (in xs's dtype), scattered back into a
