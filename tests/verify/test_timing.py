@@ -597,3 +597,23 @@ def test_crossover_of_nearly_parallel_lines_is_never_not_an_overflow():
     assert crossover_interval(fast, dense) == (None, None)
     c = compare(fast, dense)
     assert c.crossover is None and not c.extrapolated
+
+
+@pytest.mark.skipif(timing._libc() is None, reason="glibc's mallopt is not available here")
+def test_steady_heap_keeps_large_buffers_instead_of_faulting_them_in_at_every_call():
+    """64 MiB is above glibc's largest mmap threshold (32 MiB): outside steady_heap every fresh
+    buffer is mapped and faulted in again (16384 pages of 4 KiB) at every call; inside it, once the
+    heap has grown (a call or a few; every sweep makes a warm-up call), the freed buffer is reused
+    and a call faults in almost nothing."""
+    import resource
+
+    def faults() -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        torch.empty(2**24).fill_(1.0)  # 64 MiB of float32, written, freed
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    outside = [faults() for _ in range(4)]
+    with timing.steady_heap():
+        inside = [faults() for _ in range(8)]
+    assert min(outside) > 8000
+    assert sorted(inside)[5] < 500, inside  # at most 3 of 8 calls grow the heap; the others fault nothing

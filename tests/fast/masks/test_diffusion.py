@@ -567,3 +567,36 @@ def test_inference_mode_parameters_work():
         y = DiffusionMask(g, lam).matmul(x)
         z = DiffusionMask(g, 0.5).matmul(x)
     assert torch.equal(y, z)
+
+
+def test_column_blocks_give_the_same_product_and_gradients(monkeypatch):
+    """Where the series runs on column blocks (CPU, working set over CHAIN_CACHE_BYTES), every column
+    is the one-block column, bit for bit (a sparse product treats columns apart), and so is the
+    gradient of x; a learnable lam's gradient sums over the columns in another order (round-off)."""
+    from fast.masks import diffusion
+
+    adj = weighted()
+    n = adj.shape[0]
+    x = _x(n, c=40, lead=(2,))
+    assert diffusion.chain_columns(n, 80, 8) == 80  # fits: one block
+    monkeypatch.setattr(diffusion, "CHAIN_CACHE_BYTES", 4 * n * 8 * 20)  # 20 columns of float64 per block
+    assert diffusion.chain_columns(n, 80, 8) == 20 and diffusion.chain_columns(n, 80, 4) == 40
+    monkeypatch.setattr(diffusion, "MIN_CHAIN_COLUMNS", 16)
+    assert diffusion.chain_columns(n * 4, 80, 8) == 16
+
+    def run(blocked: bool):
+        if not blocked:
+            monkeypatch.setattr(diffusion, "CHAIN_CACHE_BYTES", 2**40)
+        else:
+            monkeypatch.setattr(diffusion, "CHAIN_CACHE_BYTES", 4 * n * 8 * 20)
+        lam = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+        xi = x.clone().requires_grad_()
+        op = DiffusionMask(adj, lam, "laplacian", tol=1e-12)
+        y, yt = op.matmul(xi), op.rmatmul(xi)
+        (y.sum() + (yt * yt).sum()).backward()
+        return y.detach(), yt.detach(), xi.grad, lam.grad
+
+    one, many = run(False), run(True)
+    for a, b in zip(one[:3], many[:3]):
+        assert torch.equal(a, b)
+    assert float(many[3]) == pytest.approx(float(one[3]), rel=1e-12)
