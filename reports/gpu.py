@@ -90,6 +90,7 @@ class GpuView:
     tests_all: list[dict] = field(default_factory=list)
     checks_tally: dict[str, int] = field(default_factory=dict)
     checks: list[CheckRow] = field(default_factory=list)
+    checks_only: list[str] = field(default_factory=list)  # the run's --only prefixes (empty: every quick check)
     sweeps: list[SweepRow] = field(default_factory=list)
     sweep_note: str = ""
     peers: PeersView | None = None
@@ -166,6 +167,7 @@ def gpu_view(run: GpuRun | None) -> GpuView:
     view.tests_all = cases
     checks = (d.get("checks") or {}).get("results") or []
     view.checks = [_check_row(r) for r in checks]
+    view.checks_only = [str(x) for x in d.get("checks_only") or []]
     view.checks_tally = {s: sum(c.status == s for c in view.checks) for s in ("pass", "fail", "skip")}
     sweeps = d.get("sweeps") or {}
     view.sweeps = [_sweep_row(c) for c in sweeps.get("curves") or []]

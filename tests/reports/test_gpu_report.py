@@ -41,6 +41,10 @@ def test_view_lists_failures_tests_checks_sweeps_and_peers(tmp_path):
     assert "OutOfMemoryError" in view.sweeps[1].error and not view.sweeps[0].error
     assert view.peers is not None and view.peers.rows
     assert dict((s, note) for s, _, note in view.stage_rows)["checks"] == "exit status 1"
+    assert view.checks_only == []
+    run = gpu_run()
+    run["checks_only"] = ["scale/", "reproducibility/"]
+    assert gpu_view(load_gpu(_write(tmp_path, run, "only.json"))).checks_only == ["scale/", "reproducibility/"]
 
 
 def test_view_of_a_stopped_run_says_so(tmp_path):
