@@ -149,3 +149,17 @@ def value_text(x: Any) -> str:
     if isinstance(x, float):
         return number(x, ".4g")
     return str(x)
+
+
+def read_json(path) -> tuple[bool, Any, str]:
+    """(found, data, error) of a JSON file the page reads: (False, None, "") when there is no file,
+    (True, None, "Type: message") when it cannot be read or parsed, never an exception."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        return False, None, ""
+    try:
+        return True, json.loads(p.read_text(encoding="utf-8")), ""
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return True, None, f"{type(exc).__name__}: {exc}"

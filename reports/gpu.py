@@ -9,7 +9,6 @@ never an exception), turns it into the page's rows (``gpu_view``) and draws time
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,13 +38,9 @@ class GpuRun:
 
 def load_gpu(path: str | Path) -> GpuRun:
     """The GPU run at ``path`` (missing: found=False; unreadable or another schema: ``error``)."""
-    p = Path(path)
-    if not p.is_file():
-        return GpuRun(str(path))
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return GpuRun(str(path), True, f"{type(exc).__name__}: {exc}")
+    found, data, error = fmt.read_json(path)
+    if not found or error:
+        return GpuRun(str(path), found, error)
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         return GpuRun(str(path), True, f"schema {got!r}; this report reads {SCHEMA!r} (re-run `{COMMAND}`)")

@@ -14,7 +14,6 @@ per (op, pass) (``plot_peers``). It measures nothing: the numbers are the suite'
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,13 +160,9 @@ class PeersSummary:
 
 def load_peers(path: str | Path) -> PeersSummary:
     """The summary at ``path``; a missing file gives found=False, an unreadable one ``error``."""
-    p = Path(path)
-    if not p.is_file():
-        return PeersSummary(str(path))
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return PeersSummary(str(path), True, f"{type(exc).__name__}: {exc}")
+    found, data, error = fmt.read_json(path)
+    if not found or error:
+        return PeersSummary(str(path), found, error)
     return PeersSummary.from_dict(data, str(path))
 
 
