@@ -182,6 +182,22 @@ def _tail(text: str, lines: int = 1) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def worker_argv(mech_id: str, n: int, *, device: str = "cpu", seed: int = 0, calls: int = 2, train: bool = False,
+                threads: int | None = None, reference=None, reference_threads: int = 1,
+                stop_ratio: float | None = None, budget: float | None = None) -> list[str]:
+    """The worker's command-line arguments for one request (None: the flag is not passed)."""
+    argv = [mech_id, str(int(n)), "--device", str(device), "--seed", str(int(seed)), "--calls", str(int(calls))]
+    argv += ["--train"] if train else []
+    if threads is not None:
+        argv += ["--threads", str(int(threads))]
+    if reference:
+        argv += ["--reference", *(str(int(r)) for r in reference), "--reference-threads", str(int(reference_threads))]
+    for flag, value in (("--stop-ratio", stop_ratio), ("--budget", budget)):
+        if value is not None:
+            argv += [flag, repr(float(value))]
+    return argv
+
+
 def run_scale_worker(mech_id: str, n: int, *, device: str = "cpu", seed: int = 0, calls: int = 2,
                      train: bool = False, timeout: float = 900.0, threads: int | None = None,
                      reference: Sequence[int] | None = None, reference_threads: int = 1,
@@ -194,15 +210,9 @@ def run_scale_worker(mech_id: str, n: int, *, device: str = "cpu", seed: int = 0
     RuntimeError naming the mechanism and N, with the child's stderr tail, if it fails;
     subprocess.TimeoutExpired after ``timeout`` seconds of wall time (a backstop: the worker's own
     --stop-ratio / --budget stops a slow call far earlier)."""
-    cmd = [sys.executable, "-m", "verify.scale_worker", mech_id, str(int(n)), "--device", str(device),
-           "--seed", str(int(seed)), "--calls", str(int(calls))] + (["--train"] if train else [])
-    if threads is not None:
-        cmd += ["--threads", str(int(threads))]
-    if reference:
-        cmd += ["--reference", *(str(int(r)) for r in reference), "--reference-threads", str(int(reference_threads))]
-    for flag, value in (("--stop-ratio", stop_ratio), ("--budget", budget)):
-        if value is not None:
-            cmd += [flag, repr(float(value))]
+    cmd = [sys.executable, "-m", "verify.scale_worker"] + worker_argv(
+        mech_id, n, device=device, seed=seed, calls=calls, train=train, threads=threads, reference=reference,
+        reference_threads=reference_threads, stop_ratio=stop_ratio, budget=budget)
     env = {**os.environ, **MALLOC_ENV}
     if ":" in mech_id:  # a record outside the registry: its module must import in the child too
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

@@ -89,6 +89,8 @@ import threading
 import time
 import traceback
 
+from verify.memory import worker_argv  # the request's arguments, one builder for both ways of starting a worker
+
 #: How often the watchdog reads the clock (seconds of sleep between readings).
 WATCH_INTERVAL_S = 0.05
 #: CUDA: timed calls per N at least (a call costs milliseconds; the minimum counts).
@@ -532,20 +534,6 @@ def _run(args, mech, cache: ProblemCache | None = None, spec: str | None = None,
 # ------------------------------------------------------------------------------ the client of --serve
 
 
-def worker_argv(mech_id: str, n: int, *, device: str = "cpu", seed: int = 0, calls: int = 2, train: bool = False,
-                threads: int | None = None, reference=None, reference_threads: int = 1,
-                stop_ratio: float | None = None, budget: float | None = None) -> list[str]:
-    """The worker's command-line arguments for one request (None: the flag is not passed)."""
-    argv = [mech_id, str(int(n)), "--device", str(device), "--seed", str(int(seed)), "--calls", str(int(calls))]
-    argv += ["--train"] if train else []
-    if threads is not None:
-        argv += ["--threads", str(int(threads))]
-    if reference:
-        argv += ["--reference", *(str(int(r)) for r in reference), "--reference-threads", str(int(reference_threads))]
-    for flag, value in (("--stop-ratio", stop_ratio), ("--budget", budget)):
-        if value is not None:
-            argv += [flag, repr(float(value))]
-    return argv
 
 
 class WorkerSession:
