@@ -23,7 +23,7 @@ from fast.features import (
     gaussian_projection,
 )
 from fast.graphs import Graph, as_graph, normalized_adjacency
-from fast.layers import DIFFormerAttention, NodeFormerConv, SGFormerAttention
+from fast.latent.layers import DIFFormerAttention, NodeFormerConv, SGFormerAttention
 from fast.masks.base import MaskOperator, SymmetricMaskOperator
 from fast.masks.diffusion import DiffusionMask, expm_action
 from fast.masks.explicit import DenseMask, SparseMask, as_mask_operator
@@ -42,7 +42,7 @@ from fast.masks.tree import (
     forest_diameter,
     tree_mask_operator,
 )
-from fast.nodeformer import (
+from fast.latent.nodeformer import (
     adjacency_orders,
     edge_log_likelihood,
     edge_loss,
@@ -53,7 +53,7 @@ from fast.nodeformer import (
     nodeformer_attention,
     relational_bias,
 )
-from fast.simple_attention import difformer_attention, frobenius_normalize, sgformer_attention
+from fast.latent.simple_attention import difformer_attention, frobenius_normalize, sgformer_attention
 from fast.walks import Walks, sample_walks
 
 __all__ = [

@@ -67,7 +67,7 @@ class BatchIndex:
         self._host_ptr: list[int] | None = None
         self._segments: Segments | None = None
         self._blocks: dict = {}
-        #: derived layouts of this batch that its users build once (e.g. fast.nodeformer's padding slots)
+        #: derived layouts of this batch that its users build once (e.g. fast.latent.nodeformer's padding slots)
         self.cache: dict = {}
 
     @property

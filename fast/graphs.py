@@ -190,7 +190,7 @@ class Graph:
         self._wdeg: torch.Tensor | None = None  # weighted_degree, formed at its first use
         self._keys = None
         self._csr: dict = {}
-        #: what other modules derive from this graph once and reuse while it lives (fast.nodeformer:
+        #: what other modules derive from this graph once and reuse while it lives (fast.latent.nodeformer:
         #: the adjacency orders and normalised bias operators), keyed by tuples that start with the
         #: module's name; the graph is immutable, so nothing here goes stale.
         self.cache: dict = {}

@@ -1,4 +1,4 @@
-"""NodeFormer (wu22) the obvious way: dense float64 NumPy, N x N matrices (twin of fast/nodeformer.py).
+"""NodeFormer (wu22) the obvious way: dense float64 NumPy, N x N matrices (twin of fast/latent/nodeformer.py).
 
 Shapes: q, k (..., N, d_qk); v (..., N, d); w the (m, d_qk) projection. Kernel scaling as in
 fast/: FAVOR+ features (wu22 Eq. 4, reference.features.favor_plus) of x = q d_qk^(-1/4) / sqrt(tau),

@@ -394,7 +394,7 @@ class TrainingSummary:
 @dataclass
 class LatentGraph:
     """The learned latent graph of a few nodes of one trained NodeFormer (its last layer, heads
-    averaged, evaluation mode: fast.layers.NodeFormerConv.attention_rows) beside the same rows of
+    averaged, evaluation mode: fast.latent.layers.NodeFormerConv.attention_rows) beside the same rows of
     the input adjacency. nodes: the query nodes (R); order: a permutation of the N columns that
     groups them by class (the heatmaps draw columns in this order); attention, adjacency (R, N)
     in the original node order; labels (N,)."""

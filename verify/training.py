@@ -2,13 +2,13 @@
 
     python -m verify.training [--quick] [--no-progress] [--json FILE]
 
-What the demo shows: the O(N) layers of fast.layers train end to end (full batch, autograd through
+What the demo shows: the O(N) layers of fast.latent.layers train end to end (full batch, autograd through
 the kernelized Gumbel-softmax, the relational bias and the edge loss), they beat a graph-blind MLP,
 and NodeFormer learns a latent graph whose attention concentrates on the query node's own class.
 It does not show that they beat message passing on the input graph: on these small homophilous
 graphs a plain 2-layer GCN is as good or better (the ``gcn`` baseline and the "vs GCN" column).
 
-Models (hidden width HIDDEN, fast.layers; every weight, dropout mask and Gumbel draw from one
+Models (hidden width HIDDEN, fast.latent.layers; every weight, dropout mask and Gumbel draw from one
 explicit torch.Generator per run, seeded with the run's seed; torch's global RNG is never used).
 Every model shares the input block fc_in -> LayerNorm -> ReLU -> dropout, except the GCN:
 
@@ -154,7 +154,7 @@ class MLP(nn.Module):
     fc_out: NodeFormerNet without its convs."""
 
     def __init__(self, in_dim: int, classes: int, generator: torch.Generator, hidden: int = HIDDEN):
-        from fast.layers import linear
+        from fast.latent.layers import linear
 
         super().__init__()
         self.g = generator
@@ -170,7 +170,7 @@ class GCN(nn.Module):
     """Kipf and Welling's 2-layer GCN: A_hat dropout(relu(A_hat X W_1)) W_2."""
 
     def __init__(self, in_dim: int, classes: int, generator: torch.Generator, hidden: int = HIDDEN):
-        from fast.layers import linear
+        from fast.latent.layers import linear
 
         super().__init__()
         self.g = generator
@@ -184,7 +184,7 @@ class GCN(nn.Module):
 class NodeFormerNet(nn.Module):
     def __init__(self, in_dim: int, classes: int, generator: torch.Generator, hidden: int = HIDDEN,
                  layers: int = 2, **conv):
-        from fast.layers import NodeFormerConv, linear
+        from fast.latent.layers import NodeFormerConv, linear
 
         super().__init__()
         self.g = generator
@@ -223,7 +223,7 @@ class NodeFormerNet(nn.Module):
 
 class SGFormerNet(nn.Module):
     def __init__(self, in_dim: int, classes: int, generator: torch.Generator, hidden: int = HIDDEN):
-        from fast.layers import SGFormerAttention, linear
+        from fast.latent.layers import SGFormerAttention, linear
 
         super().__init__()
         self.g = generator
@@ -249,7 +249,7 @@ class SGFormerNet(nn.Module):
 class DIFFormerNet(nn.Module):
     def __init__(self, in_dim: int, classes: int, generator: torch.Generator, hidden: int = HIDDEN,
                  layers: int = 2):
-        from fast.layers import DIFFormerAttention, linear
+        from fast.latent.layers import DIFFormerAttention, linear
 
         super().__init__()
         self.g = generator

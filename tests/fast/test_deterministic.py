@@ -23,14 +23,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fast
 import fast.masks.tree.separator_plan as plan_mod
-import fast.nodeformer as F
+import fast.latent.nodeformer as F
 import fast.segments as segments
 from fast.batching import SMALL_GRAPH_COUNT, check_batch
 from fast.graphs import as_graph
 from fast.masks.diffusion import KINDS, DiffusionMask
 from fast.masks.power_series import PowerSeriesMask, convolve
 from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask
-from fast.nodeformer import _EdgeLogSumExp, _node_major
+from fast.latent.nodeformer import _EdgeLogSumExp, _node_major
 from fast.segments import IndexAdd, Segments, add_into, index_sum
 from tests.helpers import gen, positive, randn
 from verify.problems import mixed_forest, random_forest
@@ -329,7 +329,7 @@ def test_rwgnk_forward_and_backward(cuda_backend, alpha):
 
 
 def test_nodeformer_edge_terms_backward(cuda_backend):
-    """The edge log-sum-exp's hand-written backward (fast.nodeformer, edge blocks of 5 edges)."""
+    """The edge log-sum-exp's hand-written backward (fast.latent.nodeformer, edge blocks of 5 edges)."""
     graph = as_graph(_ring(7), n=7)
     g = gen(10)
     zq, zk = randn((2, 7, 3), g), randn((2, 7, 3), g)

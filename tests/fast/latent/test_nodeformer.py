@@ -1,4 +1,4 @@
-"""fast/nodeformer.py against reference/nodeformer.py, graph isolation, log-space robustness, errors."""
+"""fast/latent/nodeformer.py against reference/nodeformer.py, graph isolation, log-space robustness, errors."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-import fast.nodeformer as F
+import fast.latent.nodeformer as F
 import reference.nodeformer as R
 from fast.graphs import Graph
 from tests.helpers import DEVICES, EQUIV_TOL, gen, np_, randn, rel_frobenius

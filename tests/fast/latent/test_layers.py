@@ -1,4 +1,4 @@
-"""fast.layers: NodeFormerConv, DIFFormerAttention, SGFormerAttention as nn.Modules.
+"""fast.latent.layers: NodeFormerConv, DIFFormerAttention, SGFormerAttention as nn.Modules.
 
 Gradients (gradcheck, float64, small N) through inputs and parameters; saved-tensor memory linear
 in N (the method of tests/fast/test_training_memory.py: distinct storages autograd saves, counted
@@ -13,7 +13,7 @@ import torch
 from torch.autograd import gradcheck
 from torch.func import functional_call
 
-from fast.layers import DIFFormerAttention, NodeFormerConv, SGFormerAttention
+from fast.latent.layers import DIFFormerAttention, NodeFormerConv, SGFormerAttention
 from tests.fast.test_training_memory import saved_bytes
 from tests.helpers import gen
 

@@ -27,7 +27,7 @@ share one norm, the authors' code, which normalises the whole [N, H, D] tensor o
                                 q.dim() == 3, (B, N, d): one norm per slice (dim -3 is read as a
                                 batch: samples never share a norm); q.dim() == 2: one norm.
     joint_heads=True            q.dim() >= 3: dim -3 is heads, joint over it; in particular a 3-D
-                                (H, N, d) input (what fast.layers passes) shares one norm over H.
+                                (H, N, d) input (what fast.latent.layers passes) shares one norm over H.
     joint_heads=False           one norm per leading slice (per head).
 
 Graphs never share a norm: every output depends on its own graph's nodes only. (The public batched

@@ -1,4 +1,4 @@
-"""fast/simple_attention.py (DIFFormer, SGFormer): against the dense NumPy reference, graphs that
+"""fast/latent/simple_attention.py (DIFFormer, SGFormer): against the dense NumPy reference, graphs that
 never mix, the score term made visible, zero norms, the guard, gradients and bad input.
 
 Inputs have leading dims (2, 2) = (batch, heads) and a batch vector of 3 uneven graphs (with a
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import fast.batching as batching
-import fast.simple_attention as sa
+import fast.latent.simple_attention as sa
 import reference.simple_attention as ref
 from fast.errors import DenominatorError
-from fast.simple_attention import difformer_attention, frobenius_normalize, sgformer_attention
+from fast.latent.simple_attention import difformer_attention, frobenius_normalize, sgformer_attention
 from tests.helpers import EQUIV_TOL, gen, np_, randn, rel_frobenius
 
 FUNCS = {"difformer": (difformer_attention, ref.difformer_attention),
@@ -184,7 +184,7 @@ def test_joint_heads_changes_the_result(name):
 def test_joint_heads_rule(name, batched):
     """joint_heads=None (default): a 4-D (B, H, N, d) input spans H (= True); a 3-D (B, N, d) input
     keeps its samples apart (= False: scaling sample 1 leaves sample 0 bit for bit unchanged);
-    True reads a 3-D input as (H, N, d) (fast.layers' layout) and equals the 4-D (1, H, N, d)
+    True reads a 3-D input as (H, N, d) (fast.latent.layers' layout) and equals the 4-D (1, H, N, d)
     default. Each equals the reference under the same rule."""
     fn, ref_fn = FUNCS[name]
     batch = BATCH if batched else None

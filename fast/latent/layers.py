@@ -1,7 +1,7 @@
 """nn.Module layers for learned latent graphs: NodeFormer, DIFFormer and SGFormer attention.
 
 Drop-in layers over node features x (N, in_dim) -> (N, out_dim), built on the functional ops of
-fast.nodeformer and fast.simple_attention (the maths and the equation numbers are documented
+fast.latent.nodeformer and fast.latent.simple_attention (the maths and the equation numbers are documented
 there; docs/papers.md: wu22 and the tutorial). Several graphs in one call follow the PyG
 convention: nodes concatenated along N with a sorted ``batch`` vector (fast.batching.check_batch).
 
@@ -116,7 +116,7 @@ class NodeFormerConv(nn.Module):
         out = [z^1 ... z^H] W_o                                     (N, out_dim)
 
     and the edge loss (Eq. 10, this layer's term) -(1/N) sum_u (1/d_u) sum_{(u,v) in E} log pi_uv,
-    pi_uv the noise-free attention weight of u on v, averaged over heads (fast.nodeformer.edge_loss).
+    pi_uv the noise-free attention weight of u on v, averaged over heads (fast.latent.nodeformer.edge_loss).
     The model adds lambda times the mean over layers to the classification loss (Eq. 12).
 
     Args:
@@ -125,7 +125,7 @@ class NodeFormerConv(nn.Module):
         samples: K >= 1 Gumbel samples per forward in training mode. gumbel: False uses the plain
             kernelized softmax in training too. relational_bias: add Eq. 8 when a graph is given;
             order >= 1 and normalize ("sym": D^-1/2 A_r D^-1/2, NodeFormer's code; None: raw A_r)
-            as in fast.nodeformer.relational_bias; b (shape (order,), learnable) starts at 0.
+            as in fast.latent.nodeformer.relational_bias; b (shape (order,), learnable) starts at 0.
             Deviation from NodeFormer's code, which keeps b of shape (order, heads) (one weight
             per head) initialised to 0.1: here one weight per order, shared by the heads, from 0.
         generator: torch.Generator for the weights, the projection (drawn once here; orthogonal
@@ -138,7 +138,7 @@ class NodeFormerConv(nn.Module):
     edge_loss: a 0-dim tensor in training mode with a graph; None without a graph or in evaluation
     mode). Returning None in evaluation mode is our choice: NodeFormer's code computes the edge
     loss in both modes and its caller discards it outside training; here evaluation skips the
-    O(E m) work (call fast.nodeformer.edge_loss for a value there).
+    O(E m) work (call fast.latent.nodeformer.edge_loss for a value there).
     ``graph``: anything fast.as_graph accepts (edge_index (2, E), scipy.sparse, networkx,
     fast.Graph) on the N nodes (pass a fast.Graph built once, fast.as_graph, to skip the
     conversion at every call); ``noise``: Gumbel noise of shape (K, H, N) to use instead of
@@ -189,7 +189,7 @@ class NodeFormerConv(nn.Module):
         return (_heads(self.w_q(x), self.heads), _heads(self.w_k(x), self.heads), _heads(self.w_v(x), self.heads))
 
     def forward(self, x: torch.Tensor, graph=None, batch=None, *, noise: torch.Tensor | None = None):
-        from fast.nodeformer import edge_loss, nodeformer_attention
+        from fast.latent.nodeformer import edge_loss, nodeformer_attention
 
         x = _check_x(x, self.in_dim)
         _batch(batch, x.shape[0], x.device)
@@ -212,9 +212,9 @@ class NodeFormerConv(nn.Module):
     def attention_rows(self, x: torch.Tensor, rows, batch=None) -> torch.Tensor:
         """The learned latent graph's weights (heads, R, N): row r is the noise-free attention
         pi_{u, .} of the query node u = rows[r] over every node of its graph (rows sum to 1;
-        0 outside u's graph), fast.nodeformer.kernelized_attention_rows at this layer's tau.
+        0 outside u's graph), fast.latent.nodeformer.kernelized_attention_rows at this layer's tau.
         O(R N m) per head. Call under torch.no_grad() for a picture."""
-        from fast.nodeformer import kernelized_attention_rows
+        from fast.latent.nodeformer import kernelized_attention_rows
 
         x = _check_x(x, self.in_dim)
         _batch(batch, x.shape[0], x.device)
@@ -245,7 +245,7 @@ class _SimpleAttention(nn.Module):
         return f"{self.in_dim}, {self.out_dim}, heads={self.heads}, joint_heads={self.joint_heads}"
 
     def forward(self, x: torch.Tensor, batch=None) -> torch.Tensor:
-        import fast.simple_attention as sa
+        import fast.latent.simple_attention as sa
 
         x = _check_x(x, self.in_dim)
         _batch(batch, x.shape[0], x.device)
@@ -262,7 +262,7 @@ class DIFFormerAttention(_SimpleAttention):
 
         z_u = (sum_v v_v + q~_u . sum_v k~_v v_v^T) / (N_g + q~_u . sum_w k~_w)
 
-    out = mean over heads of z (N, out_dim): O(N d^2), fast.simple_attention.difformer_attention.
+    out = mean over heads of z (N, out_dim): O(N d^2), fast.latent.simple_attention.difformer_attention.
     forward(x (N, in_dim), batch=None) -> (N, out_dim); weights drawn from ``generator``.
     """
 
@@ -275,7 +275,7 @@ class SGFormerAttention(_SimpleAttention):
 
         z_u = (N_g v_u + q~_u . sum_v k~_v v_v^T) / (N_g + q~_u . sum_w k~_w)
 
-    O(N d^2), fast.simple_attention.sgformer_attention. forward(x (N, in_dim), batch=None) -> (N, out_dim).
+    O(N d^2), fast.latent.simple_attention.sgformer_attention. forward(x (N, in_dim), batch=None) -> (N, out_dim).
     """
 
     _op_name = "sgformer_attention"

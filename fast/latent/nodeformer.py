@@ -293,9 +293,9 @@ class _Layout:
     def of(batch: BatchIndex | None) -> "_Layout":
         if batch is None:
             return _Layout(None)
-        lay = batch.cache.get("fast.nodeformer.layout")
+        lay = batch.cache.get("fast.latent.nodeformer.layout")
         if lay is None:
-            lay = batch.cache["fast.nodeformer.layout"] = _Layout(batch)
+            lay = batch.cache["fast.latent.nodeformer.layout"] = _Layout(batch)
         return lay
 
     def pad(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
@@ -594,7 +594,7 @@ def _check_bias(b: object, order: int, device: torch.device,
 
 #: key prefix of what this module caches on a fast.Graph (in its per-graph cache dict): the adjacency
 #: orders and the normalised bias operators, built once per Graph object (module doc, "Graphs").
-_CACHE_KEY = "fast.nodeformer"
+_CACHE_KEY = "fast.latent.nodeformer"
 
 
 def _graph_cache(g: Graph) -> dict:
