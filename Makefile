@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-# Measure (verify.measure writes one results JSON; ARGS go to it, e.g. ARGS=--quick), then render
+# Measure (measure writes one results JSON; ARGS go to it, e.g. ARGS=--quick), then render
 # it and the asv results into reports/out/index.html (python -m reports only draws).
 report: $(STAMP)
-	$(PY) -m verify.measure --out reports/out/results.json $(ARGS)
+	$(PY) -m measure --out reports/out/results.json $(ARGS)
 	$(PY) -m reports --from-json reports/out/results.json
 
 test: $(STAMP)
@@ -29,7 +29,7 @@ test: $(STAMP)
 verify: $(STAMP)
 	$(PY) -m verify $(ARGS)
 
-# The GPU run (python -m verify.measure.gpu, docs/methods.md "The GPU run"): the CUDA tests,
+# The GPU run (python -m measure.gpu, docs/methods.md "The GPU run"): the CUDA tests,
 # verify --device cuda --quick, time and memory vs N of every fast path and the peer suite on the
 # GPU, within BUDGET seconds (8 minutes on one H100), into reports/out/gpu.json; `make report` or
 # `python -m reports` renders it as the page's GPU section. Without CUDA it says so and exits 2.
@@ -37,7 +37,7 @@ verify: $(STAMP)
 GPU_PY ?=
 BUDGET ?= 480
 gpu-check: $(if $(GPU_PY),,$(STAMP))
-	$(or $(GPU_PY),$(PY)) -m verify.measure.gpu --out reports/out/gpu.json --budget $(BUDGET) $(ARGS)
+	$(or $(GPU_PY),$(PY)) -m measure.gpu --out reports/out/gpu.json --budget $(BUDGET) $(ARGS)
 
 # The peer suite (docs/benchmarks.md, "Peer benchmarks"): each operation of maskbench beside torch
 # SDPA and, when installed, performer-pytorch and pytorch-fast-transformers (missing peers skip

@@ -23,7 +23,7 @@ What asv is for here: history across commits (did a change make causal attention
 hungrier, or change how it scales?) and charts (``asv publish``). asv runs every parameter
 combination in its own process, and on our 2-core machines timings spread by up to 2x between
 processes, so exponent fits and crossover N come from in-process, interleaved sweeps
-(verify/timing.py, docs/methods.md "Complexity and speed"): complexity.py runs a short one.
+(measure/timing.py, docs/methods.md "Complexity and speed"): complexity.py runs a short one.
 
 Run it with ``make bench`` (the installed project at HEAD), ``make bench-history RANGE=A..B``
 (each commit built into asv's virtualenv), ``make publish``; docs/benchmarks.md has the details

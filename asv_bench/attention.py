@@ -14,14 +14,14 @@ max(fast_sizes), dense where there is no dense twin (common.skip_reason).
 
 What is timed: setup (untimed) pins torch to one thread, draws the seeded problem (seed 0) and
 builds the runner (tensor conversion, mask operators, dense masks for the twin); the timed body
-is one call of the runner, i.e. exactly what verify/timing.py times in its sweeps.
+is one call of the runner, i.e. exactly what measure/timing.py times in its sweeps.
 peakmem_attention reports the peak RSS of the whole benchmark process after one call, so it
 includes the interpreter, torch and the problem (a baseline of ~0.3 GiB here); read it as growth
 with N (linear for fast, quadratic for reference and dense), not as the bytes of one call.
 
 Why these settings (common.TIME_SETTINGS): a reference call at N = 8192 takes ~1.5 s, so at
 most 3 samples of it; millisecond calls get 10 samples; two rounds (processes) per combination.
-asv's numbers are for history across commits; exponents are fitted from verify/timing.py.
+asv's numbers are for history across commits; exponents are fitted from measure/timing.py.
 """
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ def pin_threads() -> None:
 
     Why: on a 2-core machine a second intra-op thread competes with asv itself and with
     whatever else runs, which makes timings swing between processes; one thread is also what
-    the exponent fits of verify/timing.py use (docs/methods.md), so the two sets of numbers agree.
+    the exponent fits of measure/timing.py use (docs/methods.md), so the two sets of numbers agree.
     NumPy's BLAS (OpenBLAS, used by the reference) is pinned through OPENBLAS_NUM_THREADS=1,
     which must be set before NumPy is loaded (asv_bench/__init__.py and the Makefile set it).
     """

@@ -5,9 +5,9 @@ One class per registered mechanism (same names as in attention.py), no parameter
     complexity.causal.track_exponent      unit "exponent"
 
 The value is the slope of log t against log N from a small in-process sweep of the default
-variant's fast path: verify.timing.sweep over EXPONENT_POINTS sizes a factor GRID_FACTOR apart
+variant's fast path: measure.timing.sweep over EXPONENT_POINTS sizes a factor GRID_FACTOR apart
 (4 points over 64x = 1.8 decades), one torch thread, SWEEP_ROUNDS interleaved rounds, median per
-N; then the project's one fit rule (verify.timing.fit_times: points under MIN_FIT_S are left
+N; then the project's one fit rule (measure.timing.fit_times: points under MIN_FIT_S are left
 out, but the largest four always enter, so with four points all of them do). For a mechanism
 with a cost factor (complexity "N diam": the diameter) the fitted quantity is time / cost
 factor, the points chosen by raw time, as verify's complexity check does. So every value reads
@@ -33,10 +33,10 @@ import inspect
 import numpy as np
 
 from verify.registry import Mechanism
-from verify.timing import MIN_FIT_S, fit_exponent, fit_points, sweep
+from measure.timing import MIN_FIT_S, fit_exponent, fit_points, sweep
 
 try:  # the one fit rule as a function, from this issue on
-    from verify.timing import fit_times
+    from measure.timing import fit_times
 except ImportError:  # older commits: applied from fit_points and fit_exponent below
     fit_times = None
 
@@ -67,7 +67,7 @@ def exponent_grid(mech: Mechanism) -> list[int]:
 
 
 def _sweep_kwargs(mech: Mechanism) -> dict:
-    """The default variant, where this commit's verify.timing.sweep takes one."""
+    """The default variant, where this commit's measure.timing.sweep takes one."""
     if "variant" in inspect.signature(sweep).parameters and hasattr(mech, "default_variant"):
         return {"variant": mech.default_variant.name}
     return {}
@@ -75,7 +75,7 @@ def _sweep_kwargs(mech: Mechanism) -> dict:
 
 def _fit(sizes, seconds, cost_factors) -> float:
     """The fitted slope under the installed commit's fit rule (with cost factors: of t / factor)."""
-    if fit_times is not None:  # the one fit rule, verify.timing.fit_times (this issue on)
+    if fit_times is not None:  # the one fit rule, measure.timing.fit_times (this issue on)
         _, fit, cost_fit = fit_times(sizes, seconds, cost_factors)
         chosen = fit if cost_factors is None else cost_fit
         if chosen is None:

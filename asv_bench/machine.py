@@ -3,7 +3,7 @@
     machine.MatmulPeak.track_matmul_gflops   params: threads ("1", "all"); unit GFLOP/s
 
 A 2048 x 2048 float32 torch matmul (2 n^3 flops) is timed in-process: one warm-up, then five
-measurements of >= 0.2 s each (verify.timing.measure), and the best is reported, since noise
+measurements of >= 0.2 s each (measure.timing.measure), and the best is reported, since noise
 only ever lowers the rate and the peak is what a kernel's rate is compared with (docs/methods.md,
 "Roofline"). "1" matches the single thread of the attention benchmarks; "all" is torch's
 default thread count on this machine (both cores here), reported separately as docs/methods.md
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from verify.timing import measure
+from measure.timing import measure
 
 from . import common
 

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from reports.gpu import load_gpu
     from reports.peers import load_peers
     from reports.render import write_report
-    from verify.schema import Results
+    from results.schema import Results
 
     path, out = Path(args.from_json), Path(args.out)
     if not path.is_file():

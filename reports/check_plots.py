@@ -16,7 +16,7 @@ import numpy as np
 
 from reports import figures as fig
 from verify.plots import MAX_PLOTS, MAX_SERIES, validate_plot
-from verify.result import CheckResult
+from results.check import CheckResult
 
 
 @dataclass

@@ -23,8 +23,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from reports.asv_history import AsvSeries, MechanismHistory  # noqa: E402
 from reports.format import bytes_text, class_text, fit_text, pow2_text, seconds_text  # noqa: E402
-from verify.result import CheckResult  # noqa: E402
-from verify.schema import (FavorError, Gallery, MechanismInfo, MemoryCurve, Results,  # noqa: E402
+from results.check import CheckResult  # noqa: E402
+from results.schema import (FavorError, Gallery, MechanismInfo, MemoryCurve, Results,  # noqa: E402
                            SweepResult, num)
 
 DPI = 110

@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any
 
-from verify.schema import Fit
+from results.schema import Fit
 
 DASH = "–"
 _SUPERSCRIPT = str.maketrans("0123456789.-", "⁰¹²³⁴⁵⁶⁷⁸⁹·⁻")

@@ -19,7 +19,7 @@ from matplotlib.lines import Line2D
 from reports import format as fmt
 from reports.figures import GUIDE_COLOR, GUIDES, _log2_x, _save, line_styles
 from reports.peers import PeersSummary, PeersView, peers_view
-from verify.schema import Fit
+from results.schema import Fit
 
 SCHEMA = "maskbench-gpu/1"
 COMMAND = "make gpu-check"

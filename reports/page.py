@@ -24,8 +24,8 @@ from reports.peers import PeersSummary, peers_view
 from reports.roofline import roofline_view
 from reports.training import training_view
 from reports.gpu import GpuRun, gpu_view
-from verify.result import CheckResult
-from verify.schema import Comparison, Fit, MechanismInfo, MemoryCurve, Results, SweepResult
+from results.check import CheckResult
+from results.schema import Comparison, Fit, MechanismInfo, MemoryCurve, Results, SweepResult
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The single figures of the page (reports.render.make_figures); a missing one reads "no data".

@@ -12,7 +12,7 @@ from reports.page import render_page
 from reports.peers import PeersSummary, plot_peers
 from reports.roofline import plot_roofline
 from reports.training import plot_latent, plot_training_curves
-from verify.schema import Results
+from results.schema import Results
 
 
 def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | None = None,

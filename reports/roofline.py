@@ -26,8 +26,8 @@ from matplotlib.patches import Patch
 
 from reports import format as fmt
 from reports.figures import _save
-from verify.result import CheckResult
-from verify.schema import Results
+from results.check import CheckResult
+from results.schema import Results
 
 KIND = "perf"
 #: Bar colour per baseline; groups are drawn in this order, any other baseline after them in grey.

@@ -18,7 +18,7 @@ import numpy as np
 
 from reports import format as fmt
 from reports.figures import _legend_below, _save, line_styles
-from verify.schema import LatentGraph, Results, Training, TrainingRun
+from results.schema import LatentGraph, Results, Training, TrainingRun
 
 MODEL_TITLES = {"nodeformer": "NodeFormer", "sgformer": "SGFormer", "difformer": "DIFFormer", "gcn": "GCN",
                 "mlp": "MLP"}

@@ -97,7 +97,7 @@ def dense_causal_units(q, k, v, c):
 
 def evaluate_quick(module, check_id: str, seed: int = 0):
     """The check ``check_id`` of a verify.checks module (its ``checks()``) run once in quick mode."""
-    from verify.result import Context
+    from results.check import Context
 
     check = next(c for c in module.checks() if c.id == check_id)
     return check.evaluate(Context(quick=True, seed=seed))

@@ -12,7 +12,7 @@ import pytest
 
 from verify.mechanisms import get, mechanisms
 from verify.registry import Variant, register, unregister
-from verify.schema import Results
+from results.schema import Results
 
 TOY = "toy-once"
 GRID = tuple(2**p for p in range(5, 10))
@@ -43,7 +43,7 @@ def _reload_asv():
 
 
 def test_one_record_appears_in_json_asv_and_report(toy, tmp_path):
-    from verify.measure.pipeline import Options, collect
+    from measure.pipeline import Options, collect
 
     assert TOY in [m.id for m in mechanisms()]
 

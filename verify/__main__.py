@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from verify.result import CheckResult
+from results.check import CheckResult
 from verify.runner import (check_device, format_table, progress_line, run_checks, seed_sweep, write_json,
                            write_sweep_json)
 

@@ -22,7 +22,7 @@ A record declares, besides its problem generator and implementations:
   class without it.
 - metrics: structural numbers of a problem worth charting against N (e.g. a recursion depth and
   the bound it must stay under), recorded by the sweeps beside the times.
-- roofline: what perf/<id> times and against which roofline (``Roofline``; verify.roofline,
+- roofline: what perf/<id> times and against which roofline (``Roofline``; measure.roofline,
   verify.checks.perf): the fp32 matmul rate with a FLOP count, or a bare primitive of the same
   size (the batched rfft/irfft of the same columns, one scatter over the tree), and the issue's
   benchmark target (reported, never judged).
@@ -51,7 +51,7 @@ EQUIVALENCE_BATCH = (2, 2)
 
 #: runner() -> Tensor: the timed part of one (problem, implementation); set-up happens before.
 Runner = Callable[[], Any]
-#: Rooflines a perf/<id> check compares with (verify.roofline): the measured fp32 matmul rate
+#: Rooflines a perf/<id> check compares with (measure.roofline): the measured fp32 matmul rate
 #: (achieved GFLOP/s of the useful FLOPs), or a bare primitive of the same size timed beside it.
 ROOFLINE_BASELINES = ("matmul", "fft", "scatter")
 
@@ -94,14 +94,14 @@ class Variant:
 
 @dataclass(frozen=True)
 class Roofline:
-    """How perf/<id> measures a mechanism's speed against what the machine can do (verify.roofline).
+    """How perf/<id> measures a mechanism's speed against what the machine can do (measure.roofline).
 
     baseline: "matmul" (the fast path's useful FLOPs per second as a fraction of the fp32 GEMM
         rate measured in the same run), "fft" (the bare batched rfft/irfft of the same columns at
         the mask's n_fft and transform dtype, over the mask product's time) or "scatter" (one bare
         index_add_ of N x c rows into the tree's parents, over the mask product's time).
-    case(mech, n, device, seed) -> verify.roofline.PerfCase: builds the timed kernel (and the bare
-        primitive, or the FLOP counts) untimed; verify.roofline has the factories (favor_case,
+    case(mech, n, device, seed) -> measure.roofline.PerfCase: builds the timed kernel (and the bare
+        primitive, or the FLOP counts) untimed; measure.roofline has the factories (favor_case,
         softmax_case, mask_product_case).
     target: the issue's benchmark target for the fraction (linear 0.70, causal 0.50, FFT masks
         1 / 1.5), or None (reported only). A benchmark target, never a pass/fail threshold.

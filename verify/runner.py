@@ -14,7 +14,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from verify.checks import all_checks
-from verify.result import Check, CheckResult, Context
+from results.check import Check, CheckResult, Context
 
 
 def check_seed(seed) -> int:
@@ -88,7 +88,7 @@ def run_checks(
     A check that raises is reported as a failure with its traceback in ``details``; it never
     stops the others. A bad seed or device, or an ``only`` that selects nothing, raises ValueError
     before any check runs (check_seed, check_device, select). sweeps: a cache of measured sweeps
-    shared by every check's Context (verify.result.Context.sweeps; e.g. verify.measure's, so
+    shared by every check's Context (results.check.Context.sweeps; e.g. measure's, so
     complexity checks reuse its sweeps). on_result(result, i, total): called as each check
     finishes (i counts from 1), so a caller can print it and save what finished before a run is
     stopped (``python -m verify`` prints ``progress_line`` and rewrites its JSON there).

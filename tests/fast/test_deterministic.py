@@ -474,7 +474,7 @@ def test_reproducibility_check_sees_an_occasional_race():
     as atomics do): reproducibility/<id> compares SAME_SEED_RUNS same-seed runs, so it fails."""
     from verify.checks import reproducibility as R
     from verify.mechanisms import get
-    from verify.result import Context
+    from results.check import Context
 
     assert R.SAME_SEED_RUNS >= 3
     real = get("packing")

@@ -1,4 +1,4 @@
-"""A synthetic verify.schema.Results and a fake asv results folder, built from formulas.
+"""A synthetic results.schema.Results and a fake asv results folder, built from formulas.
 
 Two mechanisms by default: "causal" (one variant, a dense twin) and "tree-x" (two swept variants
 "path" and "binary", a cost factor "diam", a metric "depth" with "depth bound", one variant that
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from verify.result import CheckResult
-from verify.schema import (Comparison, FavorError, FavorErrorCurve, Fit, Gallery, MaskPanel, MechanismInfo,
+from results.check import CheckResult
+from results.schema import (Comparison, FavorError, FavorErrorCurve, Fit, Gallery, MaskPanel, MechanismInfo,
                            MemoryCurve, MemoryPoint, Results, SweepResult, VariantInfo)
 
 MALICIOUS = "<script>alert('x')</script> & <b>bold</b>"

@@ -1,7 +1,7 @@
 """reports/ only renders: it imports nothing that measures (issue 8).
 
 Allowed: the standard library (minus process spawning), NumPy, matplotlib, Jinja2, reports itself,
-and from verify only the pure-data modules verify.schema, verify.result and verify.plots.
+results/ (the pure-data results schema) and from verify only the pure-data module verify.plots.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
 THIRD_PARTY = {"numpy", "matplotlib", "jinja2"}
-VERIFY_ALLOWED = {"verify.schema", "verify.result", "verify.plots"}  # pure data: dataclasses, dicts, validation
+VERIFY_ALLOWED = {"verify.plots"}  # pure data: dicts, validation
 #: Standard-library modules that run or spawn things (a renderer needs none of them).
 STDLIB_FORBIDDEN = {"subprocess", "multiprocessing", "concurrent", "ctypes", "importlib", "runpy", "pty"}
 
@@ -30,7 +30,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             base = node.module or ""
             if node.level:
                 base = "reports" + (f".{base}" if base else "")
-            # "from verify import timing" imports verify.timing: judge each name as a module too
+            # "from verify import plots" imports verify.plots: judge each name as a module too
             out += [(node.lineno, f"{base}.{a.name}" if base in ("verify", "reports") else base) for a in node.names]
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
             out.append((node.lineno, "__import__"))
@@ -39,7 +39,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 def _allowed(module: str) -> bool:
     top = module.split(".")[0]
-    if top == "reports":
+    if top in ("reports", "results"):  # results/: pure data (dataclasses), importable without torch
         return True
     if top == "verify":
         return any(module == m or module.startswith(m + ".") for m in VERIFY_ALLOWED)
@@ -66,9 +66,10 @@ def test_no_measuring_imports(path):
 
 @pytest.mark.parametrize("source, ok", [
     ("import torch", False), ("from fast.attention import x", False), ("import reference.features", False),
-    ("from verify import timing", False), ("from verify.measure import run", False), ("import subprocess", False),
-    ("from verify.mechanisms import get", False), ("import verify.memory", False), ("import scipy", False),
-    ("from verify.schema import Results", True), ("from verify import result", True), ("import json", True),
+    ("from measure import timing", False), ("from measure import run", False), ("import subprocess", False),
+    ("from verify.mechanisms import get", False), ("import measure.memory", False), ("import scipy", False),
+    ("from results.schema import Results", True), ("from results import check", True), ("import json", True),
+    ("from verify import plots", True),
     ("from .format import number", True), ("import matplotlib.pyplot as plt", True),
 ])
 def test_the_rule_itself(tmp_path, source, ok):
@@ -82,7 +83,7 @@ def test_rendering_loads_no_measuring_module():
     code = ("import sys, reports.__main__, reports.render, reports.page, reports.figures, reports.peers, "
             "reports.roofline; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'fast', 'reference', 'scipy') "
-            "or m in ('verify.timing', 'verify.measure', 'verify.memory', 'verify.mechanisms', 'verify.registry')); "
+            "or m in ('measure.timing', 'measure', 'measure.memory', 'verify.mechanisms', 'verify.registry')); "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

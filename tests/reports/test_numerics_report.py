@@ -9,7 +9,7 @@ from reports.figures import (_numerics_label, numerics_cells, numerics_checks, n
                              plot_numerics)
 from reports.page import numerics_view, render_page
 from tests.reports.synthetic import NUMERICS_ROWS, NUMERICS_STDS, check, make_results, numerics_check
-from verify.schema import Results
+from results.schema import Results
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -146,14 +146,14 @@ def test_from_json_rerender_equals_first_render(rendered, tmp_path):
 def test_missing_results_file_says_how_to_make_it(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "nowhere"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "python -m verify.measure --out" in err and "make report" in err
+    assert "python -m measure --out" in err and "make report" in err
 
 
 def test_measuring_flags_point_to_verify_measure(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--quick"])
     assert exc.value.code == 2
-    assert "python -m verify.measure --quick" in capsys.readouterr().err
+    assert "python -m measure --quick" in capsys.readouterr().err
 
 
 def test_schema_mismatch_is_a_clear_error(tmp_path, capsys):

@@ -9,7 +9,7 @@ from reports.page import render_page
 from reports.roofline import (RooflineEntry, perf_checks, plot_roofline, roofline_entries, roofline_view,
                               target_text)
 from tests.reports.synthetic import PERF_CEILING, PERF_FAIL_REASON, PERF_SKIP_REASON, check, make_results
-from verify.schema import Results
+from results.schema import Results
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""The training section (reports.training) from a synthetic verify.schema.Training record: the
+"""The training section (reports.training) from a synthetic results.schema.Training record: the
 table, both figures, the JSON round trip, escaping, and a run without the record. Nothing here
 trains: every number comes from a formula (``make_training``); tests/reports/synthetic.py's
 make_results supplies the rest of the Results."""
@@ -13,7 +13,7 @@ import pytest
 from reports.page import render_page
 from reports.training import _curves, latent_stats, plot_latent, plot_training_curves, training_view
 from tests.reports.synthetic import MALICIOUS, make_results
-from verify.schema import (LatentGraph, Results, Training, TrainingDataset, TrainingRun, TrainingSummary)
+from results.schema import (LatentGraph, Results, Training, TrainingDataset, TrainingRun, TrainingSummary)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 MODELS = ("nodeformer", "sgformer", "difformer", "gcn", "mlp")

@@ -2,7 +2,7 @@
 
 They are never registered: a test hands the record to a check's ``check_for`` and, where the
 check runs a child process (scale/), names it by ``module:attribute``
-(``tests.verify.planted_mechanisms:HIDDEN_QUADRATIC``), which verify.scale_worker imports.
+(``tests.verify.planted_mechanisms:HIDDEN_QUADRATIC``), which measure.scale_worker imports.
 
 - HIDDEN_QUADRATIC: unmasked FAVOR+ attention (the "linear" record) whose fast path is exact and
   linear up to N = CHUNK, and beyond it loops over query chunks in Python, each chunk recomputing

@@ -16,7 +16,7 @@ import torch
 import verify.__main__ as cli
 from tests.helpers import DEVICES, cuda_only
 from verify import runner
-from verify.result import Check, CheckResult, Outcome
+from results.check import Check, CheckResult, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -114,7 +114,7 @@ def test_n_plus_e_is_a_cost_factor_class():
     record must declare that factor, the time line is N x factor = N + |E|, and the slope tested
     on time / factor is the class "N"'s."""
     from verify.checks.complexity import claim_rule, tested_class
-    from verify.scale_worker import class_size
+    from measure.scale_worker import class_size
 
     assert "N + E" in COMPLEXITY_CLASSES and COST_FACTOR_CLASSES["N + E"] == "N"
     assert tested_class("N + E") == "N" and claim_rule("N + E") == claim_rule("N")

@@ -11,7 +11,7 @@ import torch
 
 import verify.__main__ as cli
 from verify import runner
-from verify.result import Check, CheckResult, Outcome
+from results.check import Check, CheckResult, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = {"id", "title", "source", "kind", "status", "statistic", "threshold", "seconds", "details", "compare", "unit"}
@@ -267,7 +267,7 @@ def test_cli_stopped_run_keeps_what_finished(tmp_path):
         "import os, signal, sys\n"
         "import verify.__main__ as cli\n"
         "from verify import runner\n"
-        "from verify.result import Check, Outcome\n"
+        "from results.check import Check, Outcome\n"
         "def kill(ctx):\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "ok = lambda ctx: Outcome('pass', 1.0)\n"

@@ -1,16 +1,22 @@
-"""Check families. Each module exposes ``checks() -> list[Check]``; the runner collects them all."""
+"""Check families. Each module exposes ``checks() -> list[Check]``; the runner collects them all.
+
+Generic families, named by kind, hold one check per registered mechanism (``check_for(mech)``):
+equivalence, guards, numerics, reproducibility, complexity, perf, scale; features holds one row
+per random feature map. Paper claims are named after their paper, as their check ids are:
+choromanski22 (a subpackage: positional, tree and graph claims), reid25, wu22, performer.
+"""
 from __future__ import annotations
 
-from verify.result import Check
+from results.check import Check
 
 
 def all_checks() -> list[Check]:
     """Every check of every family, in a stable order."""
-    from verify.checks import (complexity, equivalence, features, graph, grf, guards, latent, numerics, perf,
-                               performer, positional, reproducibility, scale, tree)
+    from verify.checks import (choromanski22, complexity, equivalence, features, guards, numerics, perf, performer,
+                               reid25, reproducibility, scale, wu22)
 
     out: list[Check] = []
-    for family in (equivalence, guards, numerics, reproducibility, performer, features, positional, tree, graph, grf,
-                   latent, complexity, perf, scale):
+    for family in (equivalence, guards, numerics, reproducibility, performer, features, choromanski22, reid25, wu22,
+                   complexity, perf, scale):
         out.extend(family.checks())
     return out

@@ -1,6 +1,6 @@
 """complexity/<mechanism>: the fast path's fitted exponent lies in its claimed class.
 
-docs/methods.md: in-process interleaved sweep (verify.timing.sweep, one thread) of the default
+docs/methods.md: in-process interleaved sweep (measure.timing.sweep, one thread) of the default
 variant, least-squares slope of log t vs log N with a 95% t-interval. N and N log N cannot be told
 apart by slope (the local slope of N log N is 1 + 1/ln N), so sub-quadratic claims are one-sided:
 the upper CI must stay below CLASS_UPPER; quadratic claims need the lower CI above 1.8. A class
@@ -9,7 +9,7 @@ diameter) divides each time by the problem's cost factor (Mechanism.cost_factor)
 base class on the quotient. Where a dense twin exists, its slope is reported beside the fast one
 and the speed-up t_dense / t_fast must grow with N: the lower end of a 95% interval of its log-log
 slope (over the common N the fit rule keeps) must be > 0. That interval is a percentile bootstrap
-over rounds (verify.timing.speedup_interval): it covers round-to-round timing noise, not the shape
+over rounds (measure.timing.speedup_interval): it covers round-to-round timing noise, not the shape
 of the speed-up curve. The t-interval of the speed-up fit (reported as details["speedup"]["fit"])
 counts the curve's bends over its 4-5 points (overheads at small N, the dense twin's cache steps) as
 noise with 2-3 degrees of freedom: it was [0.56, 1.80] for tree-dc on an idle machine, and a load
@@ -19,7 +19,7 @@ A loaded machine (docs/methods.md, "Timing under load"). These keep other work o
 from failing a correct fast path (with the speed-up interval above), and none lets a wrong one pass:
 
 - The clock. On the CPU the sweeps run one torch thread, and the check judges CPU seconds of the
-  process per call (verify.timing.Sweep.cpu_view), not wall seconds: the time the thread waits for
+  process per call (measure.timing.Sweep.cpu_view), not wall seconds: the time the thread waits for
   a core is not counted, so a CPU-burning neighbour on every core leaves the times close to the
   idle ones. Each point is the MINIMUM over rounds (load only adds CPU time, through shared caches
   and memory bandwidth: the least disturbed round is the best estimate of the cost). On an
@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 
 from verify.mechanisms import mechanisms
 from verify.registry import COST_FACTOR_CLASSES, Mechanism
-from verify.result import Check, Context, Outcome, judged
-from verify.timing import compare as timing_compare
-from verify.timing import covering_sweep, merge_rounds, speedup_interval
-from verify.timing import FIT_MIN_POINTS, fit_times, sweep
+from results.check import Check, Context, Outcome, judged
+from measure.timing import compare as timing_compare
+from measure.timing import covering_sweep, merge_rounds, speedup_interval
+from measure.timing import FIT_MIN_POINTS, fit_times, sweep
 
 #: One-sided upper bounds on the fitted slope for each sub-quadratic class (docs/methods.md).
 CLASS_UPPER = {"N": 1.35, "N log N": 1.4, "N log^2 N": 1.5}
@@ -68,7 +68,7 @@ SPEEDUP_MARGIN = 0.5
 #: On an accelerator a call costs a floor (kernel launches, host reads) that the quick grid may
 #: never leave: a slope over such times says nothing about the work. A size counts as having left
 #: the floor when its time is at least this multiple of the sweep's smallest time; with fewer than
-#: verify.timing.FIT_MIN_POINTS such sizes the check is skipped, saying so (the class is judged on
+#: measure.timing.FIT_MIN_POINTS such sizes the check is skipped, saying so (the class is judged on
 #: the CPU, and at N = 2^20 by scale/<id> on the device, where a quadratic term costs 16-32x its
 #: class line). A path whose time grows past the floor over the grid's last sizes is judged, and a
 #: quadratic one fails, on the device too: t = floor + c N^2 is judged once c N_max^2 >= 192 floors.
@@ -92,8 +92,8 @@ def claim_rule(complexity: str) -> tuple[str, float] | None:
 
 
 def _sweep(mech: Mechanism, impl: str, ctx: Context, rounds: int):
-    """verify.timing.sweep of the default variant on the mode's grid, through the ctx.sweeps cache
-    (a sweep verify.measure already took for the report is reused, on the same grid or on a larger
+    """measure.timing.sweep of the default variant on the mode's grid, through the ctx.sweeps cache
+    (a sweep measure already took for the report is reused, on the same grid or on a larger
     one with at least as many rounds, timing.covering_sweep: one exponent per sweep)."""
     sizes = mech.sizes(impl, ctx.quick)
     covering = covering_sweep(ctx.sweeps, mech.id, mech.default_variant.name, impl, sizes, rounds, ctx.device,
@@ -112,7 +112,7 @@ def _retime(mech: Mechanism, measured, ctx: Context):
 
 def judged_times(s):
     """The view of a sweep the check judges: CPU seconds, minimum over rounds, where recorded
-    (verify.timing.Sweep.cpu_view); else the sweep itself (wall seconds, median over rounds)."""
+    (measure.timing.Sweep.cpu_view); else the sweep itself (wall seconds, median over rounds)."""
     return s.cpu_view() or s
 
 
@@ -169,7 +169,7 @@ def _judge(mech: Mechanism, fs, ds, ctx: Context) -> _Judgement:
     compare, threshold = claim_rule(mech.complexity)
     tested = tested_class(mech.complexity)
     fv = judged_times(fs)
-    # the one fit rule (verify.timing.fit_times): the points, the fit of t and of t / cost factor
+    # the one fit rule (measure.timing.fit_times): the points, the fit of t and of t / cost factor
     fitted, ff, cost_fit = fit_times(fv.sizes, fv.seconds, fs.cost_factors)
     wall_fit = fit_times(fs.sizes, fs.seconds)[1] if fv is not fs else ff
     j = _Judgement(None)

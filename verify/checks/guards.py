@@ -63,7 +63,7 @@ from verify.favor import favor_tensors, numpy_values
 from verify.mechanisms import mechanisms
 from verify.problems import Problem, rng_for
 from verify.registry import EQUIVALENCE_BATCH, Mechanism
-from verify.result import Check, Context, Outcome, judged
+from results.check import Check, Context, Outcome, judged
 
 #: quick: the default variant at one size above the causal chunk (64) and not a multiple of it.
 #: full: the default variant below and well above it too, every other plain variant at the two

@@ -82,8 +82,8 @@ from verify.favor import M_FEATURES, numpy_values
 from verify.mechanisms import mechanisms
 from verify.problems import Problem, rng_for
 from verify.registry import Mechanism
-from verify.result import Check, Outcome, judged
-from verify.timing import pinned_threads
+from results.check import Check, Outcome, judged
+from measure.timing import pinned_threads
 
 #: Standard deviations of the entries of q and k.
 STDS = (0.5, 1.0, 2.0, 4.0, 8.0)

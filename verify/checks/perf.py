@@ -1,5 +1,5 @@
 """perf/<mechanism>: the fast path's speed as a fraction of a roofline measured in the same run
-(issue 11, docs/methods.md "Roofline"; the primitives and the rule in verify/roofline.py).
+(issue 11, docs/methods.md "Roofline"; the primitives and the rule in measure/roofline.py).
 
 One check per registered mechanism, in --quick too. Each record's ``Roofline`` says what is timed
 and against what: the fp32 matmul rate (attention drivers and GEMM-shaped mask products: achieved
@@ -16,7 +16,7 @@ fails only when the measurement is invalid:
 - the fraction is above the validity ceiling (threshold, decided by the run): achieved above the
   measured peak, or a mask faster than the bare primitive it must run, means a wrong FLOP count or
   a wrong baseline. ceiling = 1 + clamp(2 (s_kernel + s_baseline), 0.10, 1.0), s = (median - min) /
-  min of each series' rounds in this check (verify.roofline.validity_ceiling, details "spread",
+  min of each series' rounds in this check (measure.roofline.validity_ceiling, details "spread",
   "ceiling_slack", "ceiling_rule");
 - a time or the fraction is not finite and > 0;
 - the timed output is wrong: not of the expected shape or not finite (cheap on purpose: the values
@@ -24,8 +24,8 @@ fails only when the measurement is invalid:
 
 Timing (a busy machine must not fail it): one torch thread on the CPU, CPU seconds of the process
 per call, the minimum over rounds, kernel and baseline alternating within every round
-(verify.roofline.interleaved). The matmul rate's GEMM is made once per run (cached in the Context,
-verify.roofline.matmul_rate); every matmul-baseline check times it interleaved with its kernel and
+(measure.roofline.interleaved). The matmul rate's GEMM is made once per run (cached in the Context,
+measure.roofline.matmul_rate); every matmul-baseline check times it interleaved with its kernel and
 judges against those rounds (peak_gflops: the same conditions as the kernel's, so a check's
 fraction does not depend on when in the run it ran), and reports the run's best GEMM so far beside
 it (run_peak_gflops; it rose by ~20% over one quick run on a loaded machine). A check whose first attempt is
@@ -40,11 +40,11 @@ from typing import Any
 
 import torch
 
-from verify import roofline as R
+from measure import roofline as R
 from verify.mechanisms import mechanisms
 from verify.registry import Mechanism
-from verify.result import Check, Context, Outcome, judged
-from verify.timing import pinned_threads
+from results.check import Check, Context, Outcome, judged
+from measure.timing import pinned_threads
 
 
 def _finite(x: Any) -> float | None:
@@ -69,7 +69,7 @@ def _target_fields(spec, fraction: float, n: int, quick: bool) -> dict:
 
 def measure_case(mech: Mechanism, ctx: Context, timer=None) -> Outcome:
     """perf/<id> of one mechanism (see the module doc); timer(runner, device, clock) -> seconds
-    replaces the clock in tests (verify.roofline.interleaved)."""
+    replaces the clock in tests (measure.roofline.interleaved)."""
     spec = mech.roofline
     if spec is None:
         return Outcome("skip", None, {"reason": f"{mech.id} declares no roofline (Mechanism.roofline)",

@@ -45,7 +45,7 @@ import reference.features as ref_features
 from verify.favor import numpy_values
 from verify.mechanisms import mechanisms
 from verify.registry import EQUIVALENCE_BATCH, Mechanism, relative_error
-from verify.result import Check, Context, Outcome, judged
+from results.check import Check, Context, Outcome, judged
 
 N = 37
 #: The statistic is a count of failed conditions.

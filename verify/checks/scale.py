@@ -2,7 +2,7 @@
 matrix cannot exist, runs in the time its complexity class predicts; -train runs forward + backward.
 
 Memory (a deterministic proof of sub-quadratic memory, docs/methods.md): one float32 N x N
-matrix at N = 2^20 needs 4 TiB. The fast path runs in a child process (verify.scale_worker: one
+matrix at N = 2^20 needs 4 TiB. The fast path runs in a child process (measure.scale_worker: one
 ``--serve`` child serves every scale check of a run, see Cost) whose peak mark is reset per request,
 so each peak is its own; the peak above the pre-set-up baseline (the problem already built) must
 stay below 1/1000 of one dense matrix, and the output must be finite with the right shape. On
@@ -15,8 +15,8 @@ RATIO_LIMIT = 3 times what the class line predicts there:
 
     g(N) = N, N ln N, N ln^2 N (class "N diam": N x the problem's cost factor, its diameter)
     c = max of t_i / g(N_i) over the reference sizes N_i: the PREDICT_POINTS = 2 largest N of the
-        mode's fast sweep grid (the points every fit of that sweep keeps: verify.timing.fit_points
-        always keeps the largest 4), timed in the worker (verify.scale_worker.class_line)
+        mode's fast sweep grid (the points every fit of that sweep keeps: measure.timing.fit_points
+        always keeps the largest 4), timed in the worker (measure.scale_worker.class_line)
     ratio = t(2^20) / (c g(2^20)) <= 3.
 
 The line is anchored at the top of complexity/<id>'s own sweep grid, but the two reference points
@@ -31,10 +31,10 @@ Threads and clock. The reference calls run one torch thread, as the sweeps. The 
 WORKER_THREADS = 2 (both cores here: about half the wall time of one thread) and is judged,
 like the references, on CPU seconds (user + system over all threads) with OpenMP's passive wait
 policy, so that idle threads sleep instead of spinning: the CPU seconds of a call at 2^20 are then
-its work whatever the thread count (verify.scale_worker gives the 1- vs 2-thread measurements,
+its work whatever the thread count (measure.scale_worker gives the 1- vs 2-thread measurements,
 within 16%). CUDA: wall seconds from a synchronised start to torch.cuda.synchronize(), after one
 untimed warm-up call at every N (the references and 2^20), the minimum of at least 3 calls
-(verify.scale_worker.CUDA_MIN_CALLS): the first call at a new size pays cudaMalloc growth, cuFFT plans
+(measure.scale_worker.CUDA_MIN_CALLS): the first call at a new size pays cudaMalloc growth, cuFFT plans
 and lazily loaded kernels, as long as a call of a few milliseconds, and would fail the ratio for
 costs that are not the call's.
 
@@ -61,7 +61,7 @@ Cost. One child per check used to pay process start, ``import torch`` and the re
 on a GPU also CUDA initialisation, 1-5 s) twelve times in --quick, and scale/<id>-train rebuilt at
 2^20 the problem scale/<id> had just built (NumPy and CPU work that no GPU speeds up: grf 5-8 s,
 nodeformer and sgformer 6-9 s). run_worker therefore sends every check to ONE serving child
-(verify.scale_worker.run_in_session), which keeps the last mechanism's problems for its -train
+(measure.scale_worker.run_in_session), which keeps the last mechanism's problems for its -train
 check. What remains per check is the problem at 2^20 (once per mechanism), set-up, the
 references and the calls.
 """
@@ -71,8 +71,8 @@ import subprocess
 
 from verify.mechanisms import mechanisms
 from verify.registry import Mechanism
-from verify.result import Check, Context, Outcome, judged
-from verify.scale_worker import class_line, class_size, run_in_session
+from results.check import Check, Context, Outcome, judged
+from measure.scale_worker import class_line, class_size, run_in_session
 
 __all__ = ["N", "DENSE_BYTES", "LIMIT_BYTES", "RATIO_LIMIT", "STOP_FACTOR", "PREDICT_POINTS", "BACKSTOP_S",
            "WORKER_THREADS", "REFERENCE_THREADS", "class_size", "class_line", "reference_sizes", "run_worker",
@@ -89,7 +89,7 @@ RATIO_LIMIT = 3.0
 STOP_FACTOR = 2.0
 #: The class line goes through this many of the largest sizes of the sweep grid (re-timed).
 PREDICT_POINTS = 2
-#: Torch threads of the reference calls: the sweeps' (verify.timing.sweep pins one thread).
+#: Torch threads of the reference calls: the sweeps' (measure.timing.sweep pins one thread).
 REFERENCE_THREADS = 1
 #: Wall seconds after which a worker is ended whatever it is doing (a hang, not a slow call).
 BACKSTOP_S = 3600.0
@@ -108,7 +108,7 @@ def run_worker(mech_id: str, n: int, *, device: str, seed: int, calls: int, trai
                threads: int | None = None, reference=None, reference_threads: int = 1,
                stop_ratio: float | None = None) -> dict:
     """The child's report for one request, from this process's serving child
-    (verify.scale_worker.run_in_session; its peaks come from verify.memory.peak_memory, the one
+    (measure.scale_worker.run_in_session; its peaks come from measure.memory.peak_memory, the one
     memory helper). RuntimeError when the child fails; subprocess.TimeoutExpired after ``timeout``."""
     return run_in_session(mech_id, n, device=device, seed=seed, calls=calls, train=train, timeout=timeout,
                           threads=threads, reference=reference, reference_threads=reference_threads,
@@ -120,7 +120,7 @@ def sweep_line(mech: Mechanism, ctx: Context, train: bool) -> dict | None:
     otherwise; never timed here): its points, c and prediction at N (forward, wall seconds, one
     thread). Reported beside the check's own line; -train has no forward-only counterpart."""
     from verify.checks.complexity import ROUNDS
-    from verify.timing import covering_sweep
+    from measure.timing import covering_sweep
 
     if train:
         return None

@@ -100,7 +100,7 @@ from reference.masks import grf as ref_grf
 from reference.masks import power_series as ref_power_series
 from reference.masks import rwgnk as ref_rwgnk
 from verify import problems
-from verify import roofline
+from measure import roofline
 from verify.favor import D_QK, _batch_magnitudes, favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import Problem, qkv, rng_for
 from verify.registry import Roofline, Variant, register
@@ -489,7 +489,7 @@ def _nnz_metrics(p: Problem, terms: int | None) -> dict[str, float]:
 
 def grf_flops(p: Problem) -> float:
     """Useful FLOPs of one GRF-masked linear attention call (Algorithm 1) per (batch, head) slice:
-    the FAVOR+ features of q and k (2 x verify.roofline.feature_map_flops), the key-side columns
+    the FAVOR+ features of q and k (2 x measure.roofline.feature_map_flops), the key-side columns
     X = [phi_k (x) v, phi_k] (N m d_v products), the sparse products G_k^T X and G_q (G_k^T X) on
     c = m d_v + m columns (2 nnz(G_k) c + 2 nnz(G_q) c), the contraction of each row with phi_q
     (2 N m d_v + 2 N m) and the division (N d_v). All O(N) at bounded nnz per row (reid25 Fig. 3's
@@ -576,7 +576,7 @@ QUICK = dict(quick_fast_sizes=tuple(2**p for p in range(7, 15)), quick_dense_siz
 #: mask is K sparse-dense products (0.6 s at 2^11): the common grids.
 QUICK_DENSE_N3 = {**QUICK, "quick_dense_sizes": tuple(2**p for p in range(7, 11)),
                   "dense_sizes": tuple(2**p for p in range(7, 12))}
-#: The non-default graph variants sweep shorter (each is a whole extra sweep in verify.measure).
+#: The non-default graph variants sweep shorter (each is a whole extra sweep in measure).
 FAMILY_SIZES = dict(quick_fast_sizes=tuple(2**p for p in range(7, 14)), fast_sizes=tuple(2**p for p in range(7, 16)))
 
 

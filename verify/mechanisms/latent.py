@@ -35,7 +35,7 @@ relational-bias and edge-loss; TAU_GUMBEL = 0.25 (NodeFormer's default) for node
 K = GUMBEL_SAMPLES = 3 samples (the default 10 only multiplies the cost).
 
 Rooflines: perf/<id> times the forward of the user-facing function on (1, 4, N, 64) inputs with
-m = 64 (verify.roofline.attention_inputs) against the fp32 matmul rate with its useful FLOP count
+m = 64 (measure.roofline.attention_inputs) against the fp32 matmul rate with its useful FLOP count
 (``*_flops`` below), reported only.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ import torch
 import fast
 import reference.nodeformer as ref_nodeformer
 import reference.simple_attention as ref_simple
-from verify import roofline
+from measure import roofline
 from verify.mechanisms.graph import (GRAPH_FAMILIES, GRAPH_TITLES, QUICK, adjacency, graph_adjacency, graph_extras,
                                      graph_problem, num_edges, projection_draw)
 from verify.problems import Problem, rng_for
@@ -269,7 +269,7 @@ def cost_factor_n_plus_e(p: Problem) -> float:
 
 # ---------------------------------------------------------------------------------- perf cases
 
-#: perf/<id>: (1, 4, N, 64) inputs, m = 64 (verify.roofline.attention_inputs).
+#: perf/<id>: (1, 4, N, 64) inputs, m = 64 (measure.roofline.attention_inputs).
 PERF_BATCH, PERF_D, PERF_M = roofline.BATCH, roofline.D, roofline.M
 
 

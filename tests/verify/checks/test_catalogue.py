@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from verify.checks import all_checks
-from verify.result import COMPARES, KINDS, UNITS
+from results.check import COMPARES, KINDS, UNITS
 
 #: The ids before issue 8 (python -m verify --list at 519625b), in order.
 OLD_IDS = """

@@ -10,12 +10,12 @@ import pytest
 from verify.checks import complexity as C
 from verify.mechanisms import get, mechanisms
 from verify.registry import COST_FACTOR_CLASSES
-from verify.result import Context
-from verify.timing import Sweep
+from results.check import Context
+from measure.timing import Sweep
 
 
 def _fake_sweeps(monkeypatch, models: dict, calls: list | None = None, cost=None, error=None):
-    """Replace verify.timing.sweep by exact times t = models[impl](N) (x cost factor where given)."""
+    """Replace measure.timing.sweep by exact times t = models[impl](N) (x cost factor where given)."""
     def fake(mech, impl, sizes, *, variant=None, rounds=3, device="cpu", seed=0, cache=None, **kw):
         if calls is not None:
             calls.append(dict(mech=mech.id, impl=impl, sizes=tuple(sizes), variant=variant, rounds=rounds,
@@ -137,14 +137,14 @@ def test_noisy_linear_times_pass(monkeypatch, noise_seed):
 
 # ------------------------------------------------------------------------------ a loaded machine
 #
-# A fake verify.timing.sweep on a busy machine, deterministic: every measurement is the true cost
+# A fake measure.timing.sweep on a busy machine, deterministic: every measurement is the true cost
 # times a load factor, separately for the wall clock (waiting for a core counts) and the CPU clock
 # (it does not; cache and bandwidth contention still add a little). The decision logic is tested
 # on these numbers; no test times anything.
 
 
 def _loaded_sweeps(monkeypatch, laws: dict, wall_load, cpu_load, calls: list | None = None, cpu: bool = True):
-    """Replace verify.timing.sweep: round r of attempt a (0: the first sweep of an impl, 1: its
+    """Replace measure.timing.sweep: round r of attempt a (0: the first sweep of an impl, 1: its
     retry) at N measures laws[impl](N) * wall_load(a, impl, r, N) wall seconds and
     laws[impl](N) * cpu_load(a, impl, r, N) CPU seconds (no cpu_rounds if not ``cpu``: an
     accelerator's sweep). ``calls`` records (impl, rounds, cache is None) of every sweep."""
@@ -263,7 +263,7 @@ def test_a_wide_interval_around_a_right_estimate_is_inconclusive_not_failed(monk
 
 def test_an_estimate_within_the_margin_fails():
     """The rule itself: inconclusive only with the estimate past the threshold by the margin."""
-    from verify.timing import Fit
+    from measure.timing import Fit
 
     assert C._one_sided(Fit(1.0, 0.6, 1.4, 0, 0.95, 0), "<", 1.35, C.SLOPE_MARGIN, "t", "")[0] == "unsure"
     assert C._one_sided(Fit(1.2, 1.0, 1.4, 0, 0.95, 0), "<", 1.35, C.SLOPE_MARGIN, "t", "")[0] == "fail"

@@ -15,7 +15,7 @@ from verify.checks import equivalence
 from verify.favor import favor_fast_setup, favor_mechanism, favor_problem, mask_tensor
 from verify.mechanisms import get, mechanisms
 from verify.registry import EQUIVALENCE_BATCH, Variant
-from verify.result import Context
+from results.check import Context
 
 
 def _check(mech):

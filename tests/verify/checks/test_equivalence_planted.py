@@ -27,7 +27,7 @@ from fast.masks import sequence as fast_sequence
 from fast.masks import toeplitz as fast_toeplitz
 from verify.checks import equivalence
 from verify.mechanisms import get
-from verify.result import Context
+from results.check import Context
 
 
 def _all_dims(z: torch.Tensor) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ import torch
 import fast
 import reference.features as ref_features
 from verify.checks import all_checks, features as F
-from verify.result import Context
+from results.check import Context
 
 CTX = Context(quick=True, seed=0)
 

@@ -1,4 +1,4 @@
-"""verify/roofline.py and verify/checks/perf.py: FLOP counts against hand counts, the fraction and
+"""measure/roofline.py and verify/checks/perf.py: FLOP counts against hand counts, the fraction and
 validity rule on planted seconds (no real timing decides a test here), Schema B's details, the
 retry, a wrong output, every registered mechanism's perf/<id>, and the untimed cases and bare
 primitives computing what they claim."""
@@ -14,12 +14,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from verify import registry
-from verify import roofline as R
+from measure import roofline as R
 from verify.checks import perf as P
 from verify.mechanisms import get, mechanisms
 from verify.mechanisms.positional import hypercube_flops, low_rank_flops
 from verify.registry import Roofline
-from verify.result import Context
+from results.check import Context
 
 #: Schema B (PLAN.md): the details every perf/<id> result carries.
 SCHEMA_B = {"baseline", "fraction", "target", "meets_target", "N", "d", "m", "dtype", "threads", "clock", "seconds",

@@ -13,7 +13,7 @@ import torch
 import fast
 from verify.checks import reproducibility as R
 from verify.mechanisms import get, mechanisms
-from verify.result import Context
+from results.check import Context
 
 REAL = ("linear", "causal", "packing", "padding", "low-rank", "toeplitz-1d")
 

@@ -14,7 +14,7 @@ import pytest
 from verify import registry
 from verify.checks import scale as S
 from verify.mechanisms import get, mechanisms
-from verify.result import Context
+from results.check import Context
 
 PLANTED = "tests.verify.planted_mechanisms"
 
@@ -73,7 +73,7 @@ def test_class_line_goes_through_the_slowest_point():
 
 
 def test_reference_sizes_are_the_top_of_the_sweep_grid_every_fit_keeps():
-    from verify.timing import FIT_MIN_POINTS
+    from measure.timing import FIT_MIN_POINTS
 
     assert S.PREDICT_POINTS <= FIT_MIN_POINTS  # fit_points always keeps the largest FIT_MIN_POINTS
     for m in mechanisms():
@@ -132,7 +132,7 @@ def test_the_line_of_a_cached_sweep_is_reported_beside(monkeypatch):
     """complexity/<id> ran first (its sweep is in ctx.sweeps): its class line at 2^20 is in
     details["sweep_line"], for comparison; the statistic stays the worker's."""
     from verify.checks.complexity import ROUNDS
-    from verify.timing import Sweep, sweep_key
+    from measure.timing import Sweep, sweep_key
 
     mech = get("causal")
     sizes = mech.sizes("fast", True)
@@ -179,9 +179,9 @@ def test_a_hung_worker_is_a_failure(monkeypatch):
 
 
 def test_every_check_goes_to_the_one_serving_child(monkeypatch):
-    """run_worker sends the request to this process's serving child (verify.scale_worker.session),
+    """run_worker sends the request to this process's serving child (measure.scale_worker.session),
     with the worker's arguments, not to a child of its own."""
-    import verify.scale_worker as W
+    import measure.scale_worker as W
 
     seen = {}
 

@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 from fast.masks.base import parameters_of
 from verify.checks import equivalence
 from verify.registry import EQUIVALENCE_BATCH
-from verify.result import Context
+from results.check import Context
 
 
 class CallCounter(TorchFunctionMode):

@@ -421,7 +421,7 @@ def test_gdk_update_replans():
 
 @pytest.mark.parametrize("mech_id", IDS)
 def test_sweep_setup_under_inference_mode(mech_id):
-    """verify.timing sweeps build and run the fast path under torch.inference_mode: the mask
+    """measure.timing sweeps build and run the fast path under torch.inference_mode: the mask
     parameters made there must still work with operators that read their version counters."""
     mech = get(mech_id)
     p = mech.problem(64, 0)

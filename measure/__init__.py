@@ -1,0 +1,61 @@
+"""python -m measure: every measurement the report shows, in one results JSON.
+
+    python -m measure [--quick] [--out FILE] [--device cpu] [--rounds K] [--only MECH_ID ...]
+        [--skip-variants] [--skip-memory] [--skip-verify] [--verify-full] [--verify-json PATH]
+        [--skip-training] [--no-progress]
+
+writes one results.schema.Results (default reports/out/results.json); ``python -m reports`` renders
+it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time goes to
+``stage_seconds`` and the machine's load at its start and end to ``environment["load"]``
+(measure.environment states the load_warning rule). Stages, in order (their times below):
+
+1. sweeps: every mechanism's fast path and dense twin on its default variant, then every other
+   variant with sweep=True (fast path only, on its quick grid in both modes; an N gets no further
+   round once it has used stages.VARIANT_POINT_BUDGET_S = 0.5 s, as the old tree stage did),
+   measure.timing.sweep with torch threads pinned to 1, interleaved rounds (3 quick, 5 full: the
+   complexity checks' counts), seed 0. Fits (the one fit rule, measure.timing.fit_points),
+   cost-factor fits, metrics; comparisons of the default variant with its dense twin (speed-up,
+   its fit, crossover with a bootstrap 95% interval, measure.timing.crossover_interval).
+2. memory: peak memory vs N per (mechanism, impl), default variant, one child process per
+   (mechanism, impl) (measure.memory), two at a time; quick caps N at 2^15 (fast) and 2^12 (dense).
+3. favor_error: FAVOR+ RMSE vs m against verify.stats.prf_variance (1000 draws quick, 4000 full).
+4. gallery: the dense mask of every mechanism that has one at N = 64 (admissible), matrices
+   included.
+5. checks: verify.runner.run_checks (quick unless --verify-full) sharing the sweep cache, so
+   complexity/<id> fits the sweep stage's own sweep whenever it covers the check's grid with at
+   least as many rounds (measure.timing.covering_sweep: always, since full sweeps cover the quick
+   grid); --verify-json PATH loads a ``python -m
+   verify --json`` file instead; --only restricts them to the checks about those mechanisms.
+6. training: the training demo of issue 13 (measure.training: NodeFormer, SGFormer, DIFFormer and
+   an MLP on three small graphs, 3 seeds x 80 epochs quick, 5 x 150 full, torch on 1 thread),
+   into ``training``; --skip-training leaves it out, and so does --only (a run restricted to some
+   mechanisms: the demo belongs to none of them).
+
+Time, quick, all 12 mechanisms, on an idle Xeon pinned to 2 cores (taskset; the old ``python -m
+reports --quick`` took 360 s there: sweeps 94, tree stage 16, memory 79, FAVOR+ 3, verify 151,
+figures 12): sweeps 158 s (default variants ~75 s of timing as before, the tree variants that
+replace the tree stage ~60 s, of which tree-diam on the path and caterpillar at N = 2^11 ~33 s),
+memory 57 s, favor_error 3 s, gallery < 0.1 s, checks ~200 s (the complexity checks now cost ~0
+s through the cache; the scale checks take ~180 s, ~113 s of it the new scale/<id>-train). The
+smoke run ``--quick --skip-memory --only linear --only tree-dc`` on a shared 2-core EPYC (1-minute
+load 2.2-2.9, under nice) took 67 s: sweeps 39 s (9 sweeps: linear fast/dense, tree-dc fast/dense
+and its five tree variants), favor_error 5 s, gallery < 0.1 s, checks 22 s (6 checks; the two
+complexity checks 0.1 s each from the cache, scale/linear 8 s, scale/linear-train 9 s).
+Full mode was not timed here (the old full report took ~16 min on 2 cores).
+
+Exit status: 0 when the JSON was written (even if checks failed: ``python -m verify`` is the
+gate), 2 on bad arguments.
+
+Layering (module level, acyclic; tests/test_layering.py enforces it). measure/ holds two layers on
+either side of verify's checks, so that the checks can time and the pipeline can run the checks:
+
+- instruments: measure.timing, measure.roofline import only fast/ and results/ (the mechanism
+  records of verify.mechanisms declare their roofline case with them; the checks time with them);
+- workers: measure.memory, measure.scale_worker, measure.datasets, measure.training,
+  measure.experiments add verify's core (registry, mechanisms, problems, stats), never
+  verify.checks or verify.runner (verify.checks.scale drives measure.scale_worker);
+- pipeline: measure.environment, measure.stages, measure.pipeline, measure.cli, measure.gpu run
+  everything above, verify.checks and verify.runner included; nothing outside measure/ imports them.
+
+This file imports nothing, so that importing an instrument does not load the pipeline.
+"""

@@ -1,0 +1,523 @@
+"""python -m measure.gpu (``make gpu-check``): the one-command GPU run, in one results JSON.
+
+    python -m measure.gpu [--out reports/out/gpu.json] [--device cuda] [--budget 480]
+        [--skip-tests] [--skip-checks] [--skip-sweeps] [--skip-peers] [--no-progress]
+
+Four stages, each with its share of one wall-clock budget (default 480 s, ``make gpu-check``'s
+8 minutes on one H100), in this order:
+
+1. tests: ``pytest -k cuda tests`` (every CUDA test; they skip on a machine without one), per
+   test outcome from pytest's JUnit XML;
+2. checks: ``python -m verify --device <device> --quick --json ...``, which rewrites its JSON
+   after every check, so a stage stopped at its time limit keeps the checks that finished;
+3. sweeps: time and peak memory vs N of every registered mechanism's fast path (default variant,
+   float32, N = 2^10 upwards on the registry's grid): one warm-up call, then the median of
+   ``ROUNDS`` synchronised measurements (measure.timing.measure) and the
+   ``torch.cuda.max_memory_allocated`` peak of one more call above what was allocated before it
+   (measure.memory.peak_memory; docs/methods.md: never nvidia-smi), in this process. A mechanism
+   gets no further N once it has used its share of the stage's time;
+4. peers: the peer suite (benchmarks/, ``--device <device> --quick``): maskbench beside torch
+   SDPA, performer-pytorch and flash-linear-attention where installed, each shown to compute the
+   same function before it is timed; benchmarks/summary.py turns it into the peers summary.
+
+The stages that run a child process get a time limit (their share of the budget, and never more
+than what is left of it); one that runs over is stopped and recorded with ``timed_out``, and the
+next stage still runs. The JSON (schema ``SCHEMA``) is rewritten after every stage, so a run
+stopped anywhere keeps what finished. It records the device, driver, and the torch, CUDA, cuDNN
+and Triton versions; ``python -m reports`` renders it as the page's "GPU" section
+(reports/gpu.py).
+
+Exit status: 0 when the JSON was written and nothing failed, 1 when a test, a check or a peer's
+equivalence failed or a stage ran out of time, 2 when the device is not a CUDA device that is
+available here (the run says so and measures nothing) or on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+SCHEMA = "maskbench-gpu/1"
+DEFAULT_OUT = Path("reports") / "out" / "gpu.json"
+#: make gpu-check's whole budget (seconds): the issue's 8 minutes on one H100.
+DEFAULT_BUDGET_S = 480.0
+#: Each stage's share of the budget (they add up to 1); a stage may use what earlier ones left. On an
+#: H200 the CUDA tests took 32 s (16 cores, pytest-xdist), all 23 sweeps 41 s, 37 quick checks 42 s.
+SHARES = {"tests": 0.15, "checks": 0.5, "sweeps": 0.1, "peers": 0.25}
+STAGES = tuple(SHARES)
+#: Timed measurements per point of a sweep (median); each lasts at least timing.MIN_MEASURE_S.
+ROUNDS = 3
+#: The sweeps start here: below it a GPU call is launch-bound, a flat line that says nothing.
+MIN_SWEEP_N = 2**10
+#: The peer suite's operations on the GPU (benchmarks/ops.py): FAVOR+ beside performer-pytorch, causal
+#: linear attention beside flash-linear-attention's Triton kernels, softmax beside SDPA's flash
+#: (bfloat16) and memory-efficient (float32) kernels. A peer that is not installed skips.
+PEER_OPS = ("favor", "softmax-flash", "softmax-efficient", "linear-causal")
+#: Python packages whose versions the environment records (None where not installed).
+PACKAGES = ("torch", "triton", "numpy", "scipy", "fla-core", "performer-pytorch", "pytest-benchmark")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def status(msg: str) -> None:
+    print(f"[gpu-check] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ environment
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version, from nvidia-smi's query (a version string only: memory is
+    never read from nvidia-smi, docs/methods.md); None where nvidia-smi is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _git_commit() -> str | None:
+    """HEAD's short hash, with "+ changes" when the tree differs from it (a copied working tree)."""
+    head = _git("rev-parse", "--short", "HEAD")
+    if not head:
+        return None
+    return f"{head} + changes" if _git("status", "--porcelain", "--untracked-files=no") else head
+
+
+def cuda_environment(device: str) -> dict:
+    """What qualifies the numbers: the GPU (name, compute capability, memory), the driver, and the
+    torch, CUDA runtime, cuDNN, Triton and peer versions, with the host and the commit."""
+    import torch
+
+    dev = torch.device(device)
+    props = torch.cuda.get_device_properties(dev)
+    return {
+        "device": device, "gpu": props.name, "capability": f"{props.major}.{props.minor}",
+        "gpu_memory_bytes": int(props.total_memory), "multiprocessors": int(props.multi_processor_count),
+        "driver": _driver_version(), "cuda_runtime": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "versions": {name: _version(name) for name in PACKAGES},
+        "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
+        "git_commit": _git_commit(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def require_cuda(device: str) -> str | None:
+    """None when ``device`` is a CUDA device that can hold a tensor here, else why not."""
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a dependency
+        return f"torch cannot be imported ({exc})"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        return f"{device!r} is not a torch device ({exc})"
+    if dev.type != "cuda":
+        return f"{device!r} is not a CUDA device: the GPU run measures a GPU (use cuda or cuda:N)"
+    if not torch.cuda.is_available():
+        return "CUDA is not available on this machine (torch sees no GPU), so there is nothing to measure"
+    try:
+        torch.zeros(1, device=dev)
+    except Exception as exc:  # noqa: BLE001 - an absent index, a driver mismatch, ...
+        return f"{device!r} cannot hold a tensor here ({type(exc).__name__}: {exc})"
+    return None
+
+
+# ------------------------------------------------------------------------------ child stages
+
+
+@dataclass
+class Child:
+    """One child process of a stage: its command, exit status, wall seconds, whether it ran out of
+    time, and the tail of its output."""
+
+    command: list[str]
+    returncode: int | None
+    seconds: float
+    timed_out: bool
+    tail: str
+
+    def to_dict(self) -> dict:
+        return {"command": " ".join(self.command), "returncode": self.returncode, "seconds": round(self.seconds, 2),
+                "timed_out": self.timed_out, "tail": self.tail}
+
+
+def run_child(cmd: list[str], timeout: float, echo: bool = True) -> Child:
+    """Run ``cmd`` in the repository root for at most ``timeout`` seconds, its output echoed line by
+    line on stderr as it comes (``echo``) and its last 40 lines kept."""
+    start = time.perf_counter()
+    lines: list[str] = []
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line.rstrip("\n"))
+            del lines[:-40]
+            if echo:
+                print(f"  {line.rstrip()}", file=sys.stderr, flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.kill()
+        proc.wait()
+    reader.join(timeout=10)
+    return Child(cmd, proc.returncode, time.perf_counter() - start, timed_out, "\n".join(lines))
+
+
+def parse_junit(path: Path) -> list[dict]:
+    """pytest's JUnit XML -> [{"id", "outcome" (passed | failed | error | skipped), "seconds",
+    "message"}] ([] when the file is missing or unreadable: a stopped run writes none)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    cases = []
+    for case in root.iter("testcase"):
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                message = (node.get("message") or "").strip().splitlines()[0][:300] if node.get("message") else ""
+                break
+        module = (case.get("classname") or "").replace(".", "/")
+        cases.append({"id": f"{module}.py::{case.get('name')}" if module else str(case.get("name")),
+                      "outcome": outcome, "seconds": float(case.get("time") or 0.0), "message": message})
+    return cases
+
+
+def _xdist() -> list[str]:
+    """pytest-xdist's ``-n auto`` where it is installed (the CUDA tests share one GPU well; on 16
+    cores they took 32 s instead of over 43 s serially on an H200), else nothing."""
+    import importlib.util
+
+    return ["-n", "auto"] if importlib.util.find_spec("xdist") is not None else []
+
+
+def tests_stage(work: Path, timeout: float, echo: bool = True) -> dict:
+    """Every CUDA test (``pytest -k cuda tests``, in parallel where pytest-xdist is installed), with
+    per-test outcomes."""
+    xml = work / "gpu-tests.xml"
+    xml.unlink(missing_ok=True)
+    child = run_child([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda", "tests",
+                       f"--junitxml={xml}"] + _xdist(), timeout, echo)
+    cases = parse_junit(xml)
+    return {**child.to_dict(), "cases": cases,
+            "tally": {o: sum(c["outcome"] == o for c in cases) for o in ("passed", "failed", "error", "skipped")}}
+
+
+def checks_stage(work: Path, device: str, timeout: float, echo: bool = True, only: tuple[str, ...] = ()) -> dict:
+    """``python -m verify --device DEVICE --quick`` (``--only`` each of ``only``); its JSON is
+    rewritten after every check, so a stopped stage keeps what finished (``results``: the check
+    dicts of the results schema)."""
+    path = work / "gpu-verify.json"
+    path.unlink(missing_ok=True)
+    child = run_child([sys.executable, "-m", "verify", "--device", device, "--quick", "--no-progress",
+                       "--json", str(path)] + [a for prefix in only for a in ("--only", prefix)], timeout, echo)
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError):
+        results = []
+    return {**child.to_dict(), "results": results}
+
+
+def merge_benchmark_reports(reports: list[dict]) -> dict | None:
+    """pytest-benchmark JSON reports of one suite run in parts -> one report: the first one's
+    machine and maskbench blocks, every part's benchmarks, and the union of the skipped peers."""
+    if not reports:
+        return None
+    merged = {**reports[0], "benchmarks": [b for r in reports for b in r.get("benchmarks") or []]}
+    block = dict(merged.get("maskbench") or {})
+    block["skipped"] = list(dict.fromkeys(s for r in reports for s in (r.get("maskbench") or {}).get("skipped") or []))
+    merged["maskbench"] = block
+    return merged
+
+
+#: pytest's summary line of a skipped test (-ra): the suite's message says why a peer could not run.
+_SKIP_LINE = re.compile(r"^SKIPPED \[\d+\] [^:]+:\d+: (.+)$")
+
+
+def peers_stage(work: Path, device: str, timeout: float, echo: bool = True, bench_args: tuple[str, ...] = ()) -> dict:
+    """The peer suite on ``device`` (quick grid), one child per operation of PEER_OPS, each with its
+    share of what is left (pytest-benchmark writes its JSON only at the end, so a part stopped at
+    its limit loses only its own numbers; a Triton peer's first compile and autotune is paid in its
+    own part), then the summary of the merged parts (benchmarks/summary.py). ``parts``: each
+    operation's exit status, time and whether it was stopped. bench_args: more options for the suite
+    (e.g. ``--bench-N``)."""
+    start = time.perf_counter()
+    reports, parts, tails, skipped = [], [], [], []
+    for i, op in enumerate(PEER_OPS):
+        raw = work / f"gpu-peers-{op}.json"
+        raw.unlink(missing_ok=True)
+        left = timeout - (time.perf_counter() - start)
+        if left < 5:
+            parts.append({"op": op, "skipped": "no time left"})
+            continue
+        child = run_child([sys.executable, "-m", "pytest", "benchmarks", "-v", "-p", "no:cacheprovider",
+                           "--benchmark-enable", "--benchmark-group-by=group", "--benchmark-sort=name",
+                           "--benchmark-min-rounds=5", "--benchmark-max-time=0.05", f"--benchmark-json={raw}",
+                           "--device", device, "--quick", "--ops", op, *bench_args], left / (len(PEER_OPS) - i), echo)
+        parts.append({"op": op, "returncode": child.returncode, "seconds": round(child.seconds, 2),
+                      "timed_out": child.timed_out})
+        tails.append(f"[{op}]\n{child.tail}")
+        skipped += [m.group(1) for line in child.tail.splitlines() if (m := _SKIP_LINE.match(line))]
+        try:
+            reports.append(json.loads(raw.read_text()))
+        except (OSError, ValueError):  # stopped, or nothing ran (every case skipped): no JSON
+            pass
+        finally:
+            raw.unlink(missing_ok=True)
+    codes = [p.get("returncode") for p in parts if p.get("returncode") is not None]
+    out = {"command": f"pytest benchmarks --device {device} --quick --ops <each of {','.join(PEER_OPS)}>",
+           "returncode": max(codes, key=lambda c: c not in (0, 5)) if codes else None,
+           "seconds": round(time.perf_counter() - start, 2), "timed_out": any(p.get("timed_out") for p in parts),
+           "tail": "\n".join(tails)[-4000:], "parts": parts, "summary": None}
+    merged = merge_benchmark_reports(reports)
+    if merged is not None:  # a part whose every case skipped wrote no JSON: keep its reasons
+        block = merged["maskbench"]
+        block["skipped"] = list(dict.fromkeys(block["skipped"] + skipped))
+    if merged is None:
+        out["summary_error"] = "no part of the peer suite finished (each was stopped, or failed before timing)"
+        return out
+    raw, summary_path = work / "gpu-peers.json", work / "gpu-peers-summary.json"
+    write(merged, raw)
+    summary_path.unlink(missing_ok=True)
+    summ = run_child([sys.executable, str(ROOT / "benchmarks" / "summary.py"), str(raw), "--out", str(summary_path)],
+                     120, echo=False)
+    try:
+        out["summary"] = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        out["summary_error"] = summ.tail[-1000:]
+    return out
+
+
+# ------------------------------------------------------------------------------ the sweeps stage
+
+
+def sweep_curve(mech, device: str, sizes: tuple[int, ...], budget_s: float, rounds: int = ROUNDS,
+                seed: int = 0, dtype=None) -> dict:
+    """Time and peak memory of ``mech``'s fast path (default variant) at each N of ``sizes`` on
+    ``device``, in increasing N until ``budget_s`` seconds (set-up included) have been used.
+
+    A point: set-up (untimed), one warm-up call, the median of ``rounds`` synchronised
+    measure.timing.measure's, then measure.memory.peak_memory around one more call (on CUDA the
+    torch.cuda.max_memory_allocated peak above what was allocated before it; on the CPU, where
+    this runs in the tests, the resident-set peak). An exception at one N is recorded in
+    ``error`` and stops larger N. Returns {"mechanism", "title", "complexity", "variant",
+    "dtype", "sizes", "seconds", "peak_bytes", "memory_method", "fit", "error"} ("fit": the
+    exponent of time vs N under the one fit rule, measure.timing.fit_times, or None)."""
+    import torch
+
+    from measure.memory import peak_memory
+    from measure.timing import fit_times, measure
+
+    dtype = torch.float32 if dtype is None else dtype
+    v = mech.default_variant
+    done_n: list[int] = []
+    seconds: list[float] = []
+    peaks: list[int] = []
+    method = None
+    error = None
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for n in sizes:
+            if done_n and time.perf_counter() - start >= budget_s:
+                break
+            try:
+                problem = mech.problem(n, seed, v)
+                run = mech.fast_setup(problem, device, dtype)
+                del problem
+                run()  # warm-up: kernels load, plans are made, the allocator grows
+                times = sorted(measure(run, device) for _ in range(rounds))
+                with peak_memory(device) as pk:
+                    out = run()
+                    del out
+            except Exception as exc:  # noqa: BLE001 - recorded, larger N not tried
+                error = f"N = {n:,}: {type(exc).__name__}: {exc}"
+                break
+            finally:
+                run = None
+                if str(device).startswith("cuda"):
+                    torch.cuda.empty_cache()
+            done_n.append(int(n))
+            seconds.append(float(times[len(times) // 2]))
+            peaks.append(int(pk.extra))
+            method = pk.method
+    fit = fit_times(done_n, seconds)[1] if len(done_n) >= 3 else None
+    return {"mechanism": mech.id, "title": mech.title, "complexity": mech.complexity, "variant": v.name,
+            "dtype": str(dtype).replace("torch.", ""), "sizes": done_n, "seconds": seconds, "peak_bytes": peaks,
+            "memory_method": method, "fit": None if fit is None else fit.to_dict(), "error": error}
+
+
+def sweep_sizes(mech) -> tuple[int, ...]:
+    """The GPU grid of a mechanism: its full fast grid from MIN_SWEEP_N up (admissible sizes)."""
+    sizes = sorted({mech.admissible(n) for n in mech.sizes("fast", False) if n >= MIN_SWEEP_N})
+    return tuple(sizes) or tuple(sorted(mech.sizes("fast", False)))[-1:]
+
+
+def sweeps_stage(device: str, budget_s: float, mechanisms=None,
+                 progress: Callable[[str], None] = lambda msg: None) -> dict:
+    """sweep_curve for every registered mechanism (or ``mechanisms``), the stage's time split
+    evenly among those still to run (a fast one leaves its time to the next)."""
+    from verify.mechanisms import mechanisms as registered
+
+    mechs = list(registered() if mechanisms is None else mechanisms)
+    start = time.perf_counter()
+    curves = []
+    for i, mech in enumerate(mechs):
+        left = budget_s - (time.perf_counter() - start)
+        share = max(0.0, left) / (len(mechs) - i)
+        curve = sweep_curve(mech, device, sweep_sizes(mech), share)
+        curves.append(curve)
+        last = (f"N = {curve['sizes'][-1]:,}: {curve['seconds'][-1] * 1e3:.3g} ms, "
+                f"{curve['peak_bytes'][-1] / 2**20:.1f} MiB") if curve["sizes"] else "no point"
+        progress(f"sweep {mech.id}: {len(curve['sizes'])} N, {last}" + (f" ({curve['error']})" if curve["error"] else ""))
+    return {"seconds": round(time.perf_counter() - start, 2), "rounds": ROUNDS, "curves": curves}
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def failures(run: dict) -> list[str]:
+    """What makes the run fail (exit 1), in words: failed tests, failed checks, a peer suite that
+    failed (a peer computing another function fails before it is timed), a stage out of time."""
+    out = []
+    tests = run.get("tests") or {}
+    bad = [c["id"] for c in tests.get("cases", []) if c["outcome"] in ("failed", "error")]
+    if bad:
+        out.append(f"{len(bad)} CUDA test(s) failed: {', '.join(bad[:10])}")
+    checks = run.get("checks") or {}
+    bad = [r["id"] for r in checks.get("results", []) if r.get("status") == "fail"]
+    if bad:
+        out.append(f"{len(bad)} check(s) failed: {', '.join(bad[:10])}")
+    peers = run.get("peers") or {}
+    if peers.get("returncode") not in (None, 0, 5) and not peers.get("timed_out"):
+        out.append(f"the peer suite exited with status {peers['returncode']}")
+    for stage in ("tests", "checks", "peers"):
+        if (run.get(stage) or {}).get("timed_out"):
+            out.append(f"the {stage} stage ran out of its time and was stopped")
+    if (tests.get("returncode") not in (None, 0, 5)) and not tests.get("cases") and not tests.get("timed_out"):
+        out.append(f"pytest exited with status {tests['returncode']} and reported no test")
+    return out
+
+
+def write(run: dict, path: Path) -> None:
+    """The run as JSON at ``path`` (atomically: verify.runner's writer)."""
+    from verify.runner import write_text
+
+    write_text(path, json.dumps(run, indent=1, default=str))
+
+
+def collect(device: str, out: Path, budget_s: float = DEFAULT_BUDGET_S, skip: tuple[str, ...] = (),
+            echo: bool = True, only: tuple[str, ...] = ()) -> dict:
+    """Run the stages not in ``skip`` within ``budget_s`` seconds, rewriting ``out`` after each;
+    ``only``: check id prefixes for the checks stage (all quick checks when empty)."""
+    work = out.parent
+    work.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    run: dict = {"schema": SCHEMA, "budget_s": budget_s, "environment": cuda_environment(device),
+                 "stage_seconds": {}, "skipped_stages": [s for s in STAGES if s in skip], "checks_only": list(only)}
+    write(run, out)
+    shares_left = sum(SHARES[s] for s in STAGES if s not in skip)
+    for stage in STAGES:
+        if stage in skip:
+            continue
+        left = budget_s - (time.perf_counter() - start)
+        limit = min(left, left * SHARES[stage] / shares_left)
+        shares_left -= SHARES[stage]
+        if limit < 5:
+            run[stage] = {"skipped": f"no time left in the {budget_s:g} s budget"}
+            status(f"{stage}: skipped, no time left")
+            continue
+        status(f"{stage}: up to {limit:.0f} s")
+        t0 = time.perf_counter()
+        if stage == "tests":
+            run[stage] = tests_stage(work, limit, echo)
+        elif stage == "checks":
+            run[stage] = checks_stage(work, device, limit, echo, only)
+        elif stage == "sweeps":
+            run[stage] = sweeps_stage(device, limit, progress=status)
+        else:
+            run[stage] = peers_stage(work, device, limit, echo)
+        run["stage_seconds"][stage] = round(time.perf_counter() - t0, 2)
+        status(f"{stage}: {run['stage_seconds'][stage]:.1f} s")
+        write(run, out)
+    run["seconds"] = round(time.perf_counter() - start, 2)
+    run["failures"] = failures(run)
+    write(run, out)
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m measure.gpu", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE",
+                    help=f"results JSON (default {DEFAULT_OUT}); its folder also holds the stages' raw files")
+    ap.add_argument("--device", default="cuda", help="the CUDA device to measure (default cuda)")
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="S",
+                    help=f"wall-clock seconds for all stages together (default {DEFAULT_BUDGET_S:g})")
+    for stage in STAGES:
+        ap.add_argument(f"--skip-{stage}", action="store_true", help=f"leave out the {stage} stage")
+    ap.add_argument("--only", action="append", default=[], metavar="ID",
+                    help="run only the checks whose id starts with ID (repeatable; default every quick check)")
+    ap.add_argument("--quiet", action="store_true", help="do not echo the child processes' output")
+    args = ap.parse_args(argv)
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        ap.error(f"--budget must be a positive number of seconds, got {args.budget}")
+    why = require_cuda(args.device)
+    if why is not None:
+        print(f"python -m measure.gpu: {why}. The GPU run needs a machine with an NVIDIA GPU and a CUDA "
+              f"build of torch (README, \"Getting the right torch\"); nothing was measured.", file=sys.stderr)
+        return 2
+    skip = tuple(s for s in STAGES if getattr(args, f"skip_{s}"))
+    out = Path(args.out)
+    run = collect(args.device, out, args.budget, skip, echo=not args.quiet, only=tuple(args.only))
+    for line in run["failures"]:
+        status(f"FAIL: {line}")
+    status(f"total {run['seconds']:.1f} s of a {args.budget:g} s budget; wrote {out.resolve()} "
+           f"(render it with `python -m reports`)")
+    return 1 if run["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""measure/gpu.py (make gpu-check): what can run without a GPU, on the CPU."""
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from measure import gpu
+from verify.mechanisms import mechanisms
+from verify.registry import lookup
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the run would measure")
+def test_without_cuda_it_says_so_and_exits_2(capsys, tmp_path):
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA is not available on this machine" in err and "nothing was measured" in err
+    assert not out.exists()
+
+
+def test_a_cpu_device_is_refused(capsys):
+    assert gpu.main(["--device", "cpu"]) == 2
+    assert "'cpu' is not a CUDA device" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu.main(["--budget", "-1"])
+
+
+def test_sweep_curve_times_and_measures_each_n():
+    mech = lookup("linear")
+    c = gpu.sweep_curve(mech, "cpu", (256, 512, 1024), budget_s=60.0, rounds=2)
+    assert c["sizes"] == [256, 512, 1024] and c["error"] is None and c["variant"] == mech.default_variant.name
+    assert all(t > 0 for t in c["seconds"]) and len(c["peak_bytes"]) == 3 and all(b >= 0 for b in c["peak_bytes"])
+    assert c["fit"] is not None and c["complexity"] == "N" and c["dtype"] == "float32"
+    json.dumps(c)  # plain JSON
+    # a used-up budget still measures the first N, and no more
+    assert gpu.sweep_curve(mech, "cpu", (256, 512, 1024), budget_s=0.0, rounds=1)["sizes"] == [256]
+
+
+def test_sweep_curve_records_an_error_and_keeps_the_points_before_it():
+    real = lookup("linear")
+
+    def setup(problem, device, dtype):
+        if problem.q.shape[-2] > 256:
+            raise MemoryError("planted")
+        return real.fast_setup(problem, device, dtype)
+
+    mech = SimpleNamespace(id="x", title="x", complexity="N", default_variant=real.default_variant,
+                           problem=real.problem, fast_setup=setup)
+    c = gpu.sweep_curve(mech, "cpu", (256, 512, 1024), budget_s=60.0, rounds=1)
+    assert c["sizes"] == [256] and c["error"] == "N = 512: MemoryError: planted" and c["fit"] is None
+
+
+def test_sweep_sizes_start_at_the_launch_floor():
+    for mech in mechanisms():
+        sizes = gpu.sweep_sizes(mech)
+        assert sizes and list(sizes) == sorted(set(sizes))
+        assert all(n >= gpu.MIN_SWEEP_N for n in sizes) and all(mech.admissible(n) == n for n in sizes)
+
+
+def test_run_child_stops_at_its_limit_and_keeps_the_output():
+    child = gpu.run_child([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
+                          timeout=3, echo=False)
+    assert child.timed_out and child.tail == "started" and child.seconds < 30
+    done = gpu.run_child([sys.executable, "-c", "print('a'); print('b')"], timeout=60, echo=False)
+    assert not done.timed_out and done.returncode == 0 and done.tail == "a\nb"
+
+
+def test_parse_junit(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text(
+        '<?xml version="1.0"?><testsuites><testsuite>'
+        '<testcase classname="tests.fast.test_a" name="test_ok[cuda]" time="0.5"/>'
+        '<testcase classname="tests.fast.test_a" name="test_bad" time="0.1"><failure message="assert 10 == 12">x'
+        '</failure></testcase>'
+        '<testcase classname="tests.fast.test_b" name="test_skip" time="0"><skipped message="needs CUDA"/></testcase>'
+        '</testsuite></testsuites>')
+    assert gpu.parse_junit(xml) == [
+        {"id": "tests/fast/test_a.py::test_ok[cuda]", "outcome": "passed", "seconds": 0.5, "message": ""},
+        {"id": "tests/fast/test_a.py::test_bad", "outcome": "failed", "seconds": 0.1, "message": "assert 10 == 12"},
+        {"id": "tests/fast/test_b.py::test_skip", "outcome": "skipped", "seconds": 0.0, "message": "needs CUDA"}]
+    assert gpu.parse_junit(tmp_path / "missing.xml") == []
+
+
+def test_collect_rewrites_the_json_after_each_stage_within_the_budget(tmp_path, monkeypatch):
+    """Each stage sees the JSON of the stages before it; each gets its share of what is left, so
+    stages that use all their time still end within the budget, and one that is quick leaves its
+    time to the next."""
+    out = tmp_path / "o" / "gpu.json"
+    clock = [0.0]
+    limits = {}
+
+    def stage(name, use_all=True):
+        def run(limit):
+            limits[name] = limit
+            clock[0] += limit if use_all else 0.0
+            seen = json.loads(out.read_text())
+            return {"saw": sorted(k for k in gpu.STAGES if k in seen), "returncode": 0}
+        return run
+
+    def install(use_all):
+        monkeypatch.setattr(gpu.time, "perf_counter", lambda: clock[0])
+        monkeypatch.setattr(gpu, "cuda_environment", lambda device: {"device": device})
+        monkeypatch.setattr(gpu, "tests_stage", lambda work, limit, echo: stage("tests", use_all)(limit))
+        monkeypatch.setattr(gpu, "checks_stage", lambda work, dev, limit, echo, only: stage("checks", use_all)(limit))
+        monkeypatch.setattr(gpu, "sweeps_stage", lambda dev, limit, progress: stage("sweeps", use_all)(limit))
+        monkeypatch.setattr(gpu, "peers_stage", lambda work, dev, limit, echo: stage("peers", use_all)(limit))
+
+    install(use_all=True)
+    run = gpu.collect("cuda", out, budget_s=100.0, skip=("peers",), echo=False)
+    assert run["tests"]["saw"] == [] and run["checks"]["saw"] == ["tests"] and run["sweeps"]["saw"] == ["checks", "tests"]
+    assert "peers" not in run and run["skipped_stages"] == ["peers"] and run["failures"] == []
+    assert json.loads(out.read_text())["seconds"] == run["seconds"] == pytest.approx(100.0)
+    sh = gpu.SHARES
+    ran = sh["tests"] + sh["checks"] + sh["sweeps"]  # the shares of the stages that run
+    assert limits == pytest.approx({"tests": 100 * sh["tests"] / ran, "checks": 100 * sh["checks"] / ran,
+                                    "sweeps": 100 * sh["sweeps"] / ran})
+    clock[0] = 0.0
+    install(use_all=False)  # instant stages: each later one may use what the earlier ones left
+    gpu.collect("cuda", out, budget_s=100.0, echo=False)
+    assert limits == pytest.approx({"tests": 100 * sh["tests"], "checks": 100 * sh["checks"] / (1 - sh["tests"]),
+                                    "sweeps": 100 * sh["sweeps"] / (sh["sweeps"] + sh["peers"]), "peers": 100.0})
+
+
+def test_failures_name_what_failed():
+    assert gpu.failures({}) == []
+    run = {"tests": {"cases": [{"id": "t::a", "outcome": "failed"}, {"id": "t::b", "outcome": "passed"}],
+                     "returncode": 1},
+           "checks": {"results": [{"id": "scale/x", "status": "fail"}, {"id": "y", "status": "pass"}],
+                      "timed_out": True},
+           "peers": {"returncode": 1}}
+    got = gpu.failures(run)
+    assert got == ["1 CUDA test(s) failed: t::a", "1 check(s) failed: scale/x", "the peer suite exited with status 1",
+                   "the checks stage ran out of its time and was stopped"]
+
+
+def test_merge_benchmark_reports():
+    a = {"machine_info": {"node": "x"}, "benchmarks": [{"name": "a"}], "maskbench": {"peers": {"p": "1"},
+                                                                                     "skipped": ["s1"]}}
+    b = {"machine_info": {"node": "y"}, "benchmarks": [{"name": "b"}], "maskbench": {"skipped": ["s1", "s2"]}}
+    merged = gpu.merge_benchmark_reports([a, b])
+    assert [x["name"] for x in merged["benchmarks"]] == ["a", "b"] and merged["machine_info"] == {"node": "x"}
+    assert merged["maskbench"] == {"peers": {"p": "1"}, "skipped": ["s1", "s2"]}
+    assert gpu.merge_benchmark_reports([]) is None
+
+
+def test_peers_stage_runs_each_operation_apart_and_summarises(tmp_path, monkeypatch):
+    """On the CPU: SDPA's math kernel runs in float32 there and its memory-efficient one refuses,
+    so one part times and the other skips with torch's reason; the summary holds the first."""
+    monkeypatch.setattr(gpu, "PEER_OPS", ("softmax-math", "softmax-efficient"))
+    small = ("--bench-N", "256", "--bench-d", "16")
+    out = gpu.peers_stage(tmp_path, "cpu", timeout=600, echo=False, bench_args=small)
+    assert [p["op"] for p in out["parts"]] == ["softmax-math", "softmax-efficient"]
+    assert all(p["returncode"] == 0 and not p["timed_out"] for p in out["parts"]), out["tail"]
+    rows = out["summary"]["rows"]
+    assert rows and {r["op"] for r in rows} == {"softmax-math"} and {r["dtype"] for r in rows} == {"float32"}
+    assert any("torch-sdpa-efficient cannot run on cpu" in s for s in out["summary"]["skipped"])
+    assert not [f for op in gpu.PEER_OPS for f in tmp_path.glob(f"gpu-peers-{op}.json")]  # merged, removed
+    assert json.loads((tmp_path / "gpu-peers-summary.json").read_text()) == out["summary"]
+    none = gpu.peers_stage(tmp_path, "cpu", timeout=1, echo=False, bench_args=small)  # no time for any part
+    assert none["summary"] is None and "no part of the peer suite finished" in none["summary_error"]
+    assert [p["skipped"] for p in none["parts"]] == ["no time left"] * 2
