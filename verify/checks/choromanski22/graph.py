@@ -35,7 +35,6 @@ as fast.graphs.Graph.num_edges.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
 import time
 
@@ -44,6 +43,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg
 import torch
 from scipy import stats
+from threadpoolctl import threadpool_limits
 
 import verify.problems as problems
 from fast.graphs import as_graph
@@ -107,44 +107,20 @@ def degree_info(adj: sp.csr_matrix) -> dict:
 # ------------------------------------------------------------------------------ threads
 
 
-def _openblas_thread_controls() -> list[tuple]:
-    """(set, get) num-threads functions of every OpenBLAS the process has loaded (NumPy's and
-    SciPy's wheels each bundle one), found through /proc/self/maps; [] where unavailable."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if "openblas" in line and ".so" in line})
-    except OSError:
-        return []
-    out = []
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for setter, getter in (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
-                               ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
-                               ("openblas_set_num_threads", "openblas_get_num_threads")):
-            if hasattr(lib, setter) and hasattr(lib, getter):
-                out.append((getattr(lib, setter), getattr(lib, getter)))
-                break
-    return out
-
-
 @contextlib.contextmanager
 def one_thread():
-    """One torch thread and one OpenBLAS thread (restored after). The dense references here are
-    small (n <= 200): on a busy two-core machine OpenBLAS's second thread made a 200 x 200 expm
-    20-30 times slower (0.5-0.8 s against 0.02 s), while the answer does not depend on it."""
-    controls = _openblas_thread_controls()
-    old = [get() for _, get in controls]
-    for set_threads, _ in controls:
-        set_threads(1)
-    try:
-        with pinned_threads(1):
-            yield
-    finally:
-        for (set_threads, _), n in zip(controls, old):
-            set_threads(int(n))
+    """One torch thread and one BLAS thread in every BLAS the process has loaded (NumPy's and
+    SciPy's wheels each bundle an OpenBLAS; threadpoolctl finds them), restored after. The dense
+    references here are small (n <= 200): on a busy two-core machine OpenBLAS's second thread made
+    a 200 x 200 expm 20-30 times slower (0.5-0.8 s against 0.02 s), while the answer does not
+    depend on it.
+
+    >>> with one_thread():
+    ...     torch.get_num_threads()
+    1
+    """
+    with threadpool_limits(limits=1, user_api="blas"), pinned_threads(1):
+        yield
 
 
 # ------------------------------------------------------------------------------ theorem 4.1
