@@ -24,7 +24,7 @@ from fast.features import (
 )
 from fast.graphs import Graph, as_graph, normalized_adjacency
 from fast.latent.layers import DIFFormerAttention, NodeFormerConv, SGFormerAttention
-from fast.masks.base import MaskOperator, SymmetricMaskOperator
+from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.masks.diffusion import DiffusionMask, expm_action
 from fast.masks.explicit import DenseMask, SparseMask, as_mask_operator
 from fast.masks.grf import GRFAsymMask, GRFMask, WalkFeatures, grf_features

@@ -2,7 +2,7 @@
 
     out_i = phi_q_i^T D1_i / phi_q_i^T D2_i,   D1 = M [vec(phi_k_j v_j^T)]_j  (N x m d),   D2 = M phi_k
 
-for any mask operator M (fast.masks.base): the checked product ``apply_mask``, the feature-blocked
+for any mask operator M (fast.operator, whose public products check their input and output): the feature-blocked
 numerator ``blocked_numerator``, block sizing, the guarded division ``divide``, and
 ``masked_products``, a custom autograd Function that keeps training memory linear.
 
@@ -18,13 +18,12 @@ operations, same order).
 """
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable, Sequence
 
 import torch
 
 from fast.errors import DenominatorError
-from fast.masks.base import parameters_of, rmatmul_of
+from fast.operator import MaskOperator, as_operator
 
 #: Most columns of [vec(phi_k v^T)] pushed through the mask at once: peak extra memory of the
 #: generic path is O(N * block_cols).
@@ -244,33 +243,6 @@ def linear_products(phi_q: torch.Tensor, phi_k: torch.Tensor,
     return phi_q @ kv, torch.einsum("...nm,...m->...n", phi_q, phi_k.sum(dim=-2)), kv
 
 
-def _broadcasts_to(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
-    if len(src) > len(dst):
-        return False
-    return all(s in (1, t) for s, t in zip(reversed(src), reversed(dst)))
-
-
-def apply_mask(op, x: torch.Tensor, transpose: bool = False) -> torch.Tensor:
-    """op.matmul(x) (transpose: op.rmatmul(x)) for x (..., N, c), checked: a tensor of shape
-    (..., N, c) whose leading dims are x's broadcast against the mask's, on x's device (cast to
-    x's dtype if it differs)."""
-    what = "mask.rmatmul(x)" if transpose else "mask.matmul(x)"
-    y = op.rmatmul(x) if transpose else op.matmul(x)
-    if not isinstance(y, torch.Tensor):
-        raise TypeError(f"{what} must return a torch.Tensor, got {type(y).__name__} "
-                        f"(mask is {type(op).__name__})")
-    lead_ok = y.dim() >= 2 and _broadcasts_to(tuple(x.shape[:-2]), tuple(y.shape[:-2]))
-    if not lead_ok or tuple(y.shape[-2:]) != tuple(x.shape[-2:]):
-        raise ValueError(
-            f"{what} must return shape (..., N, c) = (..., {x.shape[-2]}, {x.shape[-1]}) with x's "
-            f"leading dims {tuple(x.shape[:-2])} (broadcast against the mask's); got {tuple(y.shape)} "
-            f"for x of shape {tuple(x.shape)} (mask is {type(op).__name__})")
-    if y.device != x.device:
-        raise ValueError(f"{what} returned a tensor on {y.device} for x on {x.device} "
-                         f"(mask is {type(op).__name__})")
-    return y if y.dtype == x.dtype else y.to(x.dtype)
-
-
 def blocked_numerator(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                       matmul: Callable[[torch.Tensor], torch.Tensor], features_per_block: int) -> torch.Tensor:
     """Algorithm 1's numerator phi_q_i^T devec(D1_i), D1 = M [vec(phi_k_j v_j^T)], in feature blocks.
@@ -341,10 +313,20 @@ def _unreachable(_: object) -> torch.Tensor:  # pragma: no cover - the probe is 
     raise RuntimeError("the parameter probe's graph is not differentiated")
 
 
-def gradient_inputs(op, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
+def _requiring_grad(items: object) -> list[torch.Tensor]:
+    """The distinct tensors requiring grad among ``items`` (an operator's parameters(): an
+    nn.Module's include frozen ones; anything that is not a tensor is dropped)."""
+    out: dict[int, torch.Tensor] = {}
+    for t in items:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            out.setdefault(id(t), t)
+    return list(out.values())
+
+
+def gradient_inputs(op: MaskOperator, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
     """(the tensors whose gradients the recomputing backward returns for mask ``op``, retain).
 
-    Starts from ``parameters_of(op)``; drops a declared tensor computed from another declared one
+    Starts from ``op.parameters()`` (its tensors requiring grad, each once); drops a declared tensor computed from another declared one
     (its gradient reaches that one through autograd's own graph; returning both would count it
     twice, e.g. LowRankMask(a, a.T)). Then two one-column probes M @ like[..., :1] (whose saved
     tensors are discarded at once) check that every tensor requiring grad that the product
@@ -356,7 +338,7 @@ def gradient_inputs(op, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
     """
     if not torch.is_grad_enabled():
         return [], False
-    declared = parameters_of(op)
+    declared = _requiring_grad(op.parameters())
     kept = []
     held: list = []  # every autograd node whose id is compared, alive until the comparisons end
     for i, p in enumerate(declared):
@@ -368,7 +350,7 @@ def gradient_inputs(op, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
     probes, walks = [], []
     for _ in range(2):
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_discard, _unreachable):
-            probe = apply_mask(op, like[..., :1].detach())
+            probe = op.matmul(like[..., :1].detach())
         if not probe.requires_grad:
             return kept, False
         probes.append(probe)  # alive until both walks are done: node ids are not reused
@@ -400,7 +382,7 @@ class _MaskedProducts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, phi_q, phi_k, v, op, fpb, retain, *params):
-        matmul = partial(apply_mask, op)
+        matmul = op.matmul
         den = (phi_q * matmul(phi_k)).sum(-1)
         num = blocked_numerator(phi_q, phi_k, v, matmul, fpb)
         ctx.save_for_backward(phi_q, phi_k, v)
@@ -418,13 +400,13 @@ class _MaskedProducts(torch.autograd.Function):
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         need_p = list(ctx.needs_input_grad[6:])
         create = torch.is_grad_enabled()  # double backward: keep the saved tensors attached
-        if not any(need_p) and not create and rmatmul_of(op) is not None:
+        if not any(need_p) and not create and op.has_rmatmul:
             with torch.no_grad():
                 return (*_adjoint_backward(phi_q, phi_k, v, g_num, g_den, op, fpb, need_q, need_k, need_v),
                         None, None, None, *[None] * len(params))
         if not create:
             phi_q, phi_k, v = _leaf(phi_q, need_q), _leaf(phi_k, need_k), _leaf(v, need_v)
-        matmul = partial(apply_mask, op)
+        matmul = op.matmul
         m = phi_k.shape[-1]
         grad_p: list = [None] * len(params)
         wanted_p = [p for p, need in zip(params, need_p) if need]
@@ -483,21 +465,21 @@ def _adjoint_backward(phi_q, phi_k, v, g_num, g_den, op, fpb: int, need_q: bool,
     m, d = phi_k.shape[-1], v.shape[-1]
     gq = gk = gv = None
     if need_q:
-        gq = g_den.unsqueeze(-1) * apply_mask(op, phi_k)
+        gq = g_den.unsqueeze(-1) * op.matmul(phi_k)
     if need_k:
-        gk = apply_mask(op, g_den.unsqueeze(-1) * phi_q, transpose=True)
+        gk = op.rmatmul(g_den.unsqueeze(-1) * phi_q)
     gq_blocks, gk_blocks = [], []
     for a in range(0, m, fpb):
         b = min(m, a + fpb)
         pq_b, pk_b = phi_q[..., a:b], phi_k[..., a:b]
         if need_q:
             cols = (pk_b[..., None] * v[..., None, :]).flatten(-2)
-            mixed = apply_mask(op, cols).unflatten(-1, (b - a, d))
+            mixed = op.matmul(cols).unflatten(-1, (b - a, d))
             del cols
             gq_blocks.append(torch.einsum("...nd,...nkd->...nk", g_num, mixed))
             del mixed
         if need_k or need_v:
-            h = apply_mask(op, (pq_b[..., None] * g_num[..., None, :]).flatten(-2), transpose=True)
+            h = op.rmatmul((pq_b[..., None] * g_num[..., None, :]).flatten(-2))
             h = h.unflatten(-1, (b - a, d))
             if need_k:
                 gk_blocks.append(torch.einsum("...nkd,...nd->...nk", h, v))
@@ -524,7 +506,7 @@ def _block(phi_q, phi_k, v, matmul, a: int, b: int):
     return pq_b, pk_b, torch.einsum("...nk,...nkd->...nd", pq_b, mixed)
 
 
-def masked_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op,
+def masked_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: MaskOperator,
                     fpb: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(num (..., N, d), den (..., N)) of Algorithm 1 through op.matmul, with linear training memory.
 
@@ -533,7 +515,9 @@ def masked_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, o
     autograd only phi_q, phi_k, v are saved; backward recomputes M phi_k and then each block
     (see the module doc: one pass of M and one of M^T per block with ``rmatmul``, else
     autograd through each recomputed block; memory: one block either way). Gradients reach
-    phi_q, phi_k, v and the tensors of ``gradient_inputs(op, phi_k)``.
+    phi_q, phi_k, v and the tensors of ``gradient_inputs(op, phi_k)``. ``op``: a MaskOperator or
+    a duck-typed one (fast.operator.as_operator wraps it once).
     """
+    op = as_operator(op)
     params, retain = gradient_inputs(op, phi_k)
     return _MaskedProducts.apply(phi_q, phi_k, v, op, fpb, retain, *params)

@@ -3,14 +3,15 @@
 Shapes: q, k (..., N, d_qk); v (..., N, d); features phi_q, phi_k (..., N, m); leading dims are
 batch and heads and must agree between the arguments. The building blocks of Algorithm 1 (the
 blocked numerator, block sizing, the guarded division, the memory-saving autograd Function) live
-in fast.algebra, below the masks; the mask contract in fast.masks.base.
+in fast.algebra, below the masks; the mask contract in fast.operator (the driver names no concrete
+mask: what a mask offers it reads off the contract).
 
 The denominator guard (every driver of Algorithm 1). den_i = phi_q_i . sum_j M_ij phi_k_j is
 refused (DenominatorError, never divided by) where it is not finite, where |den_i| is below the
 dtype's smallest normal number (zero or subnormal: its precision is gone), and where it lies
 within round-off of zero relative to the terms it sums (fast.algebra.divide):
 
-- phi_q >= 0, phi_k >= 0 and a nonnegative mask (``nonnegative``, fast.masks.base; no mask is
+- phi_q >= 0, phi_k >= 0 and a nonnegative mask (``nonnegative``, fast.operator; no mask is
   all ones): no term can cancel another, den_i is accurate to a few units of round-off
   relative, and the floor is only the mask's ``roundoff_bound`` contribution
   |phi_q_i| . roundoff_bound(phi_k) (an FFT's normwise error), if it offers one. This costs no
@@ -78,15 +79,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, apply_mask, blocked_numerator, default_block_cols,
-                          divide, features_per_block, guard_flag, linear_products, masked_products, refused_rows)
+from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, blocked_numerator, default_block_cols, divide,
+                          features_per_block, guard_flag, linear_products, masked_products, refused_rows)
 from fast.errors import DenominatorError
 from fast.favor_blockwise import favor_products
 from fast.features import favor_exponentials
-from fast.masks.base import (MaskOperator, abs_matmul_of, attend_of, key_stabilizer_of, nonnegative_of,
-                             rescales_keys_of, roundoff_bound_of)
 from fast.masks.explicit import as_mask_operator
-from fast.masks.sequence import CausalMask
+from fast.operator import MaskOperator
 from fast.validation import (broadcast_shape, check_no_key, check_positive_int, check_same_device, check_tensor,
                              compute_dtype, finite_flag, raise_if_non_finite)
 
@@ -262,12 +261,6 @@ def masked_linear_attention(
                       diagnose=lambda: raise_if_non_finite(phi_q=phi_q, phi_k=phi_k, v=v))
 
 
-def _plain_causal(op: object) -> bool:
-    """op is a CausalMask whose attend is CausalMask's own (a subclass overriding attend gets its
-    attend called, never the private routes of the base class)."""
-    return isinstance(op, CausalMask) and type(op).attend is CausalMask.attend
-
-
 def _check_sign_promise(value: object) -> None:
     if not (value is None or value is True or value is False):
         raise ValueError("features_nonnegative must be None (the features' sign is tested), True (the caller "
@@ -282,12 +275,14 @@ def _all(flags: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: object, *, block_cols: int | None,
+def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: MaskOperator | None, *, block_cols: int | None,
                no_key: str, key_log_scale: torch.Tensor | None = None, features_nonnegative: bool | None = None,
                flags: tuple[torch.Tensor, ...] = (), diagnose=None) -> torch.Tensor:
     """Algorithm 1 on checked inputs and operator (or None): products, guard, division.
 
-    key_log_scale: passed to ``op.attend`` (an operator with rescales_keys) when not None.
+    key_log_scale: passed to ``op.attend`` (an operator with rescales_keys) when not None, through
+    the contract's ``attend_optimistic`` (whose exactness flag joins the call's one host read; where
+    it fails, ``attend_exact`` redoes the products).
     features_nonnegative: None (tested), True (promised, or known: FAVOR+), False (signed).
     flags: the caller's 0-dim bool checks (finite reductions of its own inputs), combined with
     this function's into the one host read of the call; ``diagnose()`` is called only when that
@@ -299,7 +294,7 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: ob
     phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)  # no copy when the dtype is already right
     checks = list(flags)
     k_min = None
-    narrow = None  # CausalMask's optimistic route: its condition, checked with the call's one read
+    exact = None  # the operator's optimistic attend: its condition, checked with the call's one read
     if op is None:
         num, den, kv = linear_products(phi_q, phi_k, v)  # kv (..., m, d)
         checks.append(finite_flag(kv))  # every entry of phi_k and v reaches kv; of phi_q (and phi_k), den
@@ -310,26 +305,20 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: ob
             k_min, k_max = torch.aminmax(phi_k.detach())
             checks.append((k_min > -torch.inf) & (k_max < torch.inf))
         checks.append(finite_flag(v))
-        attend = attend_of(op)
+        attend = op.attend
         if attend is not None:
             if key_log_scale is None:
                 result = attend(phi_q, phi_k, v)
-            else:
-                # CausalMask's own attend (not a subclass's override): the route without a host read
-                optimistic_attend = op._attend_optimistic if _plain_causal(op) else None
-                if optimistic_attend is not None:
-                    *result, narrow = optimistic_attend(phi_q, phi_k, v, key_log_scale)
-                    result = tuple(result)
-                    if narrow is not None:
-                        checks.append(narrow)
-                else:
-                    result = attend(phi_q, phi_k, v, key_log_scale=key_log_scale)
+            else:  # a route without a host read of its own, if the operator has one
+                result, exact = op.attend_optimistic(phi_q, phi_k, v, key_log_scale)
+                if exact is not None:
+                    checks.append(exact)
             num, den = _check_attend(op, result, v)
         else:
             fpb = features_per_block(default_block_cols(v) if block_cols is None else block_cols, v.shape[-1])
             num, den = masked_products(phi_q, phi_k, v, op, fpb)
 
-    mask_nonnegative = op is None or nonnegative_of(op)  # read once (a property may compute it)
+    mask_nonnegative = op is None or bool(op.nonnegative)  # read once (a property may compute it)
     optimistic = features_nonnegative is not False and mask_nonnegative
     if optimistic:  # features (assumed and tested below, promised, or known) >= 0 and a nonnegative mask
         if features_nonnegative is None and phi_q.numel() and phi_k.numel():
@@ -351,9 +340,8 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: ob
     # the rare path: name a non-finite argument, or redo the guard with the features' actual sign
     if diagnose is not None:
         diagnose()
-    if narrow is not None and not bool(narrow):  # constants too wide for the one-reference route: redo
-        op._wide = True
-        num, den = _check_attend(op, op._attend_scaled(phi_q, phi_k, v, key_log_scale), v)  # the floor needs no redo
+    if exact is not None and not bool(exact):  # the optimistic route was not exact: redo
+        num, den = _check_attend(op, op.attend_exact(phi_q, phi_k, v, key_log_scale), v)  # the floor needs no redo
     if optimistic:
         with torch.no_grad():
             negative = bool(phi_q.detach().amin() < 0) or bool(phi_k.detach().amin() < 0)
@@ -364,16 +352,7 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: ob
     return divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key).to(out_dtype)
 
 
-def _check_columns(what: str, op: object, got: object, want: tuple[int, ...]) -> torch.Tensor:
-    if not isinstance(got, torch.Tensor):
-        raise TypeError(f"{what} must return a torch.Tensor, got {type(got).__name__} (mask is {type(op).__name__})")
-    if not _broadcasts_to(want, tuple(got.shape)) or tuple(got.shape[-1:]) != want[-1:]:
-        raise ValueError(f"{what} must return shape {want} (leading dims broadcast against the mask's), got "
-                         f"{tuple(got.shape)} (mask is {type(op).__name__})")
-    return got
-
-
-def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: object, features_nonnegative: bool,
+def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: MaskOperator | None, features_nonnegative: bool,
                  mask_nonnegative: bool) -> torch.Tensor | None:
     """The guard's floor (..., N_q) on |den| (module doc), or None when only the dtype's normal range
     applies (nonnegative features and mask, no roundoff_bound): then nothing is computed.
@@ -381,11 +360,10 @@ def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: object, features_
     >= 0, so the floor is the same either way; only an abs pass is saved by knowing)."""
     with torch.no_grad():
         pq, pk = phi_q.detach(), phi_k.detach()
-        bound = None if op is None else roundoff_bound_of(op)
+        bound = None if op is None else op.roundoff_bound(pk)  # (..., m), checked by the operator
         extra = None
         if bound is not None:
-            per_column = _check_columns("mask.roundoff_bound(x)", op, bound(pk), (*pk.shape[:-2], pk.shape[-1]))
-            per_column = per_column.to(pk.dtype)
+            per_column = bound.to(pk.dtype)
             extra = ((pq if features_nonnegative else pq.abs()) @ per_column.unsqueeze(-1)).squeeze(-1)
         if features_nonnegative and mask_nonnegative:
             return extra
@@ -394,19 +372,18 @@ def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: object, features_
         if op is None:
             scale = (apq @ (apk if apk is not None else pk.abs()).sum(dim=-2).unsqueeze(-1)).squeeze(-1)
         elif mask_nonnegative:
-            scale = (apq * apply_mask(op, pk.abs())).sum(-1)
-        elif abs_matmul_of(op) is not None:
+            scale = (apq * op.matmul(pk.abs())).sum(-1)
+        elif op.has_abs_matmul:
             apk = apk if apk is not None else pk.abs()
-            scale = (apq * _check_columns("mask.abs_matmul(x)", op, abs_matmul_of(op)(apk), tuple(apk.shape))
-                     .to(apk.dtype)).sum(-1)
+            scale = (apq * op.abs_matmul(apk)).sum(-1)
         else:  # sign unknown, no entrywise bound: cancellation in the final contraction only (module doc)
-            scale = (apq * apply_mask(op, pk).abs()).sum(-1)
+            scale = (apq * op.matmul(pk).abs()).sum(-1)
         u = torch.finfo(pk.dtype).eps / 2
         floor = (8.0 * u * math.sqrt(pk.shape[-2] * pk.shape[-1])) * scale
         return floor if extra is None else floor + extra
 
 
-def _no_key_rows(op: object, phi_k: torch.Tensor) -> torch.Tensor | None:
+def _no_key_rows(op: MaskOperator | None, phi_k: torch.Tensor) -> torch.Tensor | None:
     """Bool (..., N): rows of M that are all zero ((M 1)_i == 0 for a nonnegative mask, (B 1)_i == 0
     for abs_matmul's B >= |M|; within the mask's roundoff_bound of 0 if it has one), or None when
     the mask's sign is unknown (or there is no mask: every query sees every key)."""
@@ -414,18 +391,18 @@ def _no_key_rows(op: object, phi_k: torch.Tensor) -> torch.Tensor | None:
         return None
     with torch.no_grad():
         ones = torch.ones_like(phi_k[..., :1]).detach()  # (..., N, 1)
-        if nonnegative_of(op):
-            sums = apply_mask(op, ones)
-        elif abs_matmul_of(op) is not None:
-            sums = _check_columns("mask.abs_matmul(x)", op, abs_matmul_of(op)(ones), tuple(ones.shape))
+        if op.nonnegative:
+            sums = op.matmul(ones)
+        elif op.has_abs_matmul:
+            sums = op.abs_matmul(ones)
         else:
             return None
-        bound = roundoff_bound_of(op)
-        limit = bound(ones).to(sums.dtype).unsqueeze(-2) if bound is not None else torch.zeros_like(sums[..., :1, :])
+        bound = op.roundoff_bound(ones)
+        limit = bound.to(sums.dtype).unsqueeze(-2) if bound is not None else torch.zeros_like(sums[..., :1, :])
         return (sums.abs() <= limit)[..., 0]
 
 
-def _check_attend(op: object, result: object, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_attend(op: MaskOperator, result: object, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """mask.attend must return (num (..., N, d), den (..., N)) with matching leading dims, which v's
     leading dims broadcast to."""
     n, d = v.shape[-2], v.shape[-1]
@@ -463,7 +440,7 @@ def favor_features(
     Stabilised FAVOR+ (fast.FavorPlus(projection, stabilize=True)) of q / d_qk^(1/4) and
     k / d_qk^(1/4), so that phi_q_i . phi_k_j estimates exp(q_i . k_j / sqrt(d_qk)) up to
     constants that cancel in the masked attention ratio: a per-query one, and the keys' ones
-    from the mask operator's ``key_stabilizer`` (fast.masks.base: the per-(batch, head) max by
+    from the mask operator's ``key_stabilizer`` (fast.operator: the per-(batch, head) max by
     default; padding and packing override it so that keys the mask hides never set the scale);
     mask=None: FavorPlus's own per-(batch, head) max. The mask is only read for its stabiliser
     here (the masking is masked_linear_attention's), and must be for q's and k's N. The scale
@@ -509,30 +486,7 @@ def _check_favor_inputs(q: torch.Tensor, k: torch.Tensor, projection: torch.Tens
                              f"(projection is (m, d) = {tuple(projection.shape)})")
 
 
-def _running_max(rows: torch.Tensor) -> torch.Tensor:
-    """CausalMask.key_stabilizer from the row maxima r (..., N, 1) of z: the running max of r."""
-    return torch.cummax(rows.squeeze(-1), dim=-1).values.unsqueeze(-1)
-
-
-#: The key stabilisers known to be functions of the row maxima of z (as defined when fast was
-#: imported: one replaced later, e.g. patched, is called on z like any other).
-_ROW_STABILIZERS = {MaskOperator.key_stabilizer: None, CausalMask.key_stabilizer: _running_max}
-
-
-def _row_stabilizer(op: object):
-    """For a key_stabilizer that is a function of the row maxima of z: (True, that function of
-    the rows (..., N, 1), or None for the per-slice max); (False, None) for any other, which
-    then sees z itself."""
-    own = getattr(op, "key_stabilizer", None)
-    if own is None:
-        return True, None
-    fn = getattr(own, "__func__", None)
-    if fn in _ROW_STABILIZERS:
-        return True, _ROW_STABILIZERS[fn]
-    return False, None
-
-
-def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, op: object,
+def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, op: MaskOperator | None,
                     in_driver: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
     """(phi_q, phi_k, key_log_scale, flags) on checked inputs and an operator (or None): one place
     for the construction. Features without 1/sqrt(m). in_driver (favor_attention): for an
@@ -542,16 +496,17 @@ def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, 
     flags: 0-dim bool checks that every entry of k's squared norms, of the projection and (not
     in_driver) of q's squared norms is finite: NaN or inf in q, k or projection fails one of
     them (in the driver, q's reach the denominators instead)."""
-    rescales = op is not None and rescales_keys_of(op)
+    # an operator's per-key constants are undone only by its attend given key_log_scale
+    rescales = op is not None and op.rescales_keys is True and op.attend is not None
     captured: list[torch.Tensor] = []
-    row_fn, by_rows = None, True
-    if op is None or (bool(getattr(op, "rescales_keys", False)) and not (in_driver and rescales)):
+    row_fn = None
+    if op is None or (bool(op.rescales_keys) and not (in_driver and rescales)):
         stabilizer = None  # FavorPlus's own per-(batch, head) max
     else:
-        by_rows, row_fn = _row_stabilizer(op)
+        row_fn = op.row_key_stabilizer()  # a function of the rows' maxima: z is never formed whole
         stabilizer = None
-        if not by_rows:
-            own = key_stabilizer_of(op)
+        if row_fn is None:
+            own = op.key_stabilizer
 
             def stabilizer(z: torch.Tensor) -> torch.Tensor:
                 c = own(z)
@@ -604,7 +559,7 @@ def favor_attention(
     k / d_qk^(1/4) with W = ``projection`` (m, d_qk), so the estimated kernel is
     exp(q.k / sqrt(d_qk)). mask: None or anything ``fast.as_mask_operator`` accepts, for q's and
     k's N (checked before anything is computed). The keys' stabiliser is the operator's
-    ``key_stabilizer`` (fast.masks.base: the per-(batch, head) max by default; padding and
+    ``key_stabilizer`` (fast.operator: the per-(batch, head) max by default; padding and
     packing override it so that keys the mask hides never set the scale; an operator with
     ``rescales_keys``, CausalMask, returns per-key constants, here a running max, and its
     ``attend`` undoes them given ``key_log_scale``, so a key far larger than the earlier ones

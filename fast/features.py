@@ -13,7 +13,7 @@ own segment for packing) so that a key hidden by the mask cannot underflow the v
 All these constants cancel in the normalised output; a max across the batch would not (one
 sample's underflow would depend on another's inputs), so it is never taken. A mask whose queries
 see different key sets (causal prefixes) may return per-key constants that its ``attend`` undoes
-(``rescales_keys``, fast.masks.base); only fast.favor_attention uses them that way.
+(``rescales_keys``, fast.operator); only fast.favor_attention uses them that way.
 ``FavorPlus.exponentials`` gives the features without their 1/sqrt(m) (largest stabilised entry
 exactly 1), which fast.favor_attention feeds to its guard.
 Half-precision inputs are projected and exponentiated in float32 (features come out float32).

@@ -117,7 +117,7 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], what: str = "leading
 
 def check_key_log_scale(c: object, phi_k: torch.Tensor, n: int) -> torch.Tensor:
     """key_log_scale (..., N, 1), a floating tensor whose leading dims broadcast to phi_k's, as a
-    detached (*lead, N) tensor on phi_k's device and in its dtype (fast.masks.base, rescales_keys);
+    detached (*lead, N) tensor on phi_k's device and in its dtype (fast.operator, rescales_keys);
     ValueError naming the expected shape otherwise. Shapes only: no host sync."""
     lead = tuple(phi_k.shape[:-2])
     ok = isinstance(c, torch.Tensor) and c.is_floating_point() and c.dim() >= 2 and tuple(c.shape[-2:]) == (n, 1)

@@ -98,7 +98,7 @@ from fast.attention import _check_favor_inputs, masked_linear_attention
 from fast.batching import SMALL_GRAPH_COUNT, BatchIndex, check_batch
 from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
-from fast.masks.base import SymmetricMaskOperator
+from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.segments import Segments, add_into
 from fast.validation import check_same_device, check_tensor, compute_dtype, raise_if_non_finite
@@ -369,7 +369,7 @@ class _GraphBlocks(SymmetricMaskOperator):
         self.n = batch.n
         self.batch = batch
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         b = self.batch.to(x.device)
         return b.gather(b.segment_sum(x))
 

@@ -94,7 +94,7 @@ import numpy as np
 import torch
 
 from fast.graphs import Graph, as_graph
-from fast.masks.base import MaskOperator
+from fast.operator import MaskOperator
 from fast.masks.explicit import _CSRProduct
 from fast.segments import Segments
 from fast.validation import check_diffusion_time, check_tokens, compute_dtype
@@ -467,11 +467,11 @@ class DiffusionMask(MaskOperator):
             grad_x = grad_x or learn
         return y
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """exp(-lam T) @ x for x (..., n, c) -> (..., n, c): s m CSR products, O(s m (|E| + n) c)."""
         return self._product(x, transpose=False)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """exp(-lam T)^T @ x = exp(-lam T^T) x for x (..., n, c) (T^T = T except random-walk: D^-1 L)."""
         return self._product(x, transpose=True)
 

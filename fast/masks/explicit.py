@@ -9,14 +9,13 @@ per device and dtype, its transpose once when a backward first needs it.
 """
 from __future__ import annotations
 
-import numbers
 import warnings
 
 import numpy as np
 import torch
 
-from fast.masks.base import MaskOperator
-from fast.validation import check_tokens, compute_dtype
+from fast.operator import MaskOperator, as_operator
+from fast.validation import compute_dtype
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
@@ -62,28 +61,25 @@ class DenseMask(MaskOperator):
 
     @property
     def nonnegative(self) -> bool:
-        """True when every entry is >= 0 (C1, fast.masks.base), read from the matrix at each call
+        """True when every entry is >= 0 (fast.operator), read from the matrix at each call
         (O(N^2), as the product; a learnable matrix changes between steps); bool matrices are."""
         if self.matrix.dtype == torch.bool:
             return True
         return bool(self.matrix.detach().amin() >= 0)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., N, c) -> (..., N, c), O(N^2 c)."""
-        check_tokens("x", x, self.n)
         work = compute_dtype(x.dtype)
         return (self._as(x.device, work) @ x.to(work)).to(x.dtype)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """|M| @ x for x (..., N, c) -> (..., N, c) (the guard's entrywise bound of a signed matrix), no gradient."""
-        check_tokens("x", x, self.n)
         work = compute_dtype(x.dtype)
         with torch.no_grad():
             return (self._as(x.device, work).detach().abs() @ x.detach().to(work)).to(x.dtype)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x for x (..., N, c) -> (..., N, c), O(N^2 c)."""
-        check_tokens("x", x, self.n)
         work = compute_dtype(x.dtype)
         return (self._as(x.device, work).mT @ x.to(work)).to(x.dtype)
 
@@ -116,7 +112,7 @@ class SparseMask(MaskOperator):
         index = torch.int32 if max(self.nnz, n) < 2**31 else torch.int64
         self._crow, self._col, self._values = crow.to(index), col.to(index), values
         self._csr: dict = {}
-        #: True when every stored value is >= 0 (C1, fast.masks.base); the values are constants.
+        #: True when every stored value is >= 0 (fast.operator); the values are constants.
         self.nonnegative = bool((values >= 0).all())
 
     def _build(self, crow, col, values, device, dtype) -> torch.Tensor:
@@ -145,21 +141,20 @@ class SparseMask(MaskOperator):
                 self._csr[key] = self._build(crow_t, col_t, self._values[order], device, dtype)
         return self._csr[key]
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., N, c) -> (..., N, c), O(nnz c) per leading index."""
         return self._product(x, transpose=False)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x for x (..., N, c) -> (..., N, c), with the CSR of M^T (built once)."""
         return self._product(x, transpose=True)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """|M| @ x for x (..., N, c) -> (..., N, c) (the guard's entrywise bound of a signed matrix), no gradient."""
         with torch.no_grad():
             return self._product(x.detach(), transpose=False, absolute=True)
 
     def _product(self, x: torch.Tensor, transpose: bool, absolute: bool = False) -> torch.Tensor:
-        check_tokens("x", x, self.n)
         work = compute_dtype(x.dtype)
         lead, c = x.shape[:-2], x.shape[-1]
         flat = x.to(work).movedim(-2, 0).reshape(self.n, -1)  # (N, batch * c): one product for all
@@ -209,16 +204,11 @@ def _to_csr_parts(matrix, name: str):
     return crow, col, values, n
 
 
-def _type_name(x: object) -> str:
-    t = type(x)
-    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__qualname__}"
-
-
 def as_mask_operator(mask: object, *, n: int | None = None, name: str = "mask") -> MaskOperator:
     """The operator for ``mask`` (what masked_linear_attention and favor_attention accept):
 
-    - a MaskOperator (a subclass, or any object with ``n`` and a callable ``matmul``): as is,
-      after checking that n is a positive integer;
+    - a MaskOperator subclass: as is, or any other object with ``n`` and a callable ``matmul``:
+      wrapped once (fast.operator.as_operator), after checking that n is a positive integer;
     - a dense torch.Tensor (N, N) or batched (..., N, N), floating, integer or bool, or a NumPy
       array of the same (accepted as dense; converted with torch.from_numpy): ``DenseMask``;
     - a torch sparse tensor (COO, CSR, CSC, ...; 2-D) or a scipy.sparse matrix: ``SparseMask``.
@@ -227,6 +217,10 @@ def as_mask_operator(mask: object, *, n: int | None = None, name: str = "mask") 
     TypeError for anything else, naming what was expected and what came, or what an operator
     lacks (n or matmul), or an n that is not an int (NumPy integers are ints here); ValueError
     for a non-square matrix, an n <= 0 or a wrong N.
+
+    >>> op = as_mask_operator(torch.ones(3, 3).tril())
+    >>> type(op).__name__, op.matmul(torch.ones(3, 1)).flatten()
+    ('DenseMask', tensor([1., 2., 3.]))
     """
     if isinstance(mask, torch.Tensor):
         op: MaskOperator = SparseMask(mask, name=name) if mask.layout in _SPARSE_LAYOUTS else DenseMask(mask, name=name)
@@ -237,28 +231,8 @@ def as_mask_operator(mask: object, *, n: int | None = None, name: str = "mask") 
         op = DenseMask(torch.from_numpy(np.ascontiguousarray(mask)), name=name)
     elif _is_scipy_sparse(mask):
         op = SparseMask(mask, name=name)
-    elif isinstance(mask, MaskOperator):
-        op = mask
-        if not hasattr(op, "n"):  # a subclass that never set self.n
-            raise TypeError(f"{name} ({_type_name(mask)}) has no n (the number of tokens N): a MaskOperator "
-                            "needs n and matmul")
-        count = op.n
-        if isinstance(count, bool) or not isinstance(count, numbers.Integral):
-            raise TypeError(f"{name}.n must be a positive int (the number of tokens N; NumPy integers are "
-                            f"accepted), got {_type_name(count)} {count!r:.40}")
-        if count <= 0:
-            raise ValueError(f"{name}.n must be a positive integer (the number of tokens N), got {count!r}")
-    else:
-        has_n, matmul = hasattr(mask, "n"), getattr(mask, "matmul", None)
-        if has_n and matmul is not None and not callable(matmul):
-            raise TypeError(f"{name}.matmul must be a method matmul(x) -> M @ x, got {type(matmul).__name__}")
-        if has_n or matmul is not None:
-            missing = ("n (the number of tokens N)" if not has_n
-                       else "callable matmul(x) returning M @ x for x (..., N, c)")
-            raise TypeError(f"{name} ({_type_name(mask)}) has no {missing}: a MaskOperator needs n and matmul")
-        raise TypeError(
-            f"{name} must be a MaskOperator (with n and matmul), a (..., N, N) tensor or NumPy array, a torch "
-            f"sparse tensor or a scipy.sparse matrix; got {_type_name(mask)}")
+    else:  # an operator, or a duck-typed one (anything else: TypeError naming what is accepted)
+        op = as_operator(mask, name=name)
     if n is not None and op.n != n:
         raise ValueError(f"{name} is for N={op.n} tokens, expected N={n}")
     return op

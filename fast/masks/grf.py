@@ -21,7 +21,7 @@ both sides (G_q = G_k): M_hat is then biased on the diagonal (E[G_i . G_i] excee
 E[G_i] . E[G_i] by the variance of row i), as reid25 notes; pass independent ensembles for an
 unbiased mask. GRFAsymMask (App. D, Eq. 24): the key side one-hot, M_hat = G with f = alpha.
 
-Per-key stabilisation (``rescales_keys``, fast.masks.base; GRFMask, GRFAsymMask and
+Per-key stabilisation (``rescales_keys``, fast.operator; GRFMask, GRFAsymMask and
 fast.masks.rwgnk.RWGNKMask). A row of these masks reaches only keys a few hops away, so the
 default FAVOR+ key constant (the max over ALL keys of a (batch, head) slice) lets a row whose
 reachable keys sit ~90 below the slice's max underflow in float32 (numerics/<id> at q, k entry
@@ -63,7 +63,7 @@ import torch
 
 from fast.algebra import default_block_cols, features_per_block, masked_products
 from fast.graphs import Graph, as_graph
-from fast.masks.base import MaskOperator, default_key_stabilizer
+from fast.operator import MaskOperator, default_key_stabilizer
 from fast.segments import Segments
 from fast.validation import check_key_log_scale, check_tokens, compute_dtype
 from fast.walks import Walks
@@ -358,13 +358,13 @@ def stabilised_inputs(n: int, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch
 class LocallyStabilised:
     """Mixin of the graph masks whose rows reach only nearby keys (GRFMask, GRFAsymMask, RWGNKMask,
     PowerSeriesMask): per-key constants (``local_key_stabilizer``) and an ``attend`` that undoes
-    them (``rescales_keys``, fast.masks.base). attend(phi_q, phi_k, v, key_log_scale=None) ->
+    them (``rescales_keys``, fast.operator). attend(phi_q, phi_k, v, key_log_scale=None) ->
     (num (..., N, d), den (..., N)): with key_log_scale None the plain product (the driver's
     generic path, fast.algebra.masked_products through matmul); otherwise the inputs in their
     compute dtype and the constants c (S, N) go to the class's ``_attend_stabilised(phi_q, phi_k,
     v, c)``, which returns (num, den) of the true features times exp(-r_i) per query row i."""
 
-    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
+    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.operator).
     rescales_keys = True
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
@@ -490,14 +490,14 @@ class StabilisedProduct(MaskOperator):
                              f"got {tuple(x.shape)}")
         return x.reshape(self.slices * self.n, x.shape[-1])
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M' x: Q' (K'^T x) per slice, x (..., n, c) -> (..., n, c)."""
         y = self._flat(x)
         if self.k_side is not None:
             y = self.k_side.product(y, transpose=True)
         return self.q_side.product(y).view(x.shape)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M'^T x: K' (Q'^T x) per slice, x (..., n, c) -> (..., n, c)."""
         y = self.q_side.product(self._flat(x), transpose=True)
         if self.k_side is not None:
@@ -711,15 +711,15 @@ class GRFMask(LocallyStabilised, MaskOperator):
         y = second.product(first.product(flat, transpose=True, absolute=absolute), absolute=absolute)
         return _unflatten(y, lead, x)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M x = G_q (G_k^T x) for x (..., N, c) -> (..., N, c)."""
         return self._apply(x, self.features_k, self.features_q)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T x = G_k (G_q^T x) for x (..., N, c) -> (..., N, c)."""
         return self._apply(x, self.features_q, self.features_k)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """|G_q| (|G_k|^T x) >= |M| x entrywise (for x >= 0), no gradient."""
         with torch.no_grad():
             return self._apply(x.detach(), self.features_k, self.features_q, absolute=True)
@@ -774,15 +774,15 @@ class GRFAsymMask(LocallyStabilised, MaskOperator):
                                self.parameters())
         return plain_attend(op, phi_q, phi_k, v)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """G x for x (..., N, c) -> (..., N, c)."""
         return self.features.matmul(x)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """G^T x for x (..., N, c) -> (..., N, c)."""
         return self.features.rmatmul(x)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """|G| x with |G| built from |alpha| (>= |G| entrywise), no gradient."""
         with torch.no_grad():
             flat, lead, _ = _flatten(x.detach(), self.n)

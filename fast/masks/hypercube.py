@@ -18,7 +18,7 @@ import numbers
 
 import torch
 
-from fast.masks.base import SymmetricMaskOperator
+from fast.operator import SymmetricMaskOperator
 from fast.validation import check_diffusion_time, check_tokens, compute_dtype
 
 #: Bits per Kronecker pass: the 2^g x 2^g factor applied as one batched GEMM.
@@ -93,10 +93,10 @@ class HypercubeDiffusionMask(SymmetricMaskOperator):
             b += g
         return y.to(out_dtype)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): GROUP_BITS bits per batched GEMM, O(n c log n)."""
         return self._product(x, absolute=False)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """|M| @ x for x (..., n, c) -> (..., n, c): the same passes with |tanh(lam)| (contract C1)."""
         return self._product(x, absolute=True)

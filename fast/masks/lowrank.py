@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from fast.features import FavorPlus
-from fast.masks.base import MaskOperator
+from fast.operator import MaskOperator
 from fast.validation import broadcast_shape, check_tensor, check_tokens, compute_dtype
 
 
@@ -72,17 +72,17 @@ class LowRankMask(MaskOperator):
         left, right = (f.to(device=x.device, dtype=work) for f in (self.left, self.right))
         return left, right, work
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x = left (right x) for x (..., N, c) -> (..., N, c), O(N r c)."""
         left, right, work = self._factors(x)
         return (left @ (right @ x.to(work))).to(x.dtype)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x = right^T (left^T x) for x (..., N, c) -> (..., N, c), O(N r c)."""
         left, right, work = self._factors(x)
         return (right.mT @ (left.mT @ x.to(work))).to(x.dtype)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """|left| (|right| x) for x (..., N, c) -> (..., N, c), O(N r c): the product with
         B = |left| |right| >= |left right| = |M| entrywise (contract C1), so the driver's guard sees
         the scale of terms that cancel inside M."""

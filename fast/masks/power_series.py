@@ -24,7 +24,7 @@ Factorisation and named kernels: ``deconvolve`` (alpha -> f, sum_p f_p f_{k-p} =
 float64 tensors; deconvolve and convolve are differentiable (torch ops), so f can be the learned
 parameter and alpha = convolve(f).
 
-Per-key stabilisation (``rescales_keys``, fast.masks.base). M_ij = 0 beyond K hops, so the
+Per-key stabilisation (``rescales_keys``, fast.operator). M_ij = 0 beyond K hops, so the
 default FAVOR+ key constant (the max over ALL keys of a (batch, head) slice) lets a row whose
 reachable keys sit ~90 below the slice's max underflow in float32 (numerics/power-series at q, k
 entry std 8). ``key_stabilizer(z)`` returns one constant per key, c_j = max_a z_ja (..., N, 1),
@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 from fast.graphs import Graph, as_graph
-from fast.masks.base import MaskOperator, SymmetricMaskOperator
+from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.masks.explicit import _CSRProduct
 from fast.masks.grf import LocallyStabilised, block_diagonal_index, plain_attend, segment_max
 from fast.segments import Segments
@@ -162,11 +162,11 @@ class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
             y = torch.addcmul(wy, a[k], xf)
         return y.reshape(self.n, *lead, c).movedim(0, -2).to(x.dtype)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c) by Horner's rule: K CSR products, O(K (|E| + n) c)."""
         return self._horner(x, self.alpha)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """(sum_k |alpha_k| W^k) @ x >= |M| @ x entrywise for x >= 0 (W >= 0), no gradient (contract C1)."""
         with torch.no_grad():
             return self._horner(x.detach(), self.alpha.detach().abs())
@@ -268,7 +268,7 @@ class _StabilisedHorner(MaskOperator):
         a = self.mask.alpha.to(device=x.device, dtype=x.dtype)
         return [a[self._big_k - s] * gain.to(x.dtype) for s, gain in enumerate(self._gains)]
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M' x by the stabilised Horner steps: y = alpha_K E_0 x; y = A_s y + alpha_{K-s} E_s x."""
         xf = self._flat(x)
         coefs = self._coefs(xf)
@@ -277,7 +277,7 @@ class _StabilisedHorner(MaskOperator):
             y = torch.addcmul(self._spmm(mat, mat_t, y), coefs[s], xf)
         return y.view(x.shape)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M'^T x by the transposed steps, last first: h = x, out = alpha_0 E_K h; then for
         s = K..1: h = A_s^T h, out += alpha_{K-s+1} E_{s-1} h."""
         h = self._flat(x)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from fast.graphs import as_graph
-from fast.masks.base import SymmetricMaskOperator
+from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.masks.grf import (LocallyStabilised, ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, as_walks, plain_attend,
                             stabilising_factors)
@@ -124,7 +124,7 @@ class RWGNKMask(LocallyStabilised, SymmetricMaskOperator):
                                ScaledWalkMatrix(p, one, None, values, factor_k), [])
         return plain_attend(op, phi_q, phi_k, v)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """K x = Psi (Psi^T x) for x (..., N, c) -> (..., N, c)."""
         return self.psi.matmul(self.psi.rmatmul(x))
 

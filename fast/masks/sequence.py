@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from fast.masks.base import MaskOperator, SymmetricMaskOperator
+from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.segments import Segments
 from fast.validation import broadcast_shape, check_key_log_scale, check_positive_int, check_tokens
 
@@ -80,7 +80,7 @@ class CausalMask(MaskOperator):
     normal number (float32: ~1e-33 rather than ~1e-38 of the largest key the query sees); wider
     constants (e.g. a key far louder than earlier ones) take the scan above. ``attend`` decides
     with the host read it makes anyway (finiteness); fast.favor_attention, which reads the device
-    once per call, uses ``_attend_optimistic``: the narrow route is tried and its condition
+    once per call, uses ``attend_optimistic``: the narrow route is tried and its condition
     joins the driver's one combined flag; a failure redoes the call's products with the scan
     above (and this mask instance keeps to it afterwards, ``_wide``: exact either way, and a
     wide call then costs one scan, not the narrow try and the scan).
@@ -102,7 +102,7 @@ class CausalMask(MaskOperator):
 
     #: M_ij = 1 or 0 (the guard of fast/ relies on it).
     nonnegative = True
-    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.masks.base).
+    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.operator).
     rescales_keys = True
     #: chunk=None: the chunk is sqrt(m d) rounded to a power of two, clipped to this range.
     CHUNK_RANGE = (16, 64)
@@ -111,7 +111,7 @@ class CausalMask(MaskOperator):
         self.n = check_positive_int("n", n)
         self.chunk = None if chunk is None else check_positive_int("chunk", chunk)
         self._tri: dict = {}
-        #: set once a call of _attend_optimistic met constants wider than factor_range: later calls
+        #: set once a call of attend_optimistic met constants wider than factor_range: later calls
         #: of that method take the decayed scan directly rather than try the narrow route first.
         self._wide = False
 
@@ -130,12 +130,12 @@ class CausalMask(MaskOperator):
             self._tri[key] = torch.ones(c, c, dtype=torch.bool, device=device).tril()
         return self._tri[key]
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x = cumulative sum over tokens, x: (..., N, c)."""
         check_tokens("x", x, self.n)
         return torch.cumsum(x, dim=-2)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x = suffix sums over tokens (sum over i >= j), x: (..., N, c)."""
         check_tokens("x", x, self.n)
         return torch.flip(torch.cumsum(torch.flip(x, dims=(-2,)), dim=-2), dims=(-2,))
@@ -145,6 +145,13 @@ class CausalMask(MaskOperator):
         c_j = max_{j' <= j} max_a z_j'a, the largest exponent among the keys query j sees."""
         check_tokens("z", z, self.n)
         return torch.cummax(z.amax(-1), dim=-1).values.unsqueeze(-1)
+
+    def row_key_stabilizer(self):
+        """``key_stabilizer`` from the row maxima r (..., N, 1) of z: their running max (the
+        contract's row form, fast.operator), while key_stabilizer is CausalMask's own."""
+        if getattr(self.key_stabilizer, "__func__", None) is _CAUSAL_KEY_STABILIZER:
+            return _running_max
+        return super().row_key_stabilizer()
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,18 +187,31 @@ class CausalMask(MaskOperator):
         r their running max (r_1 = c_1, r_N = max c): the one-reference route is exact (class doc)."""
         return (c.amax(-1) - c[..., 0]).amax() <= factor_range(c.dtype)  # NaN: False
 
-    def _attend_optimistic(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                           key_log_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(num, den, narrow) for fast.favor_attention, without a host read: unless this instance
-        has met wide constants (``_wide``), the one-reference route is taken without checking, and
-        narrow (0-dim bool, ``_narrow``) says whether it was exact: the caller must redo the
-        products with ``_attend_scaled`` where it is False (and set ``_wide``). narrow is None
-        where the decayed scan was taken (always exact)."""
+    def attend_optimistic(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                          key_log_scale: torch.Tensor) -> tuple[object, torch.Tensor | None]:
+        """((num, den), narrow) for fast.favor_attention, without a host read (the contract's
+        optimistic attend, fast.operator): unless this instance has met wide constants (``_wide``),
+        the one-reference route is taken without checking, and narrow (0-dim bool, ``_narrow``)
+        says whether it was exact; where it is False the driver calls ``attend_exact``. narrow is
+        None where the decayed scan was taken (always exact). A subclass that overrides ``attend``
+        gets the contract's default (its own attend with key_log_scale), never these routes."""
+        if type(self).attend is not CausalMask.attend:
+            return super().attend_optimistic(phi_q, phi_k, v, key_log_scale)
         if self._wide:
-            return (*self._attend_scaled(phi_q, phi_k, v, key_log_scale), None)
+            return self._attend_scaled(phi_q, phi_k, v, key_log_scale), None
         self._check_attend_inputs(phi_q, phi_k, v)
         c = self._check_log_scale(key_log_scale, phi_k)
-        return (*_StableCausalScan.apply(phi_q, phi_k, v, c, self, True), self._narrow(c))
+        return _StableCausalScan.apply(phi_q, phi_k, v, c, self, True), self._narrow(c)
+
+    def attend_exact(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                     key_log_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num, den) by the decayed scan after ``attend_optimistic``'s narrow read False: this
+        instance keeps to the decayed scan afterwards (``_wide``: exact either way, and a wide call
+        then costs one scan, not the narrow try and the scan)."""
+        if type(self).attend is not CausalMask.attend:
+            return super().attend_exact(phi_q, phi_k, v, key_log_scale)
+        self._wide = True
+        return self._attend_scaled(phi_q, phi_k, v, key_log_scale)
 
     def _check_attend_inputs(self, phi_q: object, phi_k: object, v: object) -> None:
         for name, t in (("phi_q", phi_q), ("phi_k", phi_k), ("v", v)):
@@ -396,6 +416,15 @@ class CausalMask(MaskOperator):
         dk = dk + fk * (vb @ back.transpose(-1, -2))
         dv = dv + fk * (k @ back[..., :d])
         return tuple(t.flatten(-3, -2)[..., :n, :] for t in (dq, dk, dv))
+
+
+#: CausalMask.key_stabilizer as defined at import: one patched in later is called on z like any other.
+_CAUSAL_KEY_STABILIZER = CausalMask.key_stabilizer
+
+
+def _running_max(rows: torch.Tensor) -> torch.Tensor:
+    """CausalMask.key_stabilizer from the row maxima r (..., N, 1) of z: the running max of r."""
+    return torch.cummax(rows.squeeze(-1), dim=-1).values.unsqueeze(-1)
 
 
 class _CausalScan(torch.autograd.Function):
@@ -629,7 +658,7 @@ class PackingMask(SymmetricMaskOperator):
         self.segment_index = inverse.to(torch.int64)
         self.num_segments = labels.numel()
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """Segment sums broadcast back to tokens, x: (..., N, c) -> (..., N, c).
 
         fast.segments (no atomics): the same bits on every run on CUDA too, forward and backward."""
@@ -706,14 +735,14 @@ class PaddingMask(MaskOperator):
     def _weights(self, x: torch.Tensor) -> torch.Tensor:
         return self.key_mask.to(device=x.device, dtype=x.dtype).unsqueeze(-1)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """Every row gets the sum of x over real keys, x: (..., N, c) -> (..., N, c). Rank one."""
         check_tokens("x", x, self.n)
         check_mask_batch("key_mask", tuple(self.key_mask.shape), x, "input x")
         total = (x * self._weights(x)).sum(-2, keepdim=True)
         return total.expand(broadcast_shape(tuple(total.shape[:-2]), tuple(x.shape[:-2])) + tuple(x.shape[-2:]))
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x: row j is key_mask[j] times the sum of x over all rows, x: (..., N, c)."""
         check_tokens("x", x, self.n)
         check_mask_batch("key_mask", tuple(self.key_mask.shape), x, "input x")

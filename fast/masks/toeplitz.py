@@ -52,7 +52,7 @@ import torch
 
 from fast.algebra import masked_products
 from fast.fft import fast_fft_size
-from fast.masks.base import MaskOperator
+from fast.operator import MaskOperator
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: Bound on the complex spectral buffer of one batched transform (bytes); more columns are chunked.
@@ -360,17 +360,17 @@ class BlockToeplitzMask(MaskOperator):
         out_grid = self._grid_product(grid, spec, work, work) + cls  # every grid token also sees CLS with weight 1
         return torch.cat([total, out_grid], dim=-2).to(out_dtype)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., N, c) -> (..., N, c) in x's dtype, O(c N log N); the transforms run in
         float64 (``transform_dtype``) for float32 and half x, in float64 for float64 x."""
         return self._product(x)
 
-    def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x for x (..., N, c) -> (..., N, c): the product with the conjugate spectrum (the
         reversed table; the CLS row and column are both ones)."""
         return self._product(x, transpose=True)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """|M| @ x for x (..., N, c) -> (..., N, c): the product with |table| (contract C1: B >= |M|,
         here B = |M|), for the driver's guard when the table has negative entries."""
         return self._product(x, absolute=True)
@@ -383,7 +383,7 @@ class BlockToeplitzMask(MaskOperator):
                                  cls_token=self.cls_token, max_chunk_bytes=self.max_chunk_bytes,
                                  transform_dtype=self.transform_dtype)
 
-    def roundoff_bound(self, x: torch.Tensor) -> torch.Tensor:
+    def _roundoff_bound(self, x: torch.Tensor) -> torch.Tensor:
         """Per-column bound on |fl(M x) - M x| (entrywise): C u log2(prod n_fft) |table|_1 |x_col|_2.
 
         x: (..., N, c) -> (..., c), in fast.validation.compute_dtype(x.dtype) (what the driver

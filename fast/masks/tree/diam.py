@@ -68,13 +68,13 @@ class TreeDiamMask(DistanceFunctionMask):
         #: numbers per column held at the peak of a no-grad product (all g, two levels of h, out)
         self.elems_per_column = int(np.dot(counts, H + 1 - np.arange(H + 1))) + pairs + 2 * self.n
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the depths, O(n diam c) work."""
         return self._product(x, self.f)
 
-    def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
         """B @ x with B_ij = |f|(dist(i, j)) >= |M_ij| (0 across trees): the same product with |f|
-        (fast.masks.base: the guard's scale of the terms a denominator sums when f has both signs)."""
+        (fast.operator: the guard's scale of the terms a denominator sums when f has both signs)."""
         return self._product(x, self.f.detach().abs())
 
     def _product(self, x: torch.Tensor, f_table: torch.Tensor) -> torch.Tensor:

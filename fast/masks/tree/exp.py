@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fast.algebra import default_block_cols, features_per_block, masked_products
-from fast.masks.base import SymmetricMaskOperator
+from fast.operator import SymmetricMaskOperator
 from fast.masks.tree.forest import Forest, check_forest
 from fast.validation import check_tokens, compute_dtype
 
@@ -90,7 +90,7 @@ class TreeExpMask(SymmetricMaskOperator):
             self._factors[key] = (down.unsqueeze(-1), (-torch.expm1(2 * self.a * w)).unsqueeze(-1))
         return self._factors[key]
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the levels, O(n c) work."""
         check_tokens("x", x, self.n)
         out_dtype = x.dtype

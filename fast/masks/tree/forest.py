@@ -17,7 +17,7 @@ import scipy.sparse as sp
 import scipy.sparse.csgraph as csgraph
 import torch
 
-from fast.masks.base import SymmetricMaskOperator
+from fast.operator import SymmetricMaskOperator
 from fast.segments import IndexAdd
 from fast.validation import check_positive_int, check_tokens
 
