@@ -32,8 +32,8 @@ import inspect
 
 import numpy as np
 
-from verify.registry import Mechanism
 from measure.timing import MIN_FIT_S, fit_exponent, fit_points, sweep
+from verify.registry import Mechanism
 
 try:  # the one fit rule as a function, from this issue on
     from measure.timing import fit_times

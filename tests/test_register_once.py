@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from results.schema import Results
 from verify.mechanisms import get, mechanisms
 from verify.registry import Variant, register, unregister
-from results.schema import Results
 
 TOY = "toy-once"
 GRID = tuple(2**p for p in range(5, 10))

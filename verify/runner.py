@@ -13,8 +13,8 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from verify.checks import all_checks
 from results.check import Check, CheckResult, Context
+from verify.checks import all_checks
 
 
 def check_seed(seed) -> int:

@@ -9,15 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from verify import registry, timing
-from measure.experiments import favor_error
-from measure import stages
-from measure.pipeline import Options, collect
-from measure import pipeline
+from measure import pipeline, stages, timing
 from measure.cli import main, parse_args
 from measure.environment import BUSY_OTHER, LoadLog
+from measure.experiments import favor_error
+from measure.pipeline import Options, collect
 from results.check import CheckResult
 from results.schema import MemoryCurve, MemoryPoint, Results
+from verify import registry
 
 MECH_ID = "synthetic-measure"
 

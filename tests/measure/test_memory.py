@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import cuda_only
 from measure import memory
 from measure.memory import METHOD_CUDA, METHOD_HWM, METHOD_MAXRSS, Peak, peak_memory
+from tests.helpers import cuda_only
 
 MIB = 1024 * 1024
 LINUX = sys.platform.startswith("linux")

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from verify import registry
 from measure import scale_worker as W
+from verify import registry
 from verify.favor import favor_tensors
 from verify.mechanisms import get, mechanisms
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 from scipy import stats
 
-from tests.helpers import DEVICES
 from measure import timing
-from verify.registry import Mechanism, Variant
-from results.schema import Fit as SchemaFit
 from measure.timing import Fit, Sweep, compare, crossover, crossover_interval, fit_exponent, fit_points, fit_times
+from results.schema import Fit as SchemaFit
+from tests.helpers import DEVICES
+from verify.registry import Mechanism, Variant
 
 SIZES = [2**p for p in range(8, 20)]  # 12 points over 3.6 decades
 

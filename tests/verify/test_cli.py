@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import verify.__main__ as cli
+from results.check import Check, CheckResult, Outcome
 from tests.helpers import DEVICES, cuda_only
 from verify import runner
-from results.check import Check, CheckResult, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 

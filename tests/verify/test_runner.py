@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import verify.__main__ as cli
-from verify import runner
 from results.check import Check, CheckResult, Outcome
+from verify import runner
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = {"id", "title", "source", "kind", "status", "statistic", "threshold", "seconds", "details", "compare", "unit"}

@@ -44,12 +44,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from verify.mechanisms import mechanisms
-from verify.registry import COST_FACTOR_CLASSES, Mechanism
-from results.check import Check, Context, Outcome, judged
 from measure.timing import compare as timing_compare
 from measure.timing import covering_sweep, merge_rounds, speedup_interval
 from measure.timing import FIT_MIN_POINTS, fit_times, sweep
+from results.check import Check, Context, Outcome, judged
+from verify.mechanisms import mechanisms
+from verify.registry import COST_FACTOR_CLASSES, Mechanism
 
 #: One-sided upper bounds on the fitted slope for each sub-quadratic class (docs/methods.md).
 CLASS_UPPER = {"N": 1.35, "N log N": 1.4, "N log^2 N": 1.5}

@@ -50,11 +50,11 @@ import numpy as np
 import torch
 
 from fast.errors import DenominatorError
+from measure.timing import pinned_threads
+from results.check import Check, Context, Outcome, judged
 from verify.mechanisms import mechanisms
 from verify.problems import Problem, rng_for
 from verify.registry import EQUIVALENCE_BATCH, Mechanism, Variant
-from results.check import Check, Context, Outcome, judged
-from measure.timing import pinned_threads
 
 #: Relative Frobenius error bounds (issue 2): float64 near round-off, float32 a few ulps * growth.
 TOL = {"float64": 1e-10, "float32": 1e-4}

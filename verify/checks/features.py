@@ -43,8 +43,8 @@ import torch
 
 import fast
 import reference.features as ref_features
-from verify.problems import rng_for
 from results.check import Check, Context, Outcome, judged
+from verify.problems import rng_for
 from verify.stats import (bernstein_radius, check_alpha, hyperbolic_single_moments, hyperbolic_variance,
                           median_of_means, mom_groups, mom_radius, prf_single_moments, prf_variance,
                           squared_error_variance, trig_single_moments, trig_variance)

@@ -58,12 +58,12 @@ import numpy as np
 import torch
 
 import fast
+from results.check import Check, Context, Outcome, judged
 from verify.checks.equivalence import slice_errors as flat_slice_errors
 from verify.favor import favor_tensors, numpy_values
 from verify.mechanisms import mechanisms
 from verify.problems import Problem, rng_for
 from verify.registry import EQUIVALENCE_BATCH, Mechanism
-from results.check import Check, Context, Outcome, judged
 
 #: quick: the default variant at one size above the causal chunk (64) and not a multiple of it.
 #: full: the default variant below and well above it too, every other plain variant at the two

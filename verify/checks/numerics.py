@@ -78,12 +78,12 @@ import torch
 
 import reference.features as ref_features
 from fast.errors import DenominatorError
+from measure.timing import pinned_threads
+from results.check import Check, Outcome, judged
 from verify.favor import M_FEATURES, numpy_values
 from verify.mechanisms import mechanisms
 from verify.problems import Problem, rng_for
 from verify.registry import Mechanism
-from results.check import Check, Outcome, judged
-from measure.timing import pinned_threads
 
 #: Standard deviations of the entries of q and k.
 STDS = (0.5, 1.0, 2.0, 4.0, 8.0)

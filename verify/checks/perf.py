@@ -41,10 +41,10 @@ from typing import Any
 import torch
 
 from measure import roofline as R
+from measure.timing import pinned_threads
+from results.check import Check, Context, Outcome, judged
 from verify.mechanisms import mechanisms
 from verify.registry import Mechanism
-from results.check import Check, Context, Outcome, judged
-from measure.timing import pinned_threads
 
 
 def _finite(x: Any) -> float | None:

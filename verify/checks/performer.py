@@ -22,9 +22,9 @@ import math
 
 import numpy as np
 
+from results.check import Check, Context, Outcome, judged
 from verify.checks import features
 from verify.checks.features import FAVOR_PLUS
-from results.check import Check, Context, Outcome, judged
 from verify.stats import (check_alpha, median_of_means, mom_groups, mom_radius, prf_squared_error_variance,
                           prf_variance)
 

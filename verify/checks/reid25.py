@@ -59,14 +59,14 @@ from fast.attention import masked_linear_attention
 from fast.graphs import as_graph
 from fast.masks.grf import GRFAsymMask, GRFMask, grf_features
 from fast.walks import sample_walks
+from measure.timing import fit_exponent
 from reference.attention import masked_kernel_attention
 from reference.graphs import adjacency, degree, normalized_adjacency
 from reference.masks.grf import grf_asym_attention, grf_asym_attention_printed, grf_asym_mask
+from results.check import Check, Context, Outcome, judged
 from verify.plots import plot, series
 from verify.problems import erdos_renyi, grid_graph, path_graph, rng_for
-from results.check import Check, Context, Outcome, judged
 from verify.stats import bernstein_radius, check_alpha, clopper_pearson_lower
-from measure.timing import fit_exponent
 
 SOURCE = "reid25"
 

@@ -42,10 +42,10 @@ import torch
 
 import fast
 import reference.features as ref_features
+from results.check import Check, Context, Outcome, judged
 from verify.favor import numpy_values
 from verify.mechanisms import mechanisms
 from verify.registry import EQUIVALENCE_BATCH, Mechanism, relative_error
-from results.check import Check, Context, Outcome, judged
 
 N = 37
 #: The statistic is a count of failed conditions.

@@ -69,10 +69,10 @@ from __future__ import annotations
 
 import subprocess
 
+from measure.scale_worker import class_line, class_size, run_in_session
+from results.check import Check, Context, Outcome, judged
 from verify.mechanisms import mechanisms
 from verify.registry import Mechanism
-from results.check import Check, Context, Outcome, judged
-from measure.scale_worker import class_line, class_size, run_in_session
 
 __all__ = ["N", "DENSE_BYTES", "LIMIT_BYTES", "RATIO_LIMIT", "STOP_FACTOR", "PREDICT_POINTS", "BACKSTOP_S",
            "WORKER_THREADS", "REFERENCE_THREADS", "class_size", "class_line", "reference_sizes", "run_worker",

@@ -101,9 +101,9 @@ import numpy as np
 from scipy import special, stats
 
 from reference.features import favor_plus, gaussian_projection
+from results.check import Check, Context, Outcome, judged
 from verify.plots import plot, series
 from verify.problems import rng_for
-from results.check import Check, Context, Outcome, judged
 from verify.stats import (bernstein_radius, check_alpha, clopper_pearson_lower, median_of_means, mom_groups,
                           mom_radius, prf_single_moments, squared_error_variance)
 

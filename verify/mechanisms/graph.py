@@ -95,12 +95,12 @@ from fast.masks.diffusion import DiffusionMask
 from fast.masks.grf import GRFAsymMask, GRFMask, grf_features
 from fast.masks.power_series import PowerSeriesMask
 from fast.masks.rwgnk import RWGNKMask
+from measure import roofline
 from reference.masks import diffusion as ref_diffusion
 from reference.masks import grf as ref_grf
 from reference.masks import power_series as ref_power_series
 from reference.masks import rwgnk as ref_rwgnk
 from verify import problems
-from measure import roofline
 from verify.favor import D_QK, _batch_magnitudes, favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import Problem, qkv, rng_for
 from verify.registry import Roofline, Variant, register

@@ -27,10 +27,10 @@ import torch
 import fast
 from fast.fft import fast_fft_size
 from fast.masks.hypercube import GROUP_BITS
+from measure import roofline
 from reference.masks import hypercube as ref_hypercube
 from reference.masks import lowrank as ref_lowrank
 from reference.masks import toeplitz as ref_toeplitz
-from measure import roofline
 from verify.favor import favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import Problem, rng_for
 from verify.registry import Mechanism, Roofline, Variant, register

@@ -6,8 +6,8 @@ import torch
 
 import fast
 import reference.attention as ref_attention
-from reference.masks import sequence as ref_masks
 from measure import roofline
+from reference.masks import sequence as ref_masks
 from verify.favor import favor_mechanism, favor_problem, favor_tensors
 from verify.problems import Problem, rng_for
 from verify.registry import Mechanism, Roofline, Variant, register

@@ -22,10 +22,10 @@ import math
 import numpy as np
 
 from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask, forest_diameter
-from reference.masks import tree as ref_tree
-from verify.favor import favor_mechanism, favor_problem, mask_tensor, numpy_values
-from verify import problems  # the tree generators, used as problems.<name>: one import path for them
 from measure import roofline
+from reference.masks import tree as ref_tree
+from verify import problems  # the tree generators, used as problems.<name>: one import path for them
+from verify.favor import favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import TREE_FAMILIES, Problem, rng_for
 from verify.registry import Roofline, Variant, register
 

@@ -1,8 +1,8 @@
 """Every check of ``python -m verify``: stable ids, and metadata declared once per check."""
 from __future__ import annotations
 
-from verify.checks import all_checks
 from results.check import COMPARES, KINDS, UNITS
+from verify.checks import all_checks
 
 #: The ids before issue 8 (python -m verify --list at 519625b), in order.
 OLD_IDS = """

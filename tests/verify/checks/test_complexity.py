@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
+from measure.timing import Sweep
+from results.check import Context
 from verify.checks import complexity as C
 from verify.mechanisms import get, mechanisms
 from verify.registry import COST_FACTOR_CLASSES
-from results.check import Context
-from measure.timing import Sweep
 
 
 def _fake_sweeps(monkeypatch, models: dict, calls: list | None = None, cost=None, error=None):

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from results.check import Context
 from verify import favor
 from verify.checks import equivalence
 from verify.favor import favor_fast_setup, favor_mechanism, favor_problem, mask_tensor
 from verify.mechanisms import get, mechanisms
 from verify.registry import EQUIVALENCE_BATCH, Variant
-from results.check import Context
 
 
 def _check(mech):

@@ -17,8 +17,8 @@ import torch
 
 import fast
 import reference.features as ref_features
-from verify.checks import all_checks, features as F
 from results.check import Context
+from verify.checks import all_checks, features as F
 
 CTX = Context(quick=True, seed=0)
 

@@ -11,9 +11,9 @@ import torch
 import fast
 import fast.attention
 from fast.errors import DenominatorError
+from results.check import Context
 from verify.checks import guards
 from verify.mechanisms import get, mechanisms
-from results.check import Context
 
 #: Cheap records covering the driver's paths: no mask (two GEMMs), attend (causal scan, padding's
 #: GEMMs, Toeplitz FFT with its own round-off guard), the generic blocked path (low-rank,

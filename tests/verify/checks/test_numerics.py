@@ -12,10 +12,10 @@ import torch
 
 import fast
 from fast.errors import DenominatorError
+from results.check import Context
 from verify.checks import numerics
 from verify.favor import favor_mechanism, favor_problem, favor_tensors
 from verify.mechanisms import get, mechanisms
-from results.check import Context
 
 #: Small sweeps: one N, one d; d = 64 makes the FAVOR+ exponents of the std-8 heads ~200 below
 #: those of the std-0.5 heads (|x|^2 / 2 ~ 256 at x = q / 64^(1/4)), past float32's range.

@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from verify import registry
 from measure import roofline as R
+from results.check import Context
+from verify import registry
 from verify.checks import perf as P
 from verify.mechanisms import get, mechanisms
 from verify.mechanisms.positional import hypercube_flops, low_rank_flops
 from verify.registry import Roofline
-from results.check import Context
 
 #: Schema B (PLAN.md): the details every perf/<id> result carries.
 SCHEMA_B = {"baseline", "fraction", "target", "meets_target", "N", "d", "m", "dtype", "threads", "clock", "seconds",

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import fast
+from results.check import Context
 from verify.checks import reproducibility as R
 from verify.mechanisms import get, mechanisms
-from results.check import Context
 
 REAL = ("linear", "causal", "packing", "padding", "low-rank", "toeplitz-1d")
 

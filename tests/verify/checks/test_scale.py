@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from results.check import Context
 from verify import registry
 from verify.checks import scale as S
 from verify.mechanisms import get, mechanisms
-from results.check import Context
 
 PLANTED = "tests.verify.planted_mechanisms"
 

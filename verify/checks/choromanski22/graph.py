@@ -51,16 +51,16 @@ from fast.masks.diffusion import DiffusionMask
 from fast.masks.rwgnk import RWGNKMask
 from fast.masks.rwgnk import rwgnk_features as fast_rwgnk_features
 from fast.walks import Walks as FastWalks
+from measure.timing import MIN_MEASURE_S, fit_exponent, pinned_threads
 from reference.graphs import adjacency
 from reference.masks import diffusion as ref_diffusion
 from reference.masks import rwgnk as ref_rwgnk
 from reference.walks import Walks as RefWalks
 from reference.walks import sample_walks
+from results.check import Check, Context, Outcome, judged
 from verify.plots import plot, series
 from verify.problems import rng_for
-from results.check import Check, Context, Outcome, judged
 from verify.stats import bernstein_radius, check_alpha
-from measure.timing import MIN_MEASURE_S, fit_exponent, pinned_threads
 
 KINDS = ("laplacian", "random-walk", "adjacency")
 

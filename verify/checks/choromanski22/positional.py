@@ -22,8 +22,8 @@ import fast
 from reference.masks import hypercube as ref_hypercube
 from reference.masks import lowrank as ref_lowrank
 from reference.masks import toeplitz as ref_toeplitz
-from verify.problems import grid_graph, hypercube, path_graph, rng_for
 from results.check import Check, Context, Outcome, judged
+from verify.problems import grid_graph, hypercube, path_graph, rng_for
 from verify.stats import check_alpha, median_of_means, mom_groups, mom_radius, prf_variance
 
 # ------------------------------------------------------------------------------ lemma 3.3

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from fast.masks.tree import Forest, TreeDCMask, TreeDiamMask, TreeExpMask
-from reference.masks import tree as ref_tree
-from verify.problems import TREE_FAMILIES, mixed_forest, rng_for, tree_parent
-from results.check import Check, Context, Outcome, judged
 from measure.timing import fit_exponent, pinned_threads
+from reference.masks import tree as ref_tree
+from results.check import Check, Context, Outcome, judged
+from verify.problems import TREE_FAMILIES, mixed_forest, rng_for, tree_parent
 
 LEMMA_35_A = (-0.5, -1.5, 0.3)  # a = 1 would make the printed and corrected forms agree
 LEMMA_35_B = 0.2

@@ -19,9 +19,9 @@ from threadpoolctl import threadpool_info
 from reference.masks import diffusion as ref_diffusion
 from reference.masks import rwgnk as ref_rwgnk
 from reference.walks import sample_walks
+from results.check import Context
 from verify.checks.choromanski22 import graph as C
 from verify.problems import erdos_renyi, grid_graph, path_graph
-from results.check import Context
 
 IDS = [("choromanski22/theorem-4.1", "bound"), ("choromanski22/markov", "statistical"),
        ("choromanski22/theorem-4.2", "bound")]

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import fast
 from reference.masks import toeplitz as ref_toeplitz
+from results.check import Context
 from verify.checks import all_checks
 from verify.checks.choromanski22 import positional as P
-from results.check import Context
 
 seeds = st.integers(0, 2**31 - 1)
 grid_shapes = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from reference.masks import tree as ref_tree
+from results.check import Context
 from verify.checks.choromanski22 import tree as C
 from verify.problems import tree_parent
-from results.check import Context
 
 
 def _evaluate(check_id: str, seed: int = 0):
