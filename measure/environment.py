@@ -132,7 +132,7 @@ def environment(quick: bool, device: str, rounds: int, sweep_threads: int, argv:
         "platform": platform.platform(),
         "cpu_model": _cpu_model(),
         "load_average_1_5_15": loadavg(),
-        "git_commit": _git_commit(Path(__file__).resolve().parents[2]),
+        "git_commit": _git_commit(Path(__file__).resolve().parents[1]),
         "command": " ".join(["python", "-m", "measure", *(sys.argv[1:] if argv is None else argv)]),
     })
     return env

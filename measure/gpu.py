@@ -70,7 +70,7 @@ PEER_OPS = ("favor", "softmax-flash", "softmax-efficient", "linear-causal")
 #: Python packages whose versions the environment records (None where not installed).
 PACKAGES = ("torch", "triton", "numpy", "scipy", "fla-core", "performer-pytorch", "pytest-benchmark")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def status(msg: str) -> None:
