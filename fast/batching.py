@@ -4,18 +4,21 @@ Nodes of G graphs are concatenated along the node axis N (PyG convention) and a 
 ``batch`` (N,) gives each node's graph id: sorted nondecreasing, values in [0, G), graph g
 owning the contiguous nodes ptr[g]:ptr[g + 1]. Labels may skip values (an empty graph g has
 ptr[g] == ptr[g + 1]). ``check_batch`` validates a batch vector and returns a ``BatchIndex``,
-which offers the three per-graph reductions the latent-graph mechanisms need, all O(N c) (or
-O(N m d) for the outer products) and never across graphs:
+which offers the per-graph reductions the latent-graph mechanisms need, all O(N c) (or
+O(N m d) for the outer products) and never across graphs, computed by its graphs as
+fast.segments.SortedSegments (``BatchIndex.segments()``):
 
     segment_sum(x (..., N, c))                -> (..., G, c)       sum over each graph's nodes
     segment_max(x (..., N, c))                -> (..., G, c)       max (-inf for an empty graph)
     gather(y (..., G, c))                     -> (..., N, c)       row u gets y[batch[u]]
     segment_outer(a (..., N, m), b (..., N, d)) -> (..., G, m, d)  sum_{u in g} a_u b_u^T
+    apply_state(x (..., N, m), state (..., G, m, d)) -> (..., N, d) row u = x_u^T state[batch[u]]
 
 Host reads: ``check_batch`` reads the device ONCE per call (sortedness, smallest and largest
 label, in one transfer: G comes from the largest label); a failure reads it again to name the
-offending position. ``segment_outer``'s per-graph loop needs the graph boundaries on the host:
-read once per BatchIndex and cached. Nothing else synchronises.
+offending position. ``segment_outer``'s and ``apply_state``'s per-graph loop (few graphs,
+fast.segments.few_segments) needs the graph boundaries on the host: read once per BatchIndex and
+cached. Nothing else synchronises.
 
 Every reduction here sums each graph's rows in a fixed order that depends only on that graph's
 rows: perturbing one graph's inputs leaves every other graph's outputs bit for bit unchanged. The
@@ -24,23 +27,15 @@ inputs give the same bits on every run on CUDA too (issue 21).
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
 
 import torch
 
-from fast.segments import Segments
+from fast.segments import Segments, SortedSegments
 
-__all__ = ["BatchIndex", "check_batch", "SMALL_GRAPH_COUNT", "OUTER_BLOCK_ELEMENTS"]
-
-#: segment_outer loops over graphs (one GEMM each) when there are at most this many graphs;
-#: more graphs take the blocked scatter (module doc of ``BatchIndex.segment_outer``).
-SMALL_GRAPH_COUNT = 64
-#: The blocked scatter of segment_outer forms at most about this many outer-product entries at once
-#: (2^22: 16 MiB in float32) per block, whatever N.
-OUTER_BLOCK_ELEMENTS = 1 << 22
+__all__ = ["BatchIndex", "check_batch"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -53,7 +48,7 @@ class BatchIndex:
     tensor (nodes per graph; 0 for an empty label), ``device``.
     """
 
-    __slots__ = ("n", "num_graphs", "index", "ptr", "sizes", "_host_ptr", "_segments", "_blocks", "cache")
+    __slots__ = ("n", "num_graphs", "index", "ptr", "sizes", "_segments", "cache")
 
     def __init__(self, index: torch.Tensor, num_graphs: int):
         """Trusts its arguments (``check_batch`` validates): index (N,) int64 sorted in [0, num_graphs)."""
@@ -64,9 +59,7 @@ class BatchIndex:
         ptr = torch.zeros(self.num_graphs + 1, dtype=torch.int64, device=index.device)
         torch.cumsum(self.sizes, 0, out=ptr[1:])
         self.ptr = ptr
-        self._host_ptr: list[int] | None = None
-        self._segments: Segments | None = None
-        self._blocks: dict = {}
+        self._segments: SortedSegments | None = None
         #: derived layouts of this batch that its users build once (e.g. fast.latent.nodeformer's padding slots)
         self.cache: dict = {}
 
@@ -82,44 +75,27 @@ class BatchIndex:
         out = BatchIndex.__new__(BatchIndex)
         out.n, out.num_graphs = self.n, self.num_graphs
         out.index, out.ptr, out.sizes = self.index.to(device), self.ptr.to(device), self.sizes.to(device)
-        out._host_ptr = self._host_ptr
-        out._segments, out._blocks = self._segments, self._blocks  # device-independent plans (fast.segments)
+        out._segments = self._segments  # device-independent plans with the host pointers (fast.segments)
         out.cache = {}
         return out
 
     def host_ptr(self) -> list[int]:
         """ptr as a Python list (one host read, cached)."""
-        if self._host_ptr is None:
-            self._host_ptr = [int(p) for p in self.ptr.tolist()]
-        return self._host_ptr
+        return self.segments().pointers()
 
     def __repr__(self) -> str:
         return f"BatchIndex(n={self.n}, num_graphs={self.num_graphs}, device={self.device})"
 
-    def segments(self) -> Segments:
-        """The N nodes in their G graphs as a fast.segments.Segments (sorted; planned once)."""
+    def segments(self) -> SortedSegments:
+        """The N nodes in their G graphs as a fast.segments.SortedSegments (planned once)."""
         if self._segments is None:
-            self._segments = Segments(self.index, self.num_graphs, sorted=True)
+            self._segments = SortedSegments(self.index, self.num_graphs, ptr=self.ptr)
         return self._segments
 
     def node_blocks(self, block: int) -> list[tuple[int, int, int, int, Segments]]:
         """Nodes in blocks of ``block`` rows: (s, e, g0, g1, segments) per block, nodes s:e lying in
-        graphs g0:g1 (contiguous: the batch is sorted) and ``segments`` grouping the block's rows by
-        graph - g0. From the host pointers (no device read beyond ``host_ptr``'s); cached per block."""
-        if block not in self._blocks:
-            ptr = self.host_ptr()
-            out, g0 = [], 0
-            for s in range(0, self.n, block):
-                e = min(self.n, s + block)
-                while ptr[g0 + 1] <= s:  # the graph of node s (empty graphs skipped)
-                    g0 += 1
-                g1 = g0
-                while ptr[g1] < e:  # one past the graph of node e - 1
-                    g1 += 1
-                local = [0] + [min(ptr[g], e) - s for g in range(g0 + 1, g1 + 1)]
-                out.append((s, e, g0, g1, Segments.from_pointers(local, device=self.index.device)))
-            self._blocks[block] = out
-        return self._blocks[block]
+        graphs g0:g1 (fast.segments.SortedSegments.blocks; cached per block)."""
+        return self.segments().blocks(block)
 
     # ------------------------------------------------------------------ reductions
     def _nodes(self, name: str, x: object, min_dim: int = 2) -> torch.Tensor:
@@ -130,9 +106,6 @@ class BatchIndex:
                              f"got {tuple(x.shape)}")
         return x
 
-    def _index_on(self, x: torch.Tensor) -> torch.Tensor:
-        return self.index if self.index.device == x.device else self.index.to(x.device)
-
     def segment_sum(self, x: torch.Tensor) -> torch.Tensor:
         """sum_{u in g} x_u per graph: x (..., N, c) -> (..., G, c) (0 for an empty graph). O(N c);
         differentiable (fast.segments: deterministic forward and backward)."""
@@ -141,11 +114,10 @@ class BatchIndex:
 
     def segment_max(self, x: torch.Tensor) -> torch.Tensor:
         """max_{u in g} x_u per graph, entrywise: x (..., N, c) -> (..., G, c) (-inf for an empty graph).
-        Meant for stabilising constants (callers detach it); differentiable as torch's amax scatter."""
+        Meant for stabilising constants (callers detach it); differentiable as torch's amax scatter
+        (fast.segments.segment_max)."""
         x = self._nodes("x", x)
-        idx = self._index_on(x).view(*([1] * (x.dim() - 2)), self.n, 1).expand(x.shape)
-        out = torch.full((*x.shape[:-2], self.num_graphs, x.shape[-1]), -torch.inf, dtype=x.dtype, device=x.device)
-        return out.scatter_reduce(-2, idx, x, reduce="amax", include_self=True)
+        return self.segments().max(x, dim=-2)
 
     def gather(self, y: torch.Tensor) -> torch.Tensor:
         """Per-graph rows back to nodes: y (..., G, c) -> (..., N, c), row u = y[..., batch[u], :]."""
@@ -160,59 +132,22 @@ class BatchIndex:
         """Row u times its graph's matrix: x (..., N, m), state (..., G, m, d) -> (..., N, d),
         row u = x_u^T state[batch[u]] (the transpose of ``segment_outer``'s job).
 
-        Never materialises N x m x d: up to SMALL_GRAPH_COUNT graphs one GEMM per graph's contiguous
-        slice; beyond, node blocks with their graphs' states gathered, B * m * d * (leading size)
-        <= OUTER_BLOCK_ELEMENTS per block (memory-bound, no loop over graphs). Differentiable, with a
-        deterministic backward (the gather's adjoint is a segment sum, fast.segments)."""
-        n = x.shape[-2]
-        if self.num_graphs <= SMALL_GRAPH_COUNT:
-            ptr = self.host_ptr()
-            parts = [x[..., s:e, :] @ state[..., g, :, :] for g, (s, e) in enumerate(zip(ptr[:-1], ptr[1:])) if e > s]
-            return torch.cat(parts, dim=-2)
-        per_node = max(1, math.prod(state.shape[:-3]) * state.shape[-2] * state.shape[-1])
-        step = max(1, OUTER_BLOCK_ELEMENTS // per_node)
-        parts = []
-        for s, e, g0, g1, local in self.node_blocks(step):
-            block = local.expand(state[..., g0:g1, :, :], dim=-3)  # (..., B, m, d)
-            parts.append((x[..., s:e, :].unsqueeze(-2) @ block).squeeze(-2))
-        return torch.cat(parts, dim=-2)
+        Never materialises N x m x d: few graphs, one GEMM per graph's contiguous slice; many, node
+        blocks with their graphs' states gathered (fast.segments.SortedSegments.apply, which chooses
+        by fast.segments.few_segments). Differentiable, with a deterministic backward."""
+        return self.segments().apply(x, state)
 
     def segment_outer(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """sum_{u in g} a_u b_u^T per graph: a (..., N, m), b (..., N, d) -> (..., G, m, d).
 
-        Never materialises the N x m x d outer products:
-        - G <= SMALL_GRAPH_COUNT (64): a loop over the graphs' contiguous slices, one GEMM
-          a[ptr[g]:ptr[g+1]]^T b[ptr[g]:ptr[g+1]] each (G GEMMs of total work O(N m d), the
-          graph boundaries read to the host once per BatchIndex);
-        - more graphs (a GEMM per graph would be dominated by call overhead): node blocks of B
-          rows, B * m * d * (leading size) <= OUTER_BLOCK_ELEMENTS, whose outer products are
-          formed, summed per graph (fast.segments: no atomics, the same bits on every run) and
-          added to the block's graphs in block order; peak extra memory
-          O(OUTER_BLOCK_ELEMENTS + G m d), work O(N m d).
-        a and b broadcast in their leading dims. Differentiable in a and b (both routes).
+        Never materialises the N x m x d outer products: few graphs, one GEMM per graph's contiguous
+        slice (the boundaries read to the host once per BatchIndex); many, node blocks whose outer
+        products are summed per graph without atomics (fast.segments.SortedSegments.outer, which
+        chooses by fast.segments.few_segments). Work O(N m d). a and b broadcast in their leading
+        dims. Differentiable in a and b (both sides).
         """
         a, b = self._nodes("a", a), self._nodes("b", b)
-        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        m, d = a.shape[-1], b.shape[-1]
-        dtype = torch.promote_types(a.dtype, b.dtype)
-        a, b = a.to(dtype), b.to(dtype)
-        if self.num_graphs <= SMALL_GRAPH_COUNT:
-            ptr = self.host_ptr()
-            at = a.transpose(-1, -2)
-            parts = [at[..., :, s:e] @ b[..., s:e, :] for s, e in zip(ptr[:-1], ptr[1:])]
-            parts = [p.expand(*lead, m, d) for p in parts]
-            if not parts:
-                return torch.zeros(*lead, 0, m, d, dtype=dtype, device=a.device)
-            return torch.stack(parts, dim=-3)
-        lead_size = 1
-        for s in lead:
-            lead_size *= int(s)
-        block = max(1, OUTER_BLOCK_ELEMENTS // max(1, lead_size * m * d))
-        out = torch.zeros(*lead, self.num_graphs, m * d, dtype=dtype, device=a.device)
-        for s, e, g0, g1, local in self.node_blocks(block):
-            outer = (a[..., s:e, :].unsqueeze(-1) * b[..., s:e, :].unsqueeze(-2)).flatten(-2)  # (..., B, m d)
-            out[..., g0:g1, :] += local.sum(outer.expand(*lead, e - s, m * d), dim=-2)
-        return out.unflatten(-1, (m, d))
+        return self.segments().outer(a, b)
 
 
 def check_batch(batch: object, n: int, *, name: str = "batch", device=None,

@@ -43,13 +43,13 @@ the argument (``name``), what was expected and what came.
 from __future__ import annotations
 
 import numbers
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
-from fast.segments import Segments
+from fast.segments import Segments, segment_max
+from fast.sparse import check_csr, csr_matrix, row_pointers
 
 __all__ = ["Graph", "as_graph", "normalized_adjacency", "SYMMETRY_RTOL"]
 
@@ -137,8 +137,7 @@ def _canonical(rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor, n: int, 
         all_keys = torch.cat([keys, t_keys])
         all_w = torch.cat([w, w])
         keys, inverse = torch.unique(all_keys, sorted=True, return_inverse=True)
-        w = torch.zeros(keys.numel(), dtype=torch.float64, device=device).scatter_reduce_(
-            0, inverse, all_w, reduce="amax", include_self=True)
+        w = segment_max(all_w, inverse, keys.numel(), dim=0)  # every key has an entry, all > 0: no -inf
     elif keys.numel():
         pos = torch.searchsorted(keys, t_keys).clamp_(max=keys.numel() - 1)
         found = keys[pos] == t_keys
@@ -151,10 +150,7 @@ def _canonical(rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor, n: int, 
                              f"{float(w_t[k])!r}); pass symmetrize=True to use max(W, W^T)")
         w = torch.maximum(w, w_t)  # exactly symmetric after round-off-sized differences
     rows, cols = torch.div(keys, n, rounding_mode="floor"), keys % n
-    counts = torch.bincount(rows, minlength=n)
-    crow = torch.zeros(n + 1, dtype=torch.int64, device=device)
-    torch.cumsum(counts, 0, out=crow[1:])
-    return crow, cols.contiguous(), w.contiguous()
+    return row_pointers(rows, n), cols.contiguous(), w.contiguous()
 
 
 def _is_networkx(graph: object) -> bool:
@@ -204,13 +200,7 @@ class Graph:
         if crow.shape != (n + 1,) or col.dim() != 1 or w.shape != col.shape:
             raise ValueError(f"crow must be (n+1,) = ({n + 1},), col and weight (E,), got "
                              f"{tuple(crow.shape)}, {tuple(col.shape)}, {tuple(w.shape)}")
-        if int(crow[0]) != 0 or int(crow[-1]) != col.numel() or bool((crow[1:] < crow[:-1]).any()):
-            raise ValueError("crow must start at 0, be non-decreasing and end at E")
-        row = torch.repeat_interleave(torch.arange(n, device=crow.device), crow[1:] - crow[:-1])
-        keys = row * n + col
-        _check_range(col, n, "col", "graph")
-        if keys.numel() > 1 and not bool((keys[1:] > keys[:-1]).all()):
-            raise ValueError("col must be sorted without duplicates within each row")
+        row = check_csr(crow, col, n, "graph")
         if not bool(torch.isfinite(w).all()) or not bool((w > 0).all()):
             raise ValueError("weight must be finite and > 0 (explicit zeros dropped)")
         _, _, w2 = _canonical(row, col, w, n, False, "graph")  # the symmetry check
@@ -294,9 +284,11 @@ class Graph:
         if values is not None:
             if values.shape != (self.num_edges,):
                 raise ValueError(f"values must have shape (E,) = ({self.num_edges},), got {tuple(values.shape)}")
-            return _csr_tensor(self._crow, self._col, values.to(device=self.device, dtype=dtype), self._n)
+            return csr_matrix(self._crow, self._col, values.to(device=self.device, dtype=dtype), self._n,
+                              check_invariants=None)  # handed out: torch's global invariant switch applies
         if dtype not in self._csr:
-            self._csr[dtype] = _csr_tensor(self._crow, self._col, self._weight.to(dtype), self._n)
+            self._csr[dtype] = csr_matrix(self._crow, self._col, self._weight.to(dtype), self._n,
+                                          check_invariants=None)
         return self._csr[dtype]
 
     def to(self, device) -> "Graph":
@@ -439,12 +431,6 @@ class Graph:
         _check_weights(w, rows, cols, name)
         crow, col, weight = _canonical(rows, cols, w, n, symmetrize, name)
         return cls(n, crow, col, weight)
-
-
-def _csr_tensor(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": the kernels used here are stable
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, size=(n, n))
 
 
 def _sparse_size(shape: tuple[int, ...], name: str, n: int | None) -> int:

@@ -39,6 +39,25 @@ Leading dims (before ``dim``) are summed as independent copies, trailing dims as
 plan, built once per leading size), with no copy of x when it is contiguous. Half and bfloat16
 are summed in float32 and cast back. Work O(P C) per call after an O(P log P) plan.
 
+``segment_max(x, index, num_segments, dim)`` (and ``Segments.max``): per-segment maxima by one
+scatter amax (-inf for an empty segment). A max is exact in any order, so torch's scatter needs no
+deterministic twin; it is differentiable as torch's amax scatter (callers use it for detached
+stabilising constants).
+
+``SortedSegments``: segments of contiguous rows (a sorted index, the PyG batch vector's layout),
+which add the products that need the segment boundaries on the host:
+
+    outer(a (..., P, m), b (..., P, d)) -> (..., S, m, d)   sum_{p in s} a_p b_p^T
+    apply(x (..., P, m), state (..., S, m, d)) -> (..., P, d)   row p = x_p^T state[index[p]]
+
+Few large or many small segments (``few_segments``, the ONE dispatch of fast/): up to FEW_SEGMENTS
+segments, a Python loop over the contiguous slices with one dense op each (GEMMs on whole
+segments: no gather, no scatter, torch's own blocked sums); more, vectorised segment operations
+(blocks of rows with their segments' sums or gathered states, padded views in fast.latent.nodeformer),
+where a loop would be dominated by per-call overhead. The rule depends on the count only, so every
+user (SortedSegments, fast.latent.nodeformer's layouts, fast.latent.simple_attention's folded path)
+takes the same side for the same batch; tests set FEW_SEGMENTS to 0 to run the many-small side.
+
 ``IndexAdd(index)``: the same sums added IN PLACE into a large tensor that lives across many calls
 (an accumulator filled in chunks, a level of a tree updated in place), ``add_into``, and the
 adjoint gather ``take``, planned once per index (``add_into`` below plans at every call).
@@ -54,12 +73,52 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["IndexAdd", "Segments", "add_into", "backend", "index_sum", "SPLIT_ABOVE"]
+from fast.sparse import row_pointers
+
+__all__ = ["IndexAdd", "Segments", "SortedSegments", "add_into", "backend", "few_segments", "index_sum",
+           "segment_max", "FEW_SEGMENTS", "OUTER_BLOCK_ELEMENTS", "SPLIT_ABOVE"]
 
 #: On CUDA, segments longer than this many rows are summed in two passes (module doc).
 SPLIT_ABOVE = 64
+#: Up to this many segments are "few large" ones (``few_segments``): a loop over contiguous slices.
+FEW_SEGMENTS = 64
+#: SortedSegments.outer and .apply on the many-small side form at most about this many entries of
+#: outer products or gathered states at once (2^22: 16 MiB in float32) per block of rows, whatever P.
+OUTER_BLOCK_ELEMENTS = 1 << 22
 #: Tiled (block-diagonal) plans kept per Segments: the last few leading sizes seen.
 _TILES_KEPT = 4
+
+
+def few_segments(count: int) -> bool:
+    """True when ``count`` segments are "few large" ones (count <= FEW_SEGMENTS, read at each call):
+    loop over their contiguous slices, one dense op each; False: "many small", vectorised segment
+    operations (module doc). The one place fast/ makes this choice. O(1).
+
+        >>> few_segments(3), few_segments(FEW_SEGMENTS + 1)
+        (True, False)
+    """
+    return count <= FEW_SEGMENTS
+
+
+def segment_max(x: torch.Tensor, index: torch.Tensor, num_segments: int, dim: int = -2) -> torch.Tensor:
+    """Per-segment maxima along ``dim``: x (..., P, ...) -> (..., S, ...), out_s = max over the rows p with
+    index[p] = s, -inf for a segment no row maps to. index (..., P) integer, values in [0, S): its last
+    axis runs along ``dim`` and its leading axes broadcast against x's axes before ``dim`` (one index
+    (P,) for every slice, or one per slice, e.g. a batched (B, 1, P) for x (B, H, P)). One scatter amax
+    (exact in any order: deterministic on every device), O(x.numel()); differentiable as torch's
+    scatter amax. TypeError for a non-integer index.
+
+        >>> segment_max(torch.tensor([[1.0], [5.0], [2.0]]), torch.tensor([1, 0, 1]), 3, dim=0)
+        tensor([[5.],
+                [2.],
+                [-inf]])
+    """
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+        raise TypeError(f"index must be an integer tensor of segment ids, got dtype {index.dtype}")
+    dim = dim % x.dim()
+    idx = index.reshape(*index.shape, *([1] * (x.dim() - 1 - dim))).expand(x.shape)
+    out = torch.full((*x.shape[:dim], num_segments, *x.shape[dim + 1:]), -torch.inf, dtype=x.dtype, device=x.device)
+    return out.scatter_reduce(dim, idx, x, reduce="amax", include_self=True)
 
 
 def backend(device: torch.device) -> str:
@@ -130,6 +189,12 @@ class Segments:
         y[index[p]]. Differentiable (backward ``sum``); deterministic on every device."""
         dim = self._dim(y, dim, self.num_segments, "y", "S")
         return _SegmentExpand.apply(y, self, dim)
+
+    def max(self, x: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """Segment maxima along ``dim``: x (..., P, ...) -> (..., S, ...), -inf for an empty segment
+        (``segment_max``)."""
+        dim = self._dim(x, dim, self.n, "x", "P")
+        return segment_max(x, self.index_on(x.device), self.num_segments, dim)
 
     def _dim(self, x: object, dim: int, size: int, name: str, what: str) -> int:
         if not isinstance(x, torch.Tensor):
@@ -247,6 +312,114 @@ class _SegmentExpand(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return _SegmentSum.apply(g, ctx.seg, ctx.dim), None, None
+
+
+class SortedSegments(Segments):
+    """Segments of contiguous rows: index (P,) sorted nondecreasing, segment s = rows ptr[s]:ptr[s + 1]
+    (the PyG batch vector's layout; module doc). A Segments (sum, expand, max) with the products that
+    need the boundaries on the host, each choosing its side by ``few_segments``:
+
+        outer(a (..., P, m), b (..., P, d)) -> (..., S, m, d)       sum_{p in s} a_p b_p^T
+        apply(x (..., P, m), state (..., S, m, d)) -> (..., P, d)   row p = x_p^T state[index[p]]
+
+    index: (P,) integer, sorted, values in [0, num_segments) (not checked: fast.batching.check_batch
+    validates); ptr: its (S + 1,) row pointers when the caller has them (else formed once).
+    ``pointers()`` reads them to the host once; ``blocks(block)`` cuts the rows into blocks.
+
+        >>> seg = SortedSegments(torch.tensor([0, 0, 1]), 2)
+        >>> seg.pointers()
+        [0, 2, 3]
+        >>> seg.outer(torch.ones(3, 1), torch.tensor([[1.0], [2.0], [4.0]])).flatten().tolist()
+        [3.0, 4.0]
+    """
+
+    __slots__ = ("_ptr", "_host_ptr", "_blocks")
+
+    def __init__(self, index: torch.Tensor, num_segments: int, *, ptr: torch.Tensor | None = None):
+        super().__init__(index, num_segments, sorted=True)
+        self._ptr = ptr
+        self._host_ptr: list[int] | None = None
+        self._blocks: dict = {}
+
+    def pointers(self) -> list[int]:
+        """ptr (S + 1,) as a Python list (one host read, cached)."""
+        if self._host_ptr is None:
+            ptr = self._ptr if self._ptr is not None else row_pointers(self.index, self.num_segments)
+            self._host_ptr = [int(p) for p in ptr.tolist()]
+        return self._host_ptr
+
+    def blocks(self, block: int) -> list[tuple[int, int, int, int, Segments]]:
+        """Rows in blocks of ``block``: (s, e, g0, g1, segments) per block, rows s:e lying in segments
+        g0:g1 (contiguous: the index is sorted) and ``segments`` grouping the block's rows by segment
+        - g0. From the host pointers (no device read beyond ``pointers``'); cached per block."""
+        if block not in self._blocks:
+            ptr = self.pointers()
+            out, g0 = [], 0
+            for s in range(0, self.n, block):
+                e = min(self.n, s + block)
+                while ptr[g0 + 1] <= s:  # the segment of row s (empty segments skipped)
+                    g0 += 1
+                g1 = g0
+                while ptr[g1] < e:  # one past the segment of row e - 1
+                    g1 += 1
+                local = [0] + [min(ptr[g], e) - s for g in range(g0 + 1, g1 + 1)]
+                out.append((s, e, g0, g1, Segments.from_pointers(local, device=self.index.device)))
+            self._blocks[block] = out
+        return self._blocks[block]
+
+    def apply(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Row p times its segment's matrix: x (..., P, m), state (..., S, m, d) -> (..., P, d),
+        row p = x_p^T state[index[p]] (the transpose of ``outer``'s job). O(P m d).
+
+        Never materialises P x m x d: few segments, one GEMM per segment's contiguous slice; many,
+        row blocks with their segments' states gathered, B * m * d * (leading size) <=
+        OUTER_BLOCK_ELEMENTS per block (memory-bound, no loop over segments). Differentiable, with a
+        deterministic backward (the gather's adjoint is a segment sum)."""
+        if few_segments(self.num_segments):
+            ptr = self.pointers()
+            parts = [x[..., s:e, :] @ state[..., g, :, :] for g, (s, e) in enumerate(zip(ptr[:-1], ptr[1:])) if e > s]
+            return torch.cat(parts, dim=-2)
+        per_node = max(1, math.prod(state.shape[:-3]) * state.shape[-2] * state.shape[-1])
+        step = max(1, OUTER_BLOCK_ELEMENTS // per_node)
+        parts = []
+        for s, e, g0, g1, local in self.blocks(step):
+            block = local.expand(state[..., g0:g1, :, :], dim=-3)  # (..., B, m, d)
+            parts.append((x[..., s:e, :].unsqueeze(-2) @ block).squeeze(-2))
+        return torch.cat(parts, dim=-2)
+
+    def outer(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """sum_{p in s} a_p b_p^T per segment: a (..., P, m), b (..., P, d) -> (..., S, m, d). O(P m d).
+
+        Never materialises the P x m x d outer products:
+        - few segments: a loop over the contiguous slices, one GEMM a[ptr[s]:ptr[s+1]]^T
+          b[ptr[s]:ptr[s+1]] each (the boundaries read to the host once);
+        - many (a GEMM per segment would be dominated by call overhead): row blocks of B rows,
+          B * m * d * (leading size) <= OUTER_BLOCK_ELEMENTS, whose outer products are formed,
+          summed per segment (no atomics, the same bits on every run) and added to the block's
+          segments in block order; peak extra memory O(OUTER_BLOCK_ELEMENTS + S m d).
+        a and b broadcast in their leading dims and are promoted to one dtype. Differentiable in a
+        and b (both sides)."""
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        m, d = a.shape[-1], b.shape[-1]
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        a, b = a.to(dtype), b.to(dtype)
+        if few_segments(self.num_segments):
+            ptr = self.pointers()
+            at = a.transpose(-1, -2)
+            parts = [at[..., :, s:e] @ b[..., s:e, :] for s, e in zip(ptr[:-1], ptr[1:])]
+            parts = [p.expand(*lead, m, d) for p in parts]
+            if not parts:
+                return torch.zeros(*lead, 0, m, d, dtype=dtype, device=a.device)
+            return torch.stack(parts, dim=-3)
+        lead_size = 1
+        for s in lead:
+            lead_size *= int(s)
+        block = max(1, OUTER_BLOCK_ELEMENTS // max(1, lead_size * m * d))
+        out = torch.zeros(*lead, self.num_segments, m * d, dtype=dtype, device=a.device)
+        for s, e, g0, g1, local in self.blocks(block):
+            outer = (a[..., s:e, :].unsqueeze(-1) * b[..., s:e, :].unsqueeze(-2)).flatten(-2)  # (..., B, m d)
+            out[..., g0:g1, :] += local.sum(outer.expand(*lead, e - s, m * d), dim=-2)
+        return out.unflatten(-1, (m, d))
 
 
 def index_sum(x: torch.Tensor, index: torch.Tensor, num_segments: int, dim: int = 0) -> torch.Tensor:

@@ -44,7 +44,7 @@ The driver is fast.masked_linear_attention (Algorithm 1 and its denominator guar
 re-implemented here) with mask None (one graph: two GEMMs, O(N m d)) or, with a batch vector, a
 block-diagonal operator (_GraphBlocks) whose ``attend`` computes each graph's own linear
 attention, for ANY number of graphs, never forming N x m x d and never through PackingMask's
-generic path (13-20x slower): G <= fast.batching.SMALL_GRAPH_COUNT (64) graphs, or sizes too
+generic path (13-20x slower): few graphs (fast.segments.few_segments: G <= 64), or sizes too
 uneven to pad, a loop over the graphs' contiguous slices (two GEMMs each); more graphs of one
 size, the (..., N, m) features viewed as (..., G, S, m) and batched GEMMs over G; more graphs of
 sizes <= S with G S <= 2 N, the same on a zero-padded copy. Measured (CPU, 1 thread, float32,
@@ -95,12 +95,12 @@ import torch
 
 from fast.algebra import linear_products
 from fast.attention import _check_favor_inputs, masked_linear_attention
-from fast.batching import SMALL_GRAPH_COUNT, BatchIndex, check_batch
+from fast.batching import BatchIndex, check_batch
 from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
 from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
-from fast.segments import Segments, add_into
+from fast.segments import Segments, add_into, few_segments
 from fast.validation import check_same_device, check_tensor, compute_dtype, raise_if_non_finite
 
 __all__ = ["gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders", "relational_bias",
@@ -262,9 +262,9 @@ def _exponents(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, tau: 
 class _Layout:
     """How a batch's graphs are laid out for batched GEMMs (built once per BatchIndex, cached on it).
 
-    ``kind``: "one" (no batch), "slices" (G <= SMALL_GRAPH_COUNT, or sizes too uneven to pad: G S > 2 N,
-    S the largest graph: a loop over contiguous slices), "equal" (G > SMALL_GRAPH_COUNT graphs of one
-    size S: (..., N, c) is viewed as (..., G, S, c), no copy) or "padded" (G > SMALL_GRAPH_COUNT graphs
+    ``kind``: "one" (no batch), "slices" (few graphs, fast.segments.few_segments, or sizes too uneven to
+    pad: G S > 2 N, S the largest graph: a loop over contiguous slices), "equal" (many graphs of one
+    size S: (..., N, c) is viewed as (..., G, S, c), no copy) or "padded" (many graphs
     of sizes <= S with G S <= 2 N: rows copied to slot batch[u] S + (u - ptr[batch[u]]) of a (..., G S, c)
     buffer, the rest filled)."""
 
@@ -277,7 +277,7 @@ class _Layout:
         g, n = batch.num_graphs, batch.n
         self.size = size = max(e - s for s, e in zip(ptr[:-1], ptr[1:]))
         self.slots = self._slots = None
-        if g <= SMALL_GRAPH_COUNT or g * size > 2 * n:
+        if few_segments(g) or g * size > 2 * n:
             self.kind = "slices"
         elif g * size == n:
             self.kind = "equal"
@@ -336,7 +336,7 @@ def _balanced_features(zq: torch.Tensor, zk: torch.Tensor,
                        batch: BatchIndex | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(phi_q, phi_k) in (0, 1] balanced per (sample, slice, graph, feature) (module doc): every denominator
     >= 1. Consumes zq and zk (shift and exp in place on them: they must be fresh, e.g. _exponents').
-    Graphs of one size (G > SMALL_GRAPH_COUNT) are viewed as (..., G, S, m) and treated as G slices."""
+    Many graphs of one size (fast.segments.few_segments false) are viewed as (..., G, S, m) and treated as G slices."""
     if batch is not None and _Layout.of(batch).kind == "equal":
         lay = _Layout.of(batch)
         pq, pk = _balanced_features(lay.pad(zq), lay.pad(zk), None)
@@ -354,7 +354,7 @@ class _GraphBlocks(SymmetricMaskOperator):
     each graph separately, never the N x m x d outer products and never PackingMask's generic
     segment-sum path (13-20x slower):
 
-    - G <= SMALL_GRAPH_COUNT graphs, or sizes too uneven to pad (G * S > 2 N, S the largest graph):
+    - few graphs (fast.segments.few_segments), or sizes too uneven to pad (G * S > 2 N, S the largest graph):
       a loop over the graphs' contiguous slices, two GEMMs each;
     - more graphs of similar sizes: the graphs are padded with zero rows to S nodes, (..., G, S, m),
       and the products are batched GEMMs over G (zero rows add nothing to any graph's state

@@ -56,7 +56,7 @@ How it is computed, and what is checked when (as fast.attention: no extra pass o
 the common path). q~ and k~ are never materialised: per graph, c_g = 1 / (||Q_g|| ||K_g||) is
 folded into the small state S_g = c_g K_g^T V_g (d_qk, d) and key sum s_g = c_g K_g^T 1, so
 z_u = (q_u . S_g + C_u) / (N_g + q_u . s_g): one GEMM for the numerators and one GEMV for the
-denominators per graph (a loop over up to SMALL_GRAPH_COUNT graphs' contiguous node slices; beyond it,
+denominators per graph (a loop over few graphs' contiguous node slices, fast.segments.few_segments; beyond,
 segment reductions and the states, augmented by s_g, gathered per block of nodes). The sums of
 squares come from torch.linalg.vector_norm (no (N, d) temporary). Before anything is computed:
 metadata (types, dtypes, shapes, devices, joint_heads, the batch vector, which is read once by
@@ -81,8 +81,9 @@ import math
 import torch
 
 from fast.algebra import guard_flag
-from fast.batching import SMALL_GRAPH_COUNT, BatchIndex, check_batch
+from fast.batching import BatchIndex, check_batch
 from fast.errors import DenominatorError
+from fast.segments import few_segments
 from fast.validation import check_same_device, check_tensor, compute_dtype, finite_flag, raise_if_non_finite
 
 __all__ = ["frobenius_normalize", "difformer_attention", "sgformer_attention"]
@@ -263,7 +264,7 @@ def _folded_one(qw, kw, vw, joint: bool, own_value: bool):
 
 
 def _folded_many(qw, kw, vw, bi: BatchIndex, joint: bool, own_value: bool):
-    """The folded common path for more than SMALL_GRAPH_COUNT graphs: per-graph sums of squares, states
+    """The folded common path for many graphs (fast.segments.few_segments false): per-graph sums of squares, states
     and key sums by segment reductions, the states augmented by the key sums (..., G, d_qk, d + 1)
     and met by each node's unnormalised query in one pass (BatchIndex.apply_state). (out, ok)."""
     d_qk, d = qw.shape[-1], vw.shape[-1]
@@ -292,11 +293,11 @@ def _folded_many(qw, kw, vw, bi: BatchIndex, joint: bool, own_value: bool):
 
 def _folded(qw, kw, vw, bi: BatchIndex | None, joint: bool, own_value: bool):
     """The common path (q~, k~ never formed): (out, ok), ok the 0-dim flag of every check. One
-    graph: _folded_one; up to SMALL_GRAPH_COUNT graphs: _folded_one on each graph's contiguous nodes
+    graph: _folded_one; few graphs (fast.segments.few_segments): _folded_one on each graph's contiguous nodes
     (slices, no copies; sums per graph in torch's own blocked order); more: _folded_many."""
     if bi is None:
         return _folded_one(qw, kw, vw, joint, own_value)
-    if bi.num_graphs > SMALL_GRAPH_COUNT:
+    if not few_segments(bi.num_graphs):
         return _folded_many(qw, kw, vw, bi, joint, own_value)
     ptr = bi.host_ptr()
     outs, ok = [], None

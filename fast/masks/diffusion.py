@@ -95,8 +95,8 @@ import torch
 
 from fast.graphs import Graph, as_graph
 from fast.operator import MaskOperator
-from fast.masks.explicit import _CSRProduct
 from fast.segments import Segments
+from fast.sparse import csr_matmul, csr_matrix, index_dtype
 from fast.validation import check_diffusion_time, check_tokens, compute_dtype
 
 __all__ = ["KINDS", "DiffusionMask", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
@@ -220,12 +220,6 @@ def _lam_value(lam: float | torch.Tensor) -> float:
     return value
 
 
-def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": the CSR x dense kernel is stable
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, (n, n), check_invariants=False)
-
-
 def _version_of(t: object) -> int | None:
     """t's version counter (bumped by every in-place update), or None for a non-tensor or an
     inference tensor (made under torch.inference_mode: it keeps no version counter)."""
@@ -328,7 +322,7 @@ class DiffusionMask(MaskOperator):
                 coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.cat([vals[edges], diag[keep]]),
                                               (g.n, g.n), check_invariants=False).coalesce()
                 csr = coo.to_sparse_csr()
-            index = torch.int32 if max(csr.values().numel(), g.n) < 2**31 else torch.int64
+            index = index_dtype(csr.values().numel(), g.n)
             self._parts[name] = (csr.crow_indices().to(index), csr.col_indices().to(index), csr.values())
         self._cache: dict = {}
         self.replan()
@@ -427,7 +421,7 @@ class DiffusionMask(MaskOperator):
         key = (which, str(device), dtype)
         if key not in self._cache:
             crow, col, vals = self._parts[which]
-            self._cache[key] = _csr(crow.to(device), col.to(device), vals.to(device=device, dtype=dtype), self.n)
+            self._cache[key] = csr_matrix(crow.to(device), col.to(device), vals.to(device=device, dtype=dtype), self.n)
         return self._cache[key]
 
     def _product(self, x: torch.Tensor, transpose: bool) -> torch.Tensor:
@@ -458,7 +452,7 @@ class DiffusionMask(MaskOperator):
             v = y
             acc = v * (w[0] if learn else self._weights[0])
             for k in range(1, self.terms + 1):
-                v = _CSRProduct.apply(v, a, a_t) if grad_x else a @ v
+                v = csr_matmul(a, v, a_t)
                 if learn:
                     acc = torch.addcmul(acc, w[k], v)
                 else:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fast.operator import MaskOperator, as_operator
+from fast.sparse import csr_matmul, csr_matrix, csr_transpose, index_dtype
 from fast.validation import compute_dtype
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
@@ -84,19 +85,6 @@ class DenseMask(MaskOperator):
         return (self._as(x.device, work).mT @ x.to(work)).to(x.dtype)
 
 
-class _CSRProduct(torch.autograd.Function):
-    """y = A x for CSR A (N, N) and dense x (N, P); backward A^T g with the prebuilt transpose."""
-
-    @staticmethod
-    def forward(ctx, x, a, a_t):
-        ctx.a, ctx.a_t = a, a_t  # constants of the mask, referenced rather than saved
-        return a @ x
-
-    @staticmethod
-    def backward(ctx, g):
-        return _CSRProduct.apply(g, ctx.a_t, ctx.a), None, None
-
-
 class SparseMask(MaskOperator):
     """M sparse (N, N): a torch sparse tensor (COO, CSR, CSC, ...) or a scipy.sparse matrix.
 
@@ -109,17 +97,14 @@ class SparseMask(MaskOperator):
         crow, col, values, n = _to_csr_parts(matrix, name)
         self.n = n
         self.nnz = int(values.numel())
-        index = torch.int32 if max(self.nnz, n) < 2**31 else torch.int64
+        index = index_dtype(self.nnz, n)
         self._crow, self._col, self._values = crow.to(index), col.to(index), values
         self._csr: dict = {}
         #: True when every stored value is >= 0 (fast.operator); the values are constants.
         self.nonnegative = bool((values >= 0).all())
 
     def _build(self, crow, col, values, device, dtype) -> torch.Tensor:
-        with warnings.catch_warnings():  # "sparse CSR support is in beta": a stable CPU kernel here
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.sparse_csr_tensor(crow.to(device), col.to(device), values.to(device=device, dtype=dtype),
-                                           (self.n, self.n), check_invariants=False)
+        return csr_matrix(crow.to(device), col.to(device), values.to(device=device, dtype=dtype), self.n)
 
     def csr(self, device: torch.device, dtype: torch.dtype, transpose: bool = False,
             absolute: bool = False) -> torch.Tensor:
@@ -132,12 +117,8 @@ class SparseMask(MaskOperator):
                 self._csr[key] = self._build(self._crow, self._col, self._values.abs(), device, dtype)
             elif not transpose:
                 self._csr[key] = self._build(self._crow, self._col, self._values, device, dtype)
-            else:  # CSR of M^T = CSC of M: sort the entries by column once
-                rows = torch.repeat_interleave(torch.arange(self.n), self._crow[1:].long() - self._crow[:-1].long())
-                order = torch.argsort(self._col.long() * self.n + rows)
-                counts = torch.bincount(self._col.long(), minlength=self.n)
-                crow_t = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(self._crow.dtype)
-                col_t = rows[order].to(self._col.dtype)
+            else:  # CSR of M^T = CSC of M: the entries sorted by column once
+                crow_t, col_t, order = csr_transpose(self._crow, self._col, self.n)
                 self._csr[key] = self._build(crow_t, col_t, self._values[order], device, dtype)
         return self._csr[key]
 
@@ -159,8 +140,8 @@ class SparseMask(MaskOperator):
         lead, c = x.shape[:-2], x.shape[-1]
         flat = x.to(work).movedim(-2, 0).reshape(self.n, -1)  # (N, batch * c): one product for all
         a = self.csr(x.device, work, transpose=transpose, absolute=absolute)
-        if torch.is_grad_enabled() and flat.requires_grad:
-            y = _CSRProduct.apply(flat, a, self.csr(x.device, work, transpose=not transpose))
+        if torch.is_grad_enabled() and flat.requires_grad:  # the transpose is built only when a backward needs it
+            y = csr_matmul(a, flat, self.csr(x.device, work, transpose=not transpose))
         else:
             y = a @ flat
         return y.reshape(self.n, *lead, c).movedim(0, -2).to(x.dtype)

@@ -61,11 +61,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fast.algebra import default_block_cols, features_per_block, masked_products
 from fast.graphs import Graph, as_graph
-from fast.operator import MaskOperator, default_key_stabilizer
-from fast.segments import Segments
-from fast.validation import check_key_log_scale, check_tokens, compute_dtype
+from fast.operator import MaskOperator
+from fast.segments import Segments, segment_max
+from fast.sparse import block_diagonal_index, csr_matrix, csr_transpose, index_dtype, row_pointers
+from fast.stabilizers import LocallyStabilised, plain_attend
+from fast.validation import check_tokens, compute_dtype
 from fast.walks import Walks
 
 _WALK_FIELDS = ("n_nodes", "n_walkers", "p_halt", "length", "offsets", "nodes")
@@ -114,33 +115,6 @@ def as_modulation(f: Any, name: str = "f") -> torch.Tensor:
     return f
 
 
-def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
-    with warnings.catch_warnings():  # "sparse CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, (n, n), check_invariants=False)
-
-
-def _pointers(rows: torch.Tensor, n: int) -> torch.Tensor:
-    counts = torch.bincount(rows, minlength=n)
-    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-
-
-def block_diagonal_index(crow: torch.Tensor, col: torch.Tensor, n: int,
-                         slices: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(crow (S n + 1,), col (S P,)) of the block-diagonal (S n, S n) CSR matrix whose S diagonal
-    blocks share the pattern (crow (n + 1,), col (P,)) of one (n, n) CSR matrix: block s holds
-    rows and columns s n .. s n + n - 1, its entries at positions s P .. s P + P - 1. One SpMM with
-    it applies S differently valued copies of the matrix to x (S n, c), a (batch, head) slice per
-    block (the per-slice stabilised products). int32 when S max(n, P) < 2^31, else int64."""
-    nnz = int(col.numel())
-    ix = torch.int32 if slices * max(n, nnz, 1) < 2**31 else torch.int64
-    s = torch.arange(slices, device=crow.device, dtype=torch.int64)[:, None]
-    big_crow = torch.cat([(crow[:-1].long()[None, :] + nnz * s).reshape(-1),
-                          torch.full((1,), slices * nnz, dtype=torch.int64, device=crow.device)])
-    big_col = (col.long()[None, :] + n * s).reshape(-1)
-    return big_crow.to(ix), big_col.to(ix)
-
-
 class WalkPrefixes:
     """The sparsity of a walk-built (N, N) matrix: entries (row, column, t) with base values, summed
     into CSR pairs (row, column); values per pair = sum_t base_e coef[t_e] for a coefficient
@@ -175,11 +149,9 @@ class WalkPrefixes:
         self.nnz = int(rows_cols.numel())
         #: True when every pair holds one entry: the values are then the entries' (no segment sum)
         self.one_per_pair = self.base.numel() == self.nnz
-        self.crow = _pointers(self.pair_row, n)
-        # pairs are in (row, column) order; a stable sort by column gives the CSR of the transpose
-        self.perm_t = torch.sort(self.pair_col, stable=True)[1]
-        self.crow_t = _pointers(self.pair_col, n)
-        self.col_t = self.pair_row[self.perm_t]
+        self.crow = row_pointers(self.pair_row, n)
+        # pairs are in (row, column) order: the CSR of the transpose by a stable sort by column
+        self.crow_t, self.col_t, self.perm_t = csr_transpose(self.crow, self.pair_col, n)
         self._index: dict = {}
         self._base: dict = {}
         #: entries grouped by pair (sorted) and by prefix length t: the sums and gathers of values and
@@ -191,8 +163,7 @@ class WalkPrefixes:
         """Int32 (or int64 when large) CSR structure and int64 gather indices on ``device``, built once."""
         key = str(device)
         if key not in self._index:
-            small = max(self.nnz, self.n) < 2**31
-            ix = torch.int32 if small else torch.int64
+            ix = index_dtype(self.nnz, self.n)
             self._index[key] = {
                 "crow": self.crow.to(device, ix), "col": self.pair_col.to(device, ix),
                 "crow_t": self.crow_t.to(device, ix), "col_t": self.col_t.to(device, ix),
@@ -246,8 +217,8 @@ class WalkPrefixes:
         """The CSR tensor (N, N) of these values (or of the transpose) on values' device."""
         ix = self.index(values.device)
         if transpose:
-            return _csr(ix["crow_t"], ix["col_t"], values[ix["perm_t"]], self.n)
-        return _csr(ix["crow"], ix["col"], values, self.n)
+            return csr_matrix(ix["crow_t"], ix["col_t"], values[ix["perm_t"]], self.n)
+        return csr_matrix(ix["crow"], ix["col"], values, self.n)
 
     def value_grad(self, g: torch.Tensor, x: torch.Tensor, transpose: bool, slices: int = 1) -> torch.Tensor:
         """dL/dvalue_p for y = A x (A = the matrix, or its transpose), g = dL/dy, x (N, C):
@@ -265,7 +236,7 @@ class WalkPrefixes:
             if cached is None or cached[0] != slices:
                 ix = self.block_index(g.device, slices)
                 ones = torch.ones(total, dtype=g.dtype, device=g.device)
-                cached = (slices, _csr(ix["crow"], ix["col"], ones, self.n * slices))
+                cached = (slices, csr_matrix(ix["crow"], ix["col"], ones, self.n * slices))
                 self._base[key] = cached
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
@@ -325,68 +296,7 @@ def _unflatten(y: torch.Tensor, lead: tuple, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(y.shape[0], *lead, x.shape[-1]).movedim(0, -2).to(x.dtype)
 
 
-# ---------------------------------------------------------------------- per-key stabilisation
-
-
-def log_scale_of(key_log_scale: object, phi_k: torch.Tensor, n: int) -> torch.Tensor:
-    """key_log_scale (..., N, 1), broadcastable to phi_k's leading dims (a floating tensor) as a
-    detached (S, N) tensor in phi_k's dtype, S = the number of (batch, head) slices of phi_k."""
-    return check_key_log_scale(key_log_scale, phi_k, n).reshape(-1, n)
-
-
-def local_key_stabilizer(op: MaskOperator, z: torch.Tensor) -> torch.Tensor:
-    """key_stabilizer of a graph mask whose rows reach only nearby keys (GRF, RWGNK, power series):
-    per-key constants c_j = max_a z_ja, (..., N, 1) detached, for z (..., N, m), which its attend
-    undoes (rescales_keys). While the mask is not nonnegative (a signed f or alpha) the default
-    per-slice max (..., 1, 1) instead: the driver's guard bounds a signed mask's terms with
-    abs_matmul of the features it is given, which per-key constants would distort."""
-    check_tokens("z", z, op.n)
-    if not op.nonnegative:
-        return default_key_stabilizer(z.detach())
-    return z.detach().amax(-1, keepdim=True)
-
-
-def stabilised_inputs(n: int, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                      key_log_scale: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(phi_q, phi_k, v) in their compute dtype (fast.validation.compute_dtype of the three) and
-    the constants c (S, N) of ``log_scale_of``: the common start of the stabilised attends."""
-    work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
-    phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
-    return phi_q, phi_k, v, log_scale_of(key_log_scale, phi_k, n)
-
-
-class LocallyStabilised:
-    """Mixin of the graph masks whose rows reach only nearby keys (GRFMask, GRFAsymMask, RWGNKMask,
-    PowerSeriesMask): per-key constants (``local_key_stabilizer``) and an ``attend`` that undoes
-    them (``rescales_keys``, fast.operator). attend(phi_q, phi_k, v, key_log_scale=None) ->
-    (num (..., N, d), den (..., N)): with key_log_scale None the plain product (the driver's
-    generic path, fast.algebra.masked_products through matmul); otherwise the inputs in their
-    compute dtype and the constants c (S, N) go to the class's ``_attend_stabilised(phi_q, phi_k,
-    v, c)``, which returns (num, den) of the true features times exp(-r_i) per query row i."""
-
-    #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.operator).
-    rescales_keys = True
-
-    def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-key constants c_j = max_a z_ja (..., N, 1), detached (``local_key_stabilizer``)."""
-        return local_key_stabilizer(self, z)
-
-    def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
-               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with this mask (class doc)."""
-        if key_log_scale is None:
-            return plain_attend(self, phi_q, phi_k, v)
-        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
-        if c.shape[0] == 0:
-            return _empty_products(phi_q, v)
-        return self._attend_stabilised(phi_q, phi_k, v, c)
-
-
-def segment_max(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-    """out[s, u] = max of values[s, p] over the entries p with index[p] = u, -inf where there is none.
-    values (S, P), index (P,) int64 -> (S, n): one scatter amax, no loop."""
-    out = torch.full((values.shape[0], n), -torch.inf, dtype=values.dtype, device=values.device)
-    return out.scatter_reduce_(1, index.expand(values.shape[0], -1), values, "amax", include_self=True)
+# ---------------------------------------------------------------------- per-key stabilisation (fast.stabilizers)
 
 
 def _masked(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -418,11 +328,11 @@ def stabilising_factors(c: torch.Tensor, prefixes_q: "WalkPrefixes", valid_q: to
     with torch.no_grad():
         ix_k = prefixes_k.index(c.device)
         ck = _masked(c[:, ix_k["row"]], valid_k)  # (S, P_k): key j's constant at its entries
-        hub = segment_max(ck, ix_k["pcol"], prefixes_k.n)  # s_u (S, n)
+        hub = segment_max(ck, ix_k["pcol"], prefixes_k.n, dim=-1)  # s_u (S, n)
         factor_k = _factor(ck, hub[:, ix_k["pcol"]], valid_k)
         ix_q = prefixes_q.index(c.device)
         sq = _masked(hub[:, ix_q["pcol"]], valid_q)  # (S, P_q): hub u's scale at the query entries
-        top = segment_max(sq, ix_q["row"], prefixes_q.n)  # r_i (S, N)
+        top = segment_max(sq, ix_q["row"], prefixes_q.n, dim=-1)  # r_i (S, N)
         factor_q = _factor(sq, top[:, ix_q["row"]], valid_q)
     return factor_q, factor_k
 
@@ -434,7 +344,7 @@ def row_factors(c: torch.Tensor, prefixes: "WalkPrefixes", valid: torch.Tensor |
     with torch.no_grad():
         ix = prefixes.index(c.device)
         cg = _masked(c[:, ix["pcol"]], valid)
-        top = segment_max(cg, ix["row"], prefixes.n)
+        top = segment_max(cg, ix["row"], prefixes.n, dim=-1)
         return _factor(cg, top[:, ix["row"]], valid)
 
 
@@ -462,9 +372,9 @@ class ScaledWalkMatrix:
             n = self.prefixes.n * self.slices
             if transpose:
                 vals = self._scaled.index_select(1, ix["perm_t"]).reshape(-1)
-                self._csr[transpose] = _csr(ix["crow_t"], ix["col_t"], vals, n)
+                self._csr[transpose] = csr_matrix(ix["crow_t"], ix["col_t"], vals, n)
             else:
-                self._csr[transpose] = _csr(ix["crow"], ix["col"], self._scaled.reshape(-1), n)
+                self._csr[transpose] = csr_matrix(ix["crow"], ix["col"], self._scaled.reshape(-1), n)
         return self._csr[transpose]
 
     def product(self, x: torch.Tensor, transpose: bool = False) -> torch.Tensor:
@@ -506,18 +416,6 @@ class StabilisedProduct(MaskOperator):
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self._params)
-
-
-def plain_attend(op: MaskOperator, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor):
-    """(num, den) of Algorithm 1 through op.matmul by fast.algebra.masked_products, blocked as
-    the driver's generic path (default_block_cols(v) columns per block)."""
-    return masked_products(phi_q, phi_k, v, op, features_per_block(default_block_cols(v), v.shape[-1]))
-
-
-def _empty_products(phi_q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(num, den) of an empty batch (no slice): zeros of the right shapes, connected to the inputs."""
-    num = v * 0.0
-    return num, (phi_q * 0.0).sum(-1)
 
 
 class WalkFeatures:

@@ -57,16 +57,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 
 import numpy as np
 import torch
 
 from fast.graphs import Graph, as_graph
 from fast.operator import MaskOperator, SymmetricMaskOperator
-from fast.masks.explicit import _CSRProduct
-from fast.masks.grf import LocallyStabilised, block_diagonal_index, plain_attend, segment_max
-from fast.segments import Segments
+from fast.segments import Segments, segment_max
+from fast.sparse import block_diagonal_index, csr_matmul, csr_matrix, index_dtype
+from fast.stabilizers import LocallyStabilised, plain_attend
 from fast.validation import check_tokens, compute_dtype
 
 __all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion_alpha",
@@ -94,12 +93,6 @@ def check_alpha(alpha: object, name: str = "alpha") -> torch.Tensor:
     return t
 
 
-def _csr(crow, col, values, n: int) -> torch.Tensor:
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": the CSR x dense kernel is stable
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, (n, n), check_invariants=False)
-
-
 class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
     """M = sum_{k=0..K} alpha_k W^k (n, n), W the weighted adjacency of ``graph`` (as given).
 
@@ -114,7 +107,7 @@ class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
         self.n = self.graph.n
         self.alpha = check_alpha(alpha)
         g = self.graph
-        index = torch.int32 if max(g.num_edges, g.n) < 2**31 else torch.int64
+        index = index_dtype(g.num_edges, g.n)
         self._parts = (g.crow.to(index), g.col.to(index), g.weight)
         self._cache: dict = {}
         self._sign_key: tuple | None = None
@@ -145,7 +138,7 @@ class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
         key = (str(device), dtype)
         if key not in self._cache:
             crow, col, w = self._parts
-            self._cache[key] = _csr(crow.to(device), col.to(device), w.to(device=device, dtype=dtype), self.n)
+            self._cache[key] = csr_matrix(crow.to(device), col.to(device), w.to(device=device, dtype=dtype), self.n)
         return self._cache[key]
 
     def _horner(self, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
@@ -158,7 +151,7 @@ class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
         big_k = a.shape[0] - 1
         y = a[big_k] * xf
         for k in range(big_k - 1, -1, -1):
-            wy = _CSRProduct.apply(y, w, w) if (torch.is_grad_enabled() and y.requires_grad) else w @ y
+            wy = csr_matmul(w, y, w)  # W symmetric: its own transpose
             y = torch.addcmul(wy, a[k], xf)
         return y.reshape(self.n, *lead, c).movedim(0, -2).to(x.dtype)
 
@@ -241,13 +234,13 @@ class _StabilisedHorner(MaskOperator):
             steps = []  # (A_s, A_s^T) for s = 1..K
             for k in range(big_k - 1, -1, -1):
                 lj = level[:, col]  # (S, E)
-                m = segment_max(lj, row, n)  # (S, N), -inf where the row reaches nothing yet
+                m = segment_max(lj, row, n, dim=-1)  # (S, N), -inf where the row reaches nothing yet
                 new = torch.where(nz[k], torch.maximum(m, c), m)
                 new_safe = torch.where(new > -torch.inf, new, zero)  # new = -inf: every l_j = -inf, values 0
                 values = w * torch.exp(lj - new_safe[:, row])  # exp(-inf) = 0: no NaN
                 gains.append(torch.where(nz[k], torch.exp(c - new_safe), zero))
-                steps.append((_csr(st["crow"], st["bcol"], values.reshape(-1), n * slices),
-                              _csr(st["crow"], st["bcol"], values[:, perm].reshape(-1), n * slices)))
+                steps.append((csr_matrix(st["crow"], st["bcol"], values.reshape(-1), n * slices),
+                              csr_matrix(st["crow"], st["bcol"], values[:, perm].reshape(-1), n * slices)))
                 level = new
         self._gains = [gain.reshape(-1, 1) for gain in gains]  # K + 1 of (S N, 1), for alpha_K .. alpha_0
         self._steps = steps
@@ -258,10 +251,6 @@ class _StabilisedHorner(MaskOperator):
             raise ValueError(f"x must have shape (..., {self.n}, c) with {self.slices} (batch, head) slices, "
                              f"got {tuple(x.shape)}")
         return x.reshape(self.slices * self.n, x.shape[-1])
-
-    @staticmethod
-    def _spmm(a: torch.Tensor, a_t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return _CSRProduct.apply(y, a, a_t) if (torch.is_grad_enabled() and y.requires_grad) else a @ y
 
     def _coefs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """alpha_{K-s} E_s (S N, 1) for s = 0..K (differentiable in alpha)."""
@@ -274,7 +263,7 @@ class _StabilisedHorner(MaskOperator):
         coefs = self._coefs(xf)
         y = coefs[0] * xf
         for s, (mat, mat_t) in enumerate(self._steps, start=1):
-            y = torch.addcmul(self._spmm(mat, mat_t, y), coefs[s], xf)
+            y = torch.addcmul(csr_matmul(mat, y, mat_t), coefs[s], xf)
         return y.view(x.shape)
 
     def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
@@ -285,7 +274,7 @@ class _StabilisedHorner(MaskOperator):
         out = coefs[self._big_k] * h
         for s in range(self._big_k, 0, -1):
             mat, mat_t = self._steps[s - 1]
-            h = self._spmm(mat_t, mat, h)
+            h = csr_matmul(mat_t, h, mat)
             out = torch.addcmul(out, coefs[s - 1], h)
         return out.view(x.shape)
 
@@ -395,8 +384,8 @@ def spectral_radius_bounds(graph, *, max_iter: int = 10_000, rtol: float = 1e-9,
     g = as_graph(graph)
     if g.num_edges == 0:
         return 0.0, 0.0
-    index = torch.int32 if max(g.num_edges, g.n) < 2**31 else torch.int64
-    w = _csr(g.crow.to(index), g.col.to(index), g.weight, g.n)
+    index = index_dtype(g.num_edges, g.n)
+    w = csr_matrix(g.crow.to(index), g.col.to(index), g.weight, g.n)
     x = torch.ones(g.n, 1, dtype=torch.float64, device=g.device)
     lo, hi = 0.0, math.inf
     tiny = 1e-200  # keeps x > 0: a component that decays relative to the largest must not underflow to 0

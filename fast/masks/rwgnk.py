@@ -17,7 +17,6 @@ mask is nonnegative and the per-key constants always apply.
 from __future__ import annotations
 
 import numbers
-import warnings
 from typing import Any
 
 import torch
@@ -25,15 +24,10 @@ import torch
 from fast.graphs import as_graph
 from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
-from fast.masks.grf import (LocallyStabilised, ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, as_walks, plain_attend,
-                            stabilising_factors)
+from fast.masks.grf import ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, as_walks, stabilising_factors
 from fast.segments import Segments
-
-
-def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
-    with warnings.catch_warnings():  # "sparse CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, (n, n))
+from fast.sparse import csr_matrix, row_pointers
+from fast.stabilizers import LocallyStabilised, plain_attend
 
 
 def _lam(lam: object) -> float:
@@ -72,12 +66,11 @@ def rwgnk_features(graph: Any, walks: Any, lam: float, alpha: int = 0) -> torch.
     # segment sums (fast.segments), not index_add_: no atomics, the same Psi bits on every CUDA run
     values = Segments(inverse, pairs.numel()).sum(disc, dim=0)
     rows, cols = pairs // n, pairs % n  # rows sorted: pairs are
-    counts = torch.bincount(rows, minlength=n)
     if alpha == 1:
         norm2 = Segments(rows, n, sorted=True).sum(values * values, dim=0)
         values = values / norm2.sqrt()[rows]  # every row holds f_h(h) >= 1: never 0
-    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return _csr(crow, cols, values, n)
+    # Psi is handed out (``RWGNKMask.psi``): torch's global invariant switch applies, as it always did
+    return csr_matrix(row_pointers(rows, n), cols, values, n, check_invariants=None)
 
 
 class RWGNKMask(LocallyStabilised, SymmetricMaskOperator):

@@ -13,7 +13,7 @@ import math
 import torch
 
 from fast.operator import MaskOperator, SymmetricMaskOperator
-from fast.segments import Segments
+from fast.segments import Segments, segment_max
 from fast.validation import broadcast_shape, check_key_log_scale, check_positive_int, check_tokens
 
 
@@ -693,10 +693,9 @@ class PackingMask(SymmetricMaskOperator):
         check_tokens("z", z, self.n)
         lead = check_mask_batch("segment_ids", tuple(self.segment_index.shape), z, "key exponents z (from k)")
         row = z.amax(-1).expand(*lead, self.n)
-        idx = self.segment_index.to(z.device).expand(*lead, self.n)
-        seg = torch.full((*lead, self.num_segments), -torch.inf, dtype=z.dtype, device=z.device)
-        seg = seg.scatter_reduce(-1, idx, row, reduce="amax", include_self=True)
-        return torch.gather(seg, -1, idx).unsqueeze(-1)
+        index = self.segment_index.to(z.device)
+        seg = segment_max(row, index, self.num_segments, dim=-1)  # (*lead, S)
+        return torch.gather(seg, -1, index.expand(*lead, self.n)).unsqueeze(-1)
 
 
 class PaddingMask(MaskOperator):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import fast.batching as fb
+import fast.segments as segments
 from fast.batching import BatchIndex, check_batch
 from tests.helpers import gen, randn
 
@@ -83,8 +83,8 @@ def test_segment_sum_gather_max_against_dense():
 def _route(small: bool, monkeypatch) -> BatchIndex:
     """LABELS' BatchIndex, on the slice loop (small) or forced onto the blocked route (several blocks)."""
     if not small:
-        monkeypatch.setattr(fb, "SMALL_GRAPH_COUNT", 0)
-        monkeypatch.setattr(fb, "OUTER_BLOCK_ELEMENTS", 50)  # several blocks of a few rows
+        monkeypatch.setattr(segments, "FEW_SEGMENTS", 0)
+        monkeypatch.setattr(segments, "OUTER_BLOCK_ELEMENTS", 50)  # several blocks of a few rows
     return check_batch(torch.tensor(LABELS), 10)
 
 

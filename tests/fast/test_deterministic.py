@@ -25,7 +25,8 @@ import fast
 import fast.masks.tree.separator_plan as plan_mod
 import fast.latent.nodeformer as F
 import fast.segments as segments
-from fast.batching import SMALL_GRAPH_COUNT, check_batch
+from fast.batching import check_batch
+from fast.segments import FEW_SEGMENTS
 from fast.graphs import as_graph
 from fast.masks.diffusion import KINDS, DiffusionMask
 from fast.masks.power_series import PowerSeriesMask, convolve
@@ -259,11 +260,9 @@ def test_packing_attention_forward_and_backward(cuda_backend, ids):
     assert out.shape == (2, 3, n, d)
 
 
-@pytest.mark.parametrize("graphs", [3, SMALL_GRAPH_COUNT + 6])  # the per-graph loop and the blocked route
+@pytest.mark.parametrize("graphs", [3, FEW_SEGMENTS + 6])  # the per-graph loop and the blocked route
 def test_batch_index_forward_and_backward(cuda_backend, monkeypatch, graphs):
-    import fast.batching as fb
-
-    monkeypatch.setattr(fb, "OUTER_BLOCK_ELEMENTS", 64)  # several node blocks, graphs cut between them
+    monkeypatch.setattr(segments, "OUTER_BLOCK_ELEMENTS", 64)  # several node blocks, graphs cut between them
     g = gen(6)
     sizes = torch.randint(1, 5, (graphs,), generator=g)
     sizes[1] = 0  # an empty graph
@@ -282,7 +281,7 @@ def test_batch_index_forward_and_backward(cuda_backend, monkeypatch, graphs):
 @pytest.mark.parametrize("fn", [fast.difformer_attention, fast.sgformer_attention])
 def test_simple_attention_with_a_batch(cuda_backend, fn):
     g = gen(7)
-    labels = torch.repeat_interleave(torch.arange(SMALL_GRAPH_COUNT + 2), 2)
+    labels = torch.repeat_interleave(torch.arange(FEW_SEGMENTS + 2), 2)
     n = labels.numel()
     q, k, v = randn((n, 4), g), randn((n, 4), g), randn((n, 3), g)
     _run_both(lambda q, k, v: fn(q, k, v, batch=labels), q, k, v)
@@ -428,13 +427,13 @@ def _chain_graphs(sizes: torch.Tensor):
 
 
 def _nodeformer_inputs(graphs: str):
-    """(batch or None, graph, q, k, v, w) on one graph, 3 graphs, or more than SMALL_GRAPH_COUNT graphs
+    """(batch or None, graph, q, k, v, w) on one graph, 3 graphs, or more than FEW_SEGMENTS graphs
     of uneven sizes ("padded": the features go through the zero-padded layout and its unpad gather)."""
     g = gen(18)
     if graphs == "one":
         batch, edges = None, _ring(12)
     else:
-        count = 3 if graphs == "few" else SMALL_GRAPH_COUNT + 6
+        count = 3 if graphs == "few" else FEW_SEGMENTS + 6
         batch, edges = _chain_graphs(torch.randint(2, 4, (count,), generator=g))
     n = 12 if batch is None else batch.numel()
     if graphs == "padded":

@@ -18,7 +18,7 @@ import scipy.sparse.csgraph as csgraph
 import torch
 
 from fast.operator import SymmetricMaskOperator
-from fast.segments import IndexAdd
+from fast.segments import IndexAdd, segment_max
 from fast.validation import check_positive_int, check_tokens
 
 
@@ -193,10 +193,9 @@ class Forest:
         """
         check_tokens("z", z, self.n)
         row = z.amax(-1)  # (..., n)
-        idx = self.tensors(z.device)["tree_of"].expand(row.shape)
-        top = torch.full((*row.shape[:-1], self.num_trees), -torch.inf, dtype=row.dtype, device=row.device)
-        top = top.scatter_reduce(-1, idx, row, reduce="amax", include_self=True)
-        return top.gather(-1, idx).unsqueeze(-1)
+        tree_of = self.tensors(z.device)["tree_of"]
+        top = segment_max(row, tree_of, self.num_trees, dim=-1)  # (..., trees)
+        return top.gather(-1, tree_of.expand(row.shape)).unsqueeze(-1)
 
     def levels(self):
         """(depth, start, stop) of each level in level order, roots (depth 0) first."""

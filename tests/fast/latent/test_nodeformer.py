@@ -7,6 +7,7 @@ import scipy.sparse as sp
 import torch
 
 import fast.latent.nodeformer as F
+import fast.segments as segments
 import reference.nodeformer as R
 from fast.graphs import Graph
 from tests.helpers import DEVICES, EQUIV_TOL, gen, np_, randn, rel_frobenius
@@ -48,7 +49,7 @@ def route(request, monkeypatch):
     """slices: few graphs, one GEMM pair per graph (the default); packing: the PackingMask segment-sum
     route of many graphs, with tiny edge and row blocks so the blocked loops run several times."""
     if request.param == "packing":
-        monkeypatch.setattr(F, "SMALL_GRAPH_COUNT", 0)
+        monkeypatch.setattr(segments, "FEW_SEGMENTS", 0)
         monkeypatch.setattr(F, "EDGE_BLOCK_ELEMENTS", 40)
         monkeypatch.setattr(F, "ROWS_BLOCK_ELEMENTS", 40)
     return request.param
@@ -317,10 +318,10 @@ def test_tau_requiring_grad_is_refused():
 
 @pytest.mark.parametrize("sizes", [[3] * 70, [2, 3] * 40, [1] * 66 + [40]], ids=["equal", "padded", "uneven"])
 def test_many_graphs_match_reference_and_stay_independent(sizes):
-    """More than SMALL_GRAPH_COUNT (64) graphs: equal sizes (viewed as (G, S) batches), similar sizes
+    """More than FEW_SEGMENTS (64) graphs: equal sizes (viewed as (G, S) batches), similar sizes
     (padded to S rows) and one large graph among tiny ones (G S > 2 N: per-graph slices) all equal the
     dense reference, and perturbing one graph leaves every other graph's outputs bit for bit unchanged."""
-    assert len(sizes) > F.SMALL_GRAPH_COUNT
+    assert len(sizes) > segments.FEW_SEGMENTS
     batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     n = int(batch.numel())
     g = gen(40)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fast.batching as batching
+import fast.segments as segments
 import fast.latent.simple_attention as sa
 import reference.simple_attention as ref
 from fast.errors import DenominatorError
@@ -81,7 +81,7 @@ def test_score_term_is_visible(name):
 
 
 def test_many_graphs_path_matches_reference(monkeypatch):
-    """More graphs than SMALL_GRAPH_COUNT: the blocked gather path (several blocks), including one-node
+    """More graphs than FEW_SEGMENTS: the blocked gather path (several blocks), including one-node
     graphs (output v_u) and gaps."""
     g = gen(4)
     sizes = torch.randint(1, 5, (90,), generator=g)
@@ -89,8 +89,8 @@ def test_many_graphs_path_matches_reference(monkeypatch):
     batch = torch.repeat_interleave(labels, sizes)
     n = int(sizes.sum())
     q, k, v = inputs(5, lead=(2,), n=n)
-    monkeypatch.setattr(batching, "OUTER_BLOCK_ELEMENTS", 200)
-    assert 90 > batching.SMALL_GRAPH_COUNT
+    monkeypatch.setattr(segments, "OUTER_BLOCK_ELEMENTS", 200)
+    assert 90 > segments.FEW_SEGMENTS
     for name, (fn, ref_fn) in FUNCS.items():
         got = fn(q, k, v, batch=batch)
         assert rel_frobenius(got, ref_fn(np_(q), np_(k), np_(v), batch=batch.numpy())) <= 1e-10, name
@@ -387,7 +387,7 @@ def test_gradcheck_rare_path_zero_norm_graph(name):
 
 
 def test_gradcheck_many_graphs():
-    """More graphs than SMALL_GRAPH_COUNT (the gathered-state path and segment_outer's blocked scatter)."""
+    """More graphs than FEW_SEGMENTS (the gathered-state path and segment_outer's blocked scatter)."""
     batch = torch.repeat_interleave(torch.arange(70), 2)
     q, k, v = (t.requires_grad_(True) for t in inputs(20, lead=(), n=140, d_qk=2, d=1))
     assert torch.autograd.gradcheck(lambda a, b, c: sgformer_attention(a, b, c, batch=batch), (q, k, v),
