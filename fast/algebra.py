@@ -360,7 +360,7 @@ def gradient_inputs(op: MaskOperator, like: torch.Tensor) -> tuple[list[torch.Te
         t = free[0]
         raise ValueError(
             f"mask.matmul depends on a tensor requiring grad (shape {tuple(t.shape)}, {t.dtype}) that "
-            f"mask.parameters() does not return (mask is {type(op).__name__}): list it, or the tensor "
+            f"mask.parameters() does not return (mask is {op.type_name}): list it, or the tensor "
             "computed from it that matmul reads, in parameters(), so the memory-saving backward "
             "can return its gradient")
     return kept, bool(nodes & walks[1][2])
@@ -395,7 +395,7 @@ class _MaskedProducts(torch.autograd.Function):
         phi_q, phi_k, v = ctx.saved_tensors
         op, fpb, params = ctx.op, ctx.fpb, ctx.params
         if [p._version for p in params] != ctx.versions:
-            raise RuntimeError(f"a parameter of the mask ({type(op).__name__}) was modified in place between "
+            raise RuntimeError(f"a parameter of the mask ({op.type_name}) was modified in place between "
                                "forward and backward; the recomputing backward would use the new values")
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         need_p = list(ctx.needs_input_grad[6:])

@@ -416,7 +416,7 @@ def _check_attend(op: MaskOperator, result: object, v: torch.Tensor) -> tuple[to
                if isinstance(result, tuple) else type(result).__name__)
         raise ValueError(f"mask.attend must return (num (..., {n}, {d}), den (..., {n})) with the same leading dims "
                          f"(those of the inputs, {tuple(v.shape[:-2])}, broadcast against the mask's), "
-                         f"got {got} (mask is {type(op).__name__})")
+                         f"got {got} (mask is {op.type_name})")
     return result
 
 
@@ -514,7 +514,7 @@ def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, 
                     got = tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__
                     raise ValueError(
                         f"mask.key_stabilizer(z) must return constants broadcastable to z {tuple(z.shape)} (k's "
-                        f"leading dims and N, then m), got {got} (mask is {type(op).__name__}; a batched mask needs "
+                        f"leading dims and N, then m), got {got} (mask is {op.type_name}; a batched mask needs "
                         "k with its leading dims)")
                 captured.append(c.detach())
                 return c
@@ -539,7 +539,7 @@ def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, 
         z_shape = (*phi_k.shape[:-1], 1)
         if not _broadcasts_to(tuple(c.shape), z_shape):
             raise ValueError(f"mask.key_stabilizer(z) of a mask with rescales_keys must return one constant per key, "
-                             f"broadcastable to {z_shape}, got {tuple(c.shape)} (mask is {type(op).__name__})")
+                             f"broadcastable to {z_shape}, got {tuple(c.shape)} (mask is {op.type_name})")
         key_log_scale = c.expand(z_shape)
     return phi_q, phi_k, key_log_scale, flags
 

@@ -171,54 +171,61 @@ class MaskOperator(abc.ABC):
         """M @ x for a checked x (..., N, c) -> (..., N, c)."""
 
     def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{self._label()} offers no rmatmul (M^T @ x): check has_rmatmul first")
+        raise NotImplementedError(f"{self.type_name} offers no rmatmul (M^T @ x): check has_rmatmul first")
 
     def _abs_matmat(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{self._label()} offers no abs_matmul (B @ x, B >= |M|): check has_abs_matmul "
+        raise NotImplementedError(f"{self.type_name} offers no abs_matmul (B @ x, B >= |M|): check has_abs_matmul "
                                   "first")
 
     def _roundoff_bound(self, x: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def _label(self) -> str:
-        """The operator's type, for error messages (an adapter names the wrapped object's)."""
+    @property
+    def type_name(self) -> str:
+        """The operator's class name, for error messages (an adapter gives the wrapped object's)."""
         return type(self).__name__
+
+    def _check_input(self, what: str, x: object) -> None:
+        """x must be a floating (..., N, c) tensor with N = n: TypeError / ValueError naming the method."""
+        try:
+            check_tokens("x", x, self.n)
+        except (TypeError, ValueError) as error:  # the happy path costs the metadata checks only
+            raise type(error)(f"mask.{what}(x): {error} (mask is {self.type_name})") from None
 
     def _checked(self, what: str, x: torch.Tensor, y: object) -> torch.Tensor:
         """y as the product of x (..., N, c): a tensor of shape (..., N, c) whose leading dims are x's
         broadcast against the operator's, on x's device, cast to x's dtype. Metadata only."""
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"mask.{what}(x) must return a torch.Tensor, got {type(y).__name__} "
-                            f"(mask is {self._label()})")
+                            f"(mask is {self.type_name})")
         if y.dim() < 2 or y.shape[-2:] != x.shape[-2:] or not _broadcasts_to(tuple(x.shape[:-2]), tuple(y.shape[:-2])):
             raise ValueError(
                 f"mask.{what}(x) must return shape (..., N, c) = (..., {x.shape[-2]}, {x.shape[-1]}) with x's "
                 f"leading dims {tuple(x.shape[:-2])} (broadcast against the mask's); got {tuple(y.shape)} "
-                f"for x of shape {tuple(x.shape)} (mask is {self._label()})")
+                f"for x of shape {tuple(x.shape)} (mask is {self.type_name})")
         if y.device != x.device:
             raise ValueError(f"mask.{what}(x) returned a tensor on {y.device} for x on {x.device} "
-                             f"(mask is {self._label()})")
+                             f"(mask is {self.type_name})")
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., N, c) -> (..., N, c), x's leading dims broadcast against the mask's.
 
-        Raises TypeError / ValueError naming ``x`` for an input that is not a floating
-        (..., N, c) tensor, and naming ``mask.matmul(x)`` for an output of the wrong type, shape
-        or device."""
-        check_tokens("x", x, self.n)
+        Raises TypeError / ValueError naming ``mask.matmul(x)`` for an input that is not a
+        floating (..., N, c) tensor, or an output of the wrong type, shape or device."""
+        self._check_input("matmul", x)
         return self._checked("matmul", x, self._matmat(x))
 
     def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x for x (..., N, c) -> (..., N, c); NotImplementedError when ``has_rmatmul`` is False.
         Checked as ``matmul``."""
-        check_tokens("x", x, self.n)
+        self._check_input("rmatmul", x)
         return self._checked("rmatmul", x, self._rmatmat(x))
 
     def abs_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """B @ x for some B >= |M| entrywise, x (..., N, c) -> (..., N, c), no gradient;
         NotImplementedError when ``has_abs_matmul`` is False. Checked as ``matmul``."""
-        check_tokens("x", x, self.n)
+        self._check_input("abs_matmul", x)
         with torch.no_grad():
             return self._checked("abs_matmul", x, self._abs_matmat(x))
 
@@ -228,7 +235,7 @@ class MaskOperator(abc.ABC):
         round-off is a few units of each summed term (the default). The driver adds
         |phi_q_i| . roundoff_bound(phi_k) to the guard's floor. ValueError naming
         ``mask.roundoff_bound(x)`` for a wrong shape."""
-        check_tokens("x", x, self.n)
+        self._check_input("roundoff_bound", x)
         bound = self._roundoff_bound(x)
         if bound is None:
             return None
@@ -237,7 +244,7 @@ class MaskOperator(abc.ABC):
                 or tuple(bound.shape[-1:]) != want[-1:]:
             got = tuple(bound.shape) if isinstance(bound, torch.Tensor) else type(bound).__name__
             raise ValueError(f"mask.roundoff_bound(x) must return shape {want} (leading dims broadcast against the "
-                             f"mask's), got {got} (mask is {self._label()})")
+                             f"mask's), got {got} (mask is {self.type_name})")
         return bound
 
     @property
@@ -350,7 +357,8 @@ class OperatorAdapter(MaskOperator):
     def n(self) -> int:
         return self.wrapped.n
 
-    def _label(self) -> str:
+    @property
+    def type_name(self) -> str:
         return type(self.wrapped).__name__
 
     def _matmat(self, x: torch.Tensor) -> torch.Tensor:

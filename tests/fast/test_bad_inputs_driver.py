@@ -92,7 +92,7 @@ class NoneN:
 
 
 class SubclassWithoutN(MaskOperator):
-    def matmul(self, x):
+    def _matmat(self, x):
         return x
 
 
@@ -215,7 +215,7 @@ class StabiliserWrong(UserMask):
     (AttendOne, ValueError, r"mask.attend must return \(num \(\.\.\., 6, 3\), den \(\.\.\., 6\)\).* got Tensor"),
     (AttendShortDen, ValueError, r"mask.attend must return .* got \(\(2, 6, 3\), \(2, 5\)\)"),
     (AttendWrongD, ValueError, r"mask.attend must return \(num \(\.\.\., 6, 3\).* got \(\(2, 6, 1\), \(2, 6\)\)"),
-    (AbsWrong, ValueError, r"mask.abs_matmul\(x\) must return shape \(2, 6, 4\).* got \(2, 1, 4\)"),
+    (AbsWrong, ValueError, r"mask.abs_matmul\(x\) must return shape \(\.\.\., N, c\) = \(\.\.\., 6, 4\).* got \(2, 1, 4\)"),
     (RoundoffWrong, ValueError, r"mask.roundoff_bound\(x\) must return shape \(2, 4\).* got \(5,\)"),
 ])
 def test_user_operator_returning_the_wrong_shape(cls, exc, pattern):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import fast
 from fast import (CausalMask, DenominatorError, DenseMask, LowRankMask, PackingMask, PaddingMask, favor_attention,
                   masked_linear_attention, softmax_attention)
-from fast.masks.base import MaskOperator
+from fast.operator import MaskOperator
 from tests.helpers import gen, positive, randn, rel_frobenius
 
 #: float64 keys whose sum cancels to round-off: 0.1 + 0.2 - 0.3 = 5.55e-17, not 0.
@@ -211,7 +211,7 @@ class CountingMask(MaskOperator):
     def __init__(self, matrix: torch.Tensor, nonnegative: bool):
         self.n, self.matrix, self.nonnegative, self.calls = matrix.shape[-1], matrix, nonnegative, 0
 
-    def matmul(self, x):
+    def _matmat(self, x):
         self.calls += 1
         return self.matrix @ x
 

@@ -1,9 +1,14 @@
-"""The mask contract (fast/masks/base.py) and fast.as_mask_operator (fast/masks/explicit.py).
+"""The mask contract (fast/operator.py: MaskOperator, its adapter as_operator) and fast.as_mask_operator
+(fast/masks/explicit.py).
 
 Equivalence with the dense NumPy reference uses the registry's metric (relative Frobenius) with
 tests.helpers.EQUIV_TOL; sparse products are exact sums in another order (float64 round-off).
 """
 from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +20,7 @@ import fast
 import reference.attention as ref_attention
 from fast import (CausalMask, DenseMask, MaskOperator, PackingMask, PaddingMask, SparseMask, ToeplitzMask,
                   as_mask_operator, favor_attention, masked_linear_attention)
-from fast.masks.base import (abs_matmul_of, default_key_stabilizer, key_stabilizer_of, nonnegative_of,
-                             parameters_of, rescales_keys_of, roundoff_bound_of)
+from fast.operator import OperatorAdapter, SymmetricMaskOperator, as_operator, default_key_stabilizer
 from tests.helpers import EQUIV_TOL, gen, np_, positive, randn, rel_frobenius, unit_rows
 
 N = 9
@@ -48,16 +52,26 @@ class UserMask:
 # ------------------------------------------------------------------------ the base class
 
 
-def test_isinstance_is_structural_and_issubclass_nominal():
-    assert isinstance(UserMask(_dense()), MaskOperator)
+def test_duck_typed_operators_are_wrapped_once_by_the_adapter():
+    """isinstance is nominal; anything with n and a callable matmul is wrapped once (as_operator),
+    and the wrapper is a MaskOperator whose products are the object's."""
+    user = UserMask(_dense())
+    assert not isinstance(user, MaskOperator) and not issubclass(UserMask, MaskOperator)
     assert isinstance(CausalMask(4), MaskOperator) and issubclass(CausalMask, MaskOperator)
-    assert not issubclass(UserMask, MaskOperator)
+    op = as_operator(user)
+    assert isinstance(op, OperatorAdapter) and isinstance(op, MaskOperator) and op.wrapped is user
+    assert as_operator(op) is op and as_mask_operator(op) is op  # never wrapped twice
+    causal = CausalMask(4)
+    assert as_operator(causal) is causal
+    x = randn((2, N, 3), gen(7))
+    assert torch.equal(op.matmul(x), user.matmul(x))
     assert not isinstance(torch.ones(3, 3), MaskOperator)  # a tensor has matmul but no n
 
     class NoMatmul:
         n = 3
 
-    assert not isinstance(NoMatmul(), MaskOperator)
+    with pytest.raises(TypeError, match=r"mask \(.*NoMatmul\) has no callable matmul"):
+        as_operator(NoMatmul())
 
 
 def test_existing_masks_subclass_the_base_and_keep_their_specialised_forms():
@@ -68,22 +82,129 @@ def test_existing_masks_subclass_the_base_and_keep_their_specialised_forms():
     assert CausalMask.attend is not None and PaddingMask.attend is not None and ToeplitzMask.attend is not None
 
 
-def test_matmul_is_abstract():
+def test_matmat_is_abstract():
     class Incomplete(MaskOperator):
         n = 3
 
-    with pytest.raises(TypeError, match="matmul"):
+    with pytest.raises(TypeError, match="_matmat"):
         Incomplete()
+
+
+class Tril(MaskOperator):
+    """A subclass implementing the product only: every capability takes its default."""
+
+    def __init__(self, n=N, bad=None):
+        self.n, self.bad = n, bad
+
+    def _matmat(self, x):
+        y = torch.cumsum(x, dim=-2)
+        if self.bad == "rows":
+            return y[..., :-1, :]
+        if self.bad == "width":
+            return y[..., :1]
+        if self.bad == "list":
+            return y.tolist()
+        if self.bad == "lead":
+            return y.expand(5, *y.shape) if y.dim() == 2 else y[:1]
+        return y
+
+
+def test_base_class_defaults():
+    op = Tril()
+    assert op.attend is None and not op.nonnegative and not op.rescales_keys
+    assert not op.has_rmatmul and not op.has_abs_matmul
+    x = randn((N, 2), gen(8))
+    assert op.roundoff_bound(x) is None
+    with pytest.raises(NotImplementedError, match="Tril offers no rmatmul"):
+        op.rmatmul(x)
+    with pytest.raises(NotImplementedError, match="Tril offers no abs_matmul"):
+        op.abs_matmul(x)
+    assert list(op.parameters()) == []
+    z = randn((2, N, 4), gen(9))
+    assert torch.equal(op.key_stabilizer(z), z.amax(dim=(-2, -1), keepdim=True))
+    rows = op.row_key_stabilizer()  # the default stabiliser as a function of the rows' maxima
+    assert torch.equal(rows(z.amax(-1, keepdim=True)), op.key_stabilizer(z))
+
+
+def test_symmetric_operator_rmatmul_is_matmul():
+    class SymTril(SymmetricMaskOperator):
+        n = N
+
+        def _matmat(self, x):
+            return x + x.sum(-2, keepdim=True)
+
+    op = SymTril()
+    x = randn((N, 2), gen(10))
+    assert op.has_rmatmul and torch.equal(op.rmatmul(x), op.matmul(x))
+
+
+@pytest.mark.parametrize("method", ["matmul", "rmatmul", "abs_matmul", "roundoff_bound"])
+def test_public_products_reject_a_wrong_input_naming_the_method(method):
+    op = DenseMask(_dense() - 0.5)
+    with pytest.raises(ValueError, match=rf"mask.{method}\(x\): x must have N=9 tokens on axis -2, got shape "
+                                         r"\(8, 2\) \(mask is DenseMask\)"):
+        getattr(op, method)(torch.ones(8, 2, dtype=torch.float64))
+    with pytest.raises(TypeError, match=rf"mask.{method}\(x\): x must be a torch.Tensor, got list"):
+        getattr(op, method)([[1.0]] * N)
+    with pytest.raises(TypeError, match=rf"mask.{method}\(x\): x must be a floating tensor"):
+        getattr(op, method)(torch.ones(N, 2, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("bad, exc, match", [
+    ("rows", ValueError, r"mask.matmul\(x\) must return shape \(\.\.\., N, c\) = \(\.\.\., 9, 2\) .* got \(8, 2\) .*Tril"),
+    ("width", ValueError, r"mask.matmul\(x\) must return shape .* got \(9, 1\)"),
+    ("list", TypeError, r"mask.matmul\(x\) must return a torch.Tensor, got list \(mask is Tril\)"),
+])
+def test_public_matmul_rejects_a_wrong_subclass_output_naming_the_method(bad, exc, match):
+    with pytest.raises(exc, match=match):
+        Tril(bad=bad).matmul(randn((N, 2), gen(11)))
+
+
+def test_public_matmul_accepts_an_output_batched_by_the_mask_and_casts_to_x_dtype():
+    """The output's leading dims are x's broadcast against the mask's (a batched mask); its dtype
+    is x's (a product computed in another dtype is cast back)."""
+    y = Tril(bad="lead").matmul(randn((N, 2), gen(12)))
+    assert y.shape == (5, N, 2)
+
+    class Wider(Tril):
+        def _matmat(self, x):
+            return super()._matmat(x).double()
+
+    x = randn((N, 2), gen(13), torch.float32)
+    assert Wider().matmul(x).dtype == torch.float32
 
 
 def test_key_stabilizer_default_is_the_per_slice_max_for_every_operator():
     z = randn((2, 3, 5, 4), gen(2))
     expected = z.amax(dim=(-2, -1), keepdim=True)
     assert torch.equal(default_key_stabilizer(z), expected)
-    assert torch.equal(key_stabilizer_of(UserMask(_dense()))(z), expected)  # no key_stabilizer: the default
+    user = as_operator(UserMask(_dense(n=5)))
+    assert torch.equal(user.key_stabilizer(z), expected)  # no key_stabilizer: the default
+    assert user.row_key_stabilizer() is not None
     assert torch.equal(DenseMask(torch.ones(5, 5)).key_stabilizer(z), expected)  # base-class default
     seg = PackingMask(torch.tensor([0, 0, 1, 1, 1]))
-    assert key_stabilizer_of(seg) == seg.key_stabilizer  # an override is used
+    assert type(seg).key_stabilizer is not MaskOperator.key_stabilizer  # an override is used ...
+    assert seg.row_key_stabilizer() is None  # ... on z itself
+
+
+def test_row_key_stabilizer_follows_the_key_stabilizer_in_use():
+    """The row form stands for the key_stabilizer of the class that declares it: CausalMask's
+    running max of the rows' maxima; a subclass or an instance that replaces key_stabilizer gets
+    None (its stabiliser is called on z)."""
+    z = randn((2, N, 4), gen(14))
+    causal = CausalMask(N)
+    rows = causal.row_key_stabilizer()
+    assert torch.equal(rows(z.amax(-1, keepdim=True)), causal.key_stabilizer(z))
+
+    class OwnStabiliser(CausalMask):
+        def key_stabilizer(self, z):
+            return z.amax(-1, keepdim=True)
+
+    assert OwnStabiliser(N).row_key_stabilizer() is None
+    patched = CausalMask(N)
+    patched.key_stabilizer = lambda z: z.amax(-1, keepdim=True)
+    assert patched.row_key_stabilizer() is None
+    assert as_operator(RowMaxKeys(_dense())).row_key_stabilizer() is None  # a duck's own stabiliser
 
 
 def test_favor_attention_calls_a_user_key_stabilizer():
@@ -166,27 +287,52 @@ def test_rescales_keys_without_attend_is_ignored():
     assert rel_frobenius(favor_attention(q, k, v, w, NoAttend(dense)), favor_attention(q, k, v, w, dense)) <= 1e-12
 
 
-def test_contract_readers():
-    """nonnegative_of / abs_matmul_of / roundoff_bound_of / rescales_keys_of read the C1 attributes
-    with safe defaults for structural operators."""
-    user = UserMask(_dense())
-    assert not nonnegative_of(user) and abs_matmul_of(user) is None and roundoff_bound_of(user) is None
-    assert not rescales_keys_of(user)
-    assert nonnegative_of(DenseMask(_dense())) and not nonnegative_of(DenseMask(-_dense()))
-    assert nonnegative_of(DenseMask(torch.ones(3, 3, dtype=torch.bool)))
-    assert abs_matmul_of(DenseMask(_dense())) is not None
+def test_declared_capabilities():
+    """The capabilities are attributes with safe defaults, for subclasses and wrapped duck types."""
+    user = as_operator(UserMask(_dense()))
+    assert not user.nonnegative and not user.has_abs_matmul and user.roundoff_bound(randn((N, 2), gen(6))) is None
+    assert not user.rescales_keys and user.attend is None and not user.has_rmatmul
+    assert DenseMask(_dense()).nonnegative and not DenseMask(-_dense()).nonnegative
+    assert DenseMask(torch.ones(3, 3, dtype=torch.bool)).nonnegative
+    assert DenseMask(_dense()).has_abs_matmul and DenseMask(_dense()).has_rmatmul
     x = randn((N, 2), gen(6))
     signed = _dense() - 0.6
     torch.testing.assert_close(DenseMask(signed).abs_matmul(x), signed.abs() @ x, rtol=1e-14, atol=0)
     sparse = SparseMask(sp.csr_matrix(signed.numpy()))
     assert not sparse.nonnegative
     torch.testing.assert_close(sparse.abs_matmul(x), signed.abs() @ x, rtol=1e-14, atol=0)
-    assert rescales_keys_of(RowMaxKeys(_dense()))
+    assert as_operator(RowMaxKeys(_dense())).rescales_keys and as_operator(RowMaxKeys(_dense())).attend is not None
 
     class Weird(UserMask):
         nonnegative = torch.ones(3)  # not a truth value: not a guarantee
 
-    assert not nonnegative_of(Weird(_dense()))
+    class Method(UserMask):
+        def nonnegative(self):  # a method by mistake: not a guarantee
+            return True
+
+    assert not as_operator(Weird(_dense())).nonnegative and not as_operator(Method(_dense())).nonnegative
+
+
+def test_adapter_forwards_every_capability_the_object_has():
+    signed = _dense() - 0.6
+
+    class Full(UserMask):
+        nonnegative = False
+
+        def rmatmul(self, x):
+            return self.dense.mT @ x
+
+        def abs_matmul(self, x):
+            return self.dense.abs() @ x
+
+        def roundoff_bound(self, x):
+            return torch.zeros(x.shape[-1], dtype=x.dtype)
+
+    op = as_operator(Full(signed))
+    x = randn((N, 2), gen(15))
+    assert op.has_rmatmul and op.has_abs_matmul
+    assert torch.equal(op.rmatmul(x), signed.mT @ x) and torch.equal(op.abs_matmul(x), signed.abs() @ x)
+    assert torch.equal(op.roundoff_bound(x), torch.zeros(2, dtype=x.dtype))
 
 
 def test_parameters_default_scan():
@@ -194,16 +340,20 @@ def test_parameters_default_scan():
     b = torch.ones(3, requires_grad=True)
     c = torch.ones(3)  # no grad: not a parameter
 
+    d = torch.ones(3, requires_grad=True)
+
     class Op(MaskOperator):
         def __init__(self):
             self.n, self.a, self.c, self.items, self.inner = 3, a, c, [b, c], CausalMask(3)
+            self.duck = UserMask(d[:, None] * torch.ones(3))  # a nested duck-typed operator: scanned too
 
-        def matmul(self, x):
+        def _matmat(self, x):
             return x
 
-    assert {id(t) for t in Op().parameters()} == {id(a), id(b)}
+    op = Op()
+    assert {id(t) for t in op.parameters()} == {id(a), id(b), id(op.duck.dense)}
     user = UserMask(torch.ones(3, 3, requires_grad=True))  # duck-typed: the same default scan
-    assert [id(t) for t in parameters_of(user)] == [id(user.dense)]
+    assert [id(t) for t in as_operator(user).parameters()] == [id(user.dense)]
 
     class ModuleMask(nn.Module):  # an nn.Module's parameters() satisfies the contract
         def __init__(self):
@@ -214,7 +364,7 @@ def test_parameters_default_scan():
             return self.w @ x
 
     mm = ModuleMask()
-    assert [id(t) for t in parameters_of(mm)] == [id(mm.w)]
+    assert [id(t) for t in as_operator(mm).parameters()] == [id(mm.w)]
     table = torch.ones(5, requires_grad=True)
     assert [id(t) for t in ToeplitzMask(table).parameters()] == [id(table)]
 
@@ -264,6 +414,7 @@ def _forest(weighted: bool = False) -> fast.Forest:
 def test_rmatmul_is_the_transpose(kind):
     """rmatmul(x) == M^T x with M read off matmul (M = matmul(I)), for every mask that offers it."""
     op = RMATMUL_MASKS[kind]()
+    assert op.has_rmatmul
     n = op.n
     dense = op.matmul(torch.eye(n, dtype=torch.float64).expand(2, n, n))  # (2, N, N): batched masks need x's batch
     x = randn((2, n, 3), gen(25))
@@ -274,9 +425,12 @@ def test_rmatmul_is_the_transpose(kind):
 # ------------------------------------------------------------------------ as_mask_operator: accepted
 
 
-def test_operator_is_returned_as_is():
-    for op in (CausalMask(N), UserMask(_dense())):
-        assert as_mask_operator(op) is op
+def test_operator_is_returned_as_is_and_a_duck_wrapped():
+    op = CausalMask(N)
+    assert as_mask_operator(op) is op
+    user = UserMask(_dense())
+    wrapped = as_mask_operator(user)
+    assert isinstance(wrapped, OperatorAdapter) and wrapped.wrapped is user and wrapped.n == N
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -488,3 +642,40 @@ def test_user_operator_returning_the_wrong_thing(cls, exc, match):
     with pytest.raises(exc, match=match):  # also without autograd (no parameter probe)
         with torch.no_grad():
             masked_linear_attention(pq, pk, v, cls(_dense()))
+
+
+# ------------------------------------------------------------------------ the driver names no mask
+
+
+def _imports(module) -> list[tuple[str, str]]:
+    """(module, name) of every ``from module import name`` and ``import module`` in a module's source."""
+    tree = ast.parse(Path(inspect.getsourcefile(module)).read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            out += [(node.module or "", a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names]
+    return out
+
+
+def test_the_driver_imports_no_concrete_mask():
+    """fast/attention.py reads what a mask offers off the contract (fast.operator): it imports no
+    MaskOperator subclass and, from fast.masks, only the entry point as_mask_operator."""
+    import importlib
+
+    from fast import attention
+
+    for module, name in _imports(attention):
+        if module.startswith("fast.masks"):
+            assert (module, name) == ("fast.masks.explicit", "as_mask_operator"), (module, name)
+        if module.startswith("fast") and name:
+            value = getattr(importlib.import_module(module), name)
+            assert not (isinstance(value, type) and issubclass(value, MaskOperator) and value is not MaskOperator), name
+
+
+def test_the_algebra_imports_the_contract_not_the_masks():
+    from fast import algebra
+
+    modules = {module for module, _ in _imports(algebra)}
+    assert "fast.operator" in modules and not any(m.startswith("fast.masks") for m in modules)

@@ -4,7 +4,7 @@ exp(c_j - r_i) = exp(c_j - R) exp(R - r_i) with R the slice's largest constant: 
 slice's running max spans at most T = factor_range(dtype) (``_narrow``), the scan with key
 constants is the plain scan on rescaled keys, its results rescaled per query. ``attend`` decides
 with its one host read; fast.favor_attention takes the route optimistically
-(``_attend_optimistic``), checks the condition with its one combined flag, and redoes the
+(``attend_optimistic``), checks the condition with its one combined flag, and redoes the
 products with the decayed scan where it fails (a key far louder than the earlier ones), after
 which the mask instance keeps to the decayed scan (``_wide``).
 """

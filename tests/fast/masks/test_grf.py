@@ -11,7 +11,7 @@ import torch
 
 from fast import masked_linear_attention
 from fast.graphs import Graph
-from fast.masks.base import MaskOperator, nonnegative_of, parameters_of
+from fast.operator import MaskOperator
 from fast.masks.explicit import DenseMask
 from fast.masks.grf import GRFAsymMask, GRFMask, WalkFeatures, grf_features
 from fast.walks import sample_walks
@@ -86,7 +86,7 @@ def test_products_equal_reference(dtype, device):
     close(asym.matmul(x), gq @ xn, dtype, np.abs(gq).max() * n * np.abs(xn).max())
     close(asym.rmatmul(x), gq.T @ xn, dtype, np.abs(gq).max() * n * np.abs(xn).max())
     close(asym.abs_matmul(x), aq @ xn, dtype, np.abs(aq).max() * n * np.abs(xn).max())
-    assert isinstance(m, MaskOperator) and not nonnegative_of(m)  # F has negative entries
+    assert isinstance(m, MaskOperator) and not m.nonnegative  # F has negative entries
 
 
 def test_hand_built_walks_and_merging():
@@ -186,17 +186,17 @@ def test_in_place_update_of_f_reaches_the_next_call():
     f = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, requires_grad=True)
     m = GRFMask(WalkFeatures(Graph.from_any(adj), walks, f))
     x = torch.randn(adj.shape[0], 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    assert nonnegative_of(m) and parameters_of(m) == [f]  # shared: f once
+    assert m.nonnegative and list(m.parameters()) == [f]  # shared: f once
     with torch.no_grad():
         f[1] = -2.0  # what an optimiser step does
     g = ref.grf_features(adj, walks.to_numpy(), [1.0, -2.0, 0.25])
     close(m.matmul(x), g @ g.T @ x.numpy(), torch.float64)
-    assert not nonnegative_of(m)
+    assert not m.nonnegative
     with torch.no_grad():
         f.mul_(0.0).add_(1.0)
     g = ref.grf_features(adj, walks.to_numpy(), [1.0, 1.0, 1.0])
     close(m.matmul(x), g @ g.T @ x.numpy(), torch.float64)
-    assert nonnegative_of(m)
+    assert m.nonnegative
     # a plain tensor (no grad) updated with copy_, float32 products (the cached CSR must follow)
     alpha = torch.tensor([1.0, 0.5], dtype=torch.float64)
     asym = GRFAsymMask(WalkFeatures(Graph.from_any(adj), walks, alpha))

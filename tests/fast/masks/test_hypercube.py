@@ -223,12 +223,11 @@ def test_nonnegative_and_abs_matmul_follow_the_sign_of_tanh_lambda():
 def test_one_element_parameter_lam_is_the_leaf_an_optimiser_updates():
     """lam of shape (1,) is held as given (not a reshaped view), so parameters() hands the
     optimiser the leaf itself."""
-    from fast.masks.base import parameters_of
 
     lam = torch.nn.Parameter(torch.tensor([0.5], dtype=torch.float64))
     op = HypercubeDiffusionMask(8, lam)
-    assert op.lam is lam and [p is lam for p in parameters_of(op)] == [True]
-    opt = torch.optim.SGD(parameters_of(op), lr=0.1)
+    assert op.lam is lam and [p is lam for p in op.parameters()] == [True]
+    opt = torch.optim.SGD(list(op.parameters()), lr=0.1)
     op.matmul(torch.ones(8, 2, dtype=torch.float64)).sum().backward()
     opt.step()
     assert float(lam.detach()) != 0.5 and op.t().shape == ()

@@ -417,7 +417,7 @@ def test_attention_float32_and_favor_features():
 
 # ----------------------------------------------------------------------- denominator guard
 # The driver (fast.masked_linear_attention) guards the division; the operator gives it
-# ``nonnegative``, ``abs_matmul`` and ``roundoff_bound`` (contract C1/C2 of fast.masks.base).
+# ``nonnegative``, ``abs_matmul`` and ``roundoff_bound`` (the contract of fast.operator).
 
 
 def test_exactly_zero_denominator_raises():

@@ -22,12 +22,11 @@ import torch
 
 import fast
 import fast.features
-import fast.masks.base
 from fast.masks import sequence as fast_sequence
 from fast.masks import toeplitz as fast_toeplitz
+from results.check import Context
 from verify.checks import equivalence
 from verify.mechanisms import get
-from results.check import Context
 
 
 def _all_dims(z: torch.Tensor) -> tuple[int, ...]:
