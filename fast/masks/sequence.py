@@ -132,12 +132,10 @@ class CausalMask(MaskOperator):
 
     def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x = cumulative sum over tokens, x: (..., N, c)."""
-        check_tokens("x", x, self.n)
         return torch.cumsum(x, dim=-2)
 
     def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x = suffix sums over tokens (sum over i >= j), x: (..., N, c)."""
-        check_tokens("x", x, self.n)
         return torch.flip(torch.cumsum(torch.flip(x, dims=(-2,)), dim=-2), dims=(-2,))
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
@@ -662,7 +660,6 @@ class PackingMask(SymmetricMaskOperator):
         """Segment sums broadcast back to tokens, x: (..., N, c) -> (..., N, c).
 
         fast.segments (no atomics): the same bits on every run on CUDA too, forward and backward."""
-        check_tokens("x", x, self.n)
         lead = check_mask_batch("segment_ids", tuple(self.segment_index.shape), x, "input x")
         if self.segment_index.dim() == 1:  # one packing for every slice: sums along -2, slice by slice
             seg = self._segments(())
@@ -736,14 +733,12 @@ class PaddingMask(MaskOperator):
 
     def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """Every row gets the sum of x over real keys, x: (..., N, c) -> (..., N, c). Rank one."""
-        check_tokens("x", x, self.n)
         check_mask_batch("key_mask", tuple(self.key_mask.shape), x, "input x")
         total = (x * self._weights(x)).sum(-2, keepdim=True)
         return total.expand(broadcast_shape(tuple(total.shape[:-2]), tuple(x.shape[:-2])) + tuple(x.shape[-2:]))
 
     def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x: row j is key_mask[j] times the sum of x over all rows, x: (..., N, c)."""
-        check_tokens("x", x, self.n)
         check_mask_batch("key_mask", tuple(self.key_mask.shape), x, "input x")
         return x.sum(-2, keepdim=True) * self._weights(x)
 

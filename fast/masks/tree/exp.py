@@ -19,7 +19,7 @@ import torch
 from fast.algebra import default_block_cols, features_per_block, masked_products
 from fast.operator import SymmetricMaskOperator
 from fast.masks.tree.forest import Forest, check_forest
-from fast.validation import check_tokens, compute_dtype
+from fast.validation import compute_dtype
 
 #: The dtype of phase I's sums (children into parents) of a TreeExpMask product, whatever the input dtype
 #: (TreeExpMask's docstring, "Precision").
@@ -92,7 +92,6 @@ class TreeExpMask(SymmetricMaskOperator):
 
     def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., n, c) -> (..., n, c): two passes over the levels, O(n c) work."""
-        check_tokens("x", x, self.n)
         out_dtype = x.dtype
         work = compute_dtype(x.dtype) if self._min_dtype is None else self._min_dtype
         f = self.forest
