@@ -25,7 +25,7 @@ than what is left of it); one that runs over is stopped and recorded with ``time
 next stage still runs. The JSON (schema ``SCHEMA``) is rewritten after every stage, so a run
 stopped anywhere keeps what finished. It records the device, driver, and the torch, CUDA, cuDNN
 and Triton versions; ``python -m reports`` renders it as the page's "GPU" section
-(reports/gpu.py).
+(reports/sections/gpu.py).
 
 Exit status: 0 when the JSON was written and nothing failed, 1 when a test, a check or a peer's
 equivalence failed or a stage ran out of time, 2 when the device is not a CUDA device that is

@@ -9,10 +9,10 @@ NumPy, matplotlib, Jinja2 and the standard library (tests/reports/test_imports.p
 
     asv_history  asv result files -> series across commits, per-mechanism histories
     format       numbers as text: units (bytes, seconds), fits, powers of two, comparison signs
-    figures      matplotlib (Agg) figures, one function per PNG
-    page         the view model and the Jinja2 rendering (templates/*.html.j2, autoescaped)
-    peers        the peers section: the peer suite's summary JSON (make bench-ops) read, tabulated, drawn
-    roofline     the roofline section: the perf/<id> checks' fractions tabulated and drawn
-    training     the training section: learned latent graphs trained end to end (Results.training)
-    render       Results -> the PNGs and index.html in one folder
+    style        the figures' shared look: matplotlib (Agg), colours, markers, guides, log axes, legends, saving
+    sections/    one module per section of the page (its view, its figures; its template partial is
+                 templates/sections/<module>.html.j2): summary, gallery, time_vs_n, crossover, memory,
+                 peers, roofline, variants, verification, numerics, favor, training, gpu, history, environment
+    page         the sections in page order and the Jinja2 rendering (templates/index.html.j2, autoescaped)
+    render       Results -> every section's PNGs and index.html in one folder
 """

@@ -20,7 +20,7 @@ from pathlib import Path
 
 DEFAULT_OUT = Path("reports") / "out"
 DEFAULT_ASV_RESULTS = Path(".asv") / "results"
-#: The peer suite's summary (``make bench-ops`` writes it; reports.peers reads it).
+#: The peer suite's summary (``make bench-ops`` writes it; reports.sections.peers reads it).
 DEFAULT_PEERS_JSON = Path("benchmarks") / "out" / "peers-summary.json"
 #: Options of the old all-in-one report that now belong to the measuring step.
 MEASURING_FLAGS = ("--quick", "--device", "--skip-verify", "--verify-full", "--verify-json", "--skip-memory",
@@ -81,9 +81,9 @@ def _source_name(path: Path, out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
-    from reports.gpu import load_gpu
-    from reports.peers import load_peers
     from reports.render import write_report
+    from reports.sections.gpu import load_gpu
+    from reports.sections.peers import load_peers
     from results.schema import Results
 
     path, out = Path(args.from_json), Path(args.out)

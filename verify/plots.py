@@ -2,7 +2,7 @@
 
 A check that measures a curve (error against the number of walks with the theorem's bound beside
 it, an expm action's error against its tolerance) records it as data, and the report draws every
-such curve the same way (reports.check_plots), so a new family needs no report code:
+such curve the same way (reports.sections.verification), so a new family needs no report code:
 
     details["plots"] = [plot("error vs walks", "walks n", "relative Frobenius error",
                              [series("measured", ns, errors, lower=lo, upper=hi),

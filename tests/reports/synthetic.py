@@ -292,7 +292,7 @@ GPU_FAILED_CHECK = "reproducibility/packing"
 
 
 def gpu_run(finished: bool = True, peers: bool = True) -> dict:
-    """A GPU run (schema maskbench-gpu/1, reports.gpu): two CUDA tests (one failed), three checks
+    """A GPU run (schema maskbench-gpu/1, reports.sections.gpu): two CUDA tests (one failed), three checks
     (one failed with a reason, one with a malicious detail), two sweeps (time 0.1 ms + N / 2^27 s,
     memory 64 bytes x N) and, with ``peers``, the peers summary of ``peers_summary``. Without
     ``finished`` the run stopped after the checks stage (no "seconds", no sweeps, no peers)."""

@@ -1,9 +1,9 @@
-"""reports.check_plots: any check's details["plots"] becomes a figure on the page."""
+"""reports.sections.verification: any check's details["plots"] becomes a figure on the page."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from reports.check_plots import plot_check_figures
+from reports.sections.verification import plot_check_figures
 from reports.render import write_report
 from tests.reports.synthetic import check, make_results as results
 from verify.plots import plot, series

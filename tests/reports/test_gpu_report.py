@@ -1,4 +1,4 @@
-"""The GPU section (reports/gpu.py, templates/gpu.html.j2) from a synthetic GPU run."""
+"""The GPU section (reports/sections/gpu.py, templates/sections/gpu.html.j2) from a synthetic GPU run."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from reports.__main__ import main, parse_args
-from reports.gpu import SCHEMA, gpu_view, load_gpu, plot_gpu_sweeps
+from reports.sections.gpu import SCHEMA, gpu_view, load_gpu, plot_gpu_sweeps
 from tests.reports.synthetic import (GPU_FAILED_CHECK, GPU_FAILED_TEST, MALICIOUS, gpu_run, make_results)
 
 PNG = b"\x89PNG\r\n\x1a\n"

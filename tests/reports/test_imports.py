@@ -54,8 +54,49 @@ FILES = sorted(REPORTS.rglob("*.py"))
 
 
 def test_there_are_files_to_check():
-    assert {"__main__.py", "figures.py", "page.py", "render.py", "asv_history.py", "peers.py",
-            "roofline.py"} <= {p.name for p in FILES}
+    names = {str(p.relative_to(REPORTS)) for p in FILES}
+    assert {"__main__.py", "style.py", "page.py", "render.py", "asv_history.py", "format.py",
+            "sections/__init__.py", "sections/peers.py", "sections/roofline.py"} <= names
+
+
+def _private_imports(path: Path) -> list[str]:
+    """Where a file takes another module's private name: ``from m import _x`` (dunders aside) or
+    ``m._x`` on a name bound by an import (``import reports.style as m``, ``from reports import m``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    modules: set[str] = set()  # local names bound to modules by an import
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"line {node.lineno}: from {'.' * node.level}{node.module or ''} import {a.name}")
+                modules.add(a.asname or a.name)  # may be a module ("from reports import style")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            out.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return out
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_private_name_of_another_module(path):
+    """What two modules share is public (reports.style, reports.format, a section's public helpers)."""
+    bad = _private_imports(path)
+    assert not bad, f"{path.relative_to(ROOT)} uses another module's private name: {bad}"
+
+
+@pytest.mark.parametrize("source, ok", [
+    ("from reports.style import _fitted", False), ("from reports import style\nstyle._fitted(1)", False),
+    ("import reports.style as st\nst._fitted(1)", False), ("from reports.style import grid", True),
+    ("from reports import style\nstyle.grid(1)", True), ("class A:\n    def f(self):\n        return self._x", True),
+    ("from __future__ import annotations", True), ("import json\njson.__name__", True),
+])
+def test_the_private_rule_itself(tmp_path, source, ok):
+    f = tmp_path / "m.py"
+    f.write_text(source + "\n")
+    assert (not _private_imports(f)) is ok
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -80,8 +121,8 @@ def test_the_rule_itself(tmp_path, source, ok):
 
 def test_rendering_loads_no_measuring_module():
     """Importing and running the renderer's modules pulls in no torch, fast/ or reference/."""
-    code = ("import sys, reports.__main__, reports.render, reports.page, reports.figures, reports.peers, "
-            "reports.roofline; "
+    code = ("import sys, reports.__main__, reports.render, reports.page, reports.style, reports.sections.peers, "
+            "reports.sections.roofline; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'fast', 'reference', 'scipy') "
             "or m in ('measure.timing', 'measure', 'measure.memory', 'verify.mechanisms', 'verify.registry')); "
             "print(bad); sys.exit(1 if bad else 0)")

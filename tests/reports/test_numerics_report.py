@@ -1,13 +1,13 @@
-"""The numerics heatmap and table (reports.figures.plot_numerics, reports.page.numerics_view) on
+"""The numerics heatmap and table (reports.sections.numerics: plot_numerics, numerics_view) on
 synthetic numerics/<id> results (tests/reports/synthetic.py): counts, labels, JSON round trip,
 and runs without numerics checks or with a check that recorded no cells."""
 from __future__ import annotations
 
 import math
 
-from reports.figures import (_numerics_label, numerics_cells, numerics_checks, numerics_failing, numerics_totals,
-                             plot_numerics)
-from reports.page import numerics_view, render_page
+from reports.page import render_page
+from reports.sections.numerics import (numerics_cells, numerics_checks, numerics_failing, numerics_label,
+                                       numerics_totals, numerics_view, plot_numerics)
 from tests.reports.synthetic import NUMERICS_ROWS, NUMERICS_STDS, check, make_results, numerics_check
 from results.schema import Results
 
@@ -30,15 +30,15 @@ def test_totals_and_labels_of_the_synthetic_checks():
     assert tot["bfloat16"]["errors"] == len(NUMERICS_STDS) * NUMERICS_ROWS and tot["bfloat16"]["silent"] == 0
     assert tot["float32"]["worst_row_error"] == 0.0123
     at = {(c["dtype"], c["std"], c["d"]): c for c in tree}
-    assert _numerics_label(at["float32", 4.0, 64]) == f"r {NUMERICS_ROWS}!"
-    assert _numerics_label(at["float32", 8.0, 128]) == "s 3"
-    assert _numerics_label(at["bfloat16", 0.5, 16]) == f"e {NUMERICS_ROWS}"
-    assert _numerics_label(at["float32", 0.5, 16]) == "0"
+    assert numerics_label(at["float32", 4.0, 64]) == f"r {NUMERICS_ROWS}!"
+    assert numerics_label(at["float32", 8.0, 128]) == "s 3"
+    assert numerics_label(at["bfloat16", 0.5, 16]) == f"e {NUMERICS_ROWS}"
+    assert numerics_label(at["float32", 0.5, 16]) == "0"
     assert [k for k, c in at.items() if numerics_failing(c)] == (
         [("float32", 4.0, 64), ("float32", 8.0, 128)] + [("bfloat16", s, 16) for s in NUMERICS_STDS])
     causal = {(c["dtype"], c["std"], c["d"]): c for c in numerics_cells(_by_id(r, "numerics/causal"))}
     allowed = causal["float32", 8.0, 128]
-    assert _numerics_label(allowed) == f"r {NUMERICS_ROWS}" and not numerics_failing(allowed)
+    assert numerics_label(allowed) == f"r {NUMERICS_ROWS}" and not numerics_failing(allowed)
     assert allowed["min_log2_ratio_refused"] == -math.inf  # "-inf" from JSON read back as a number
 
 

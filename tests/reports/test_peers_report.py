@@ -1,4 +1,4 @@
-"""The peers section (reports.peers): the peer-suite summary read, tabulated and drawn, from a
+"""The peers section (reports.sections.peers): the peer-suite summary read, tabulated and drawn, from a
 synthetic summary (tests/reports/synthetic.py: peers_summary); a missing, unreadable or fully
 skipped summary; the --peers-json option and its default."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import reports.render
 from reports.__main__ import DEFAULT_PEERS_JSON, main, parse_args
 from reports.page import render_page
-from reports.peers import PeerRow, PeersSummary, interval_text, load_peers, peers_view, plot_peers
+from reports.sections.peers import PeerRow, PeersSummary, interval_text, load_peers, peers_view, plot_peers
 from tests.reports.synthetic import (PEER_ENV, PEER_SIZES, PEER_SKIP, make_results, peer_ratio, peers_summary,
                                      write_peers)
 

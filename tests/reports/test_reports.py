@@ -173,7 +173,8 @@ def test_page_without_optional_parts(tmp_path):
 
 
 def test_many_lines_get_distinct_colour_and_marker(tmp_path):
-    from reports.figures import line_styles, plot_crossover
+    from reports.sections.crossover import plot_crossover
+    from reports.style import line_styles
 
     styles = line_styles(13)
     assert len(set(styles)) == 13 and len({c for c, _ in styles}) == 13

@@ -1,4 +1,4 @@
-"""The roofline section (reports.roofline) from synthetic perf/<id> checks (kind "perf",
+"""The roofline section (reports.sections.roofline) from synthetic perf/<id> checks (kind "perf",
 tests/reports/synthetic.py: perf_checks): the table, the figure, the JSON round trip, and a run
 without perf checks."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 
 from reports.page import render_page
-from reports.roofline import (RooflineEntry, perf_checks, plot_roofline, roofline_entries, roofline_view,
+from reports.sections.roofline import (RooflineEntry, perf_checks, plot_roofline, roofline_entries, roofline_view,
                               target_text)
 from tests.reports.synthetic import PERF_CEILING, PERF_FAIL_REASON, PERF_SKIP_REASON, check, make_results
 from results.schema import Results

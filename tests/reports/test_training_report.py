@@ -1,4 +1,4 @@
-"""The training section (reports.training) from a synthetic results.schema.Training record: the
+"""The training section (reports.sections.training) from a synthetic results.schema.Training record: the
 table, both figures, the JSON round trip, escaping, and a run without the record. Nothing here
 trains: every number comes from a formula (``make_training``); tests/reports/synthetic.py's
 make_results supplies the rest of the Results."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from reports.page import render_page
-from reports.training import _curves, latent_stats, plot_latent, plot_training_curves, training_view
+from reports.sections.training import epoch_curves, latent_stats, plot_latent, plot_training_curves, training_view
 from tests.reports.synthetic import MALICIOUS, make_results
 from results.schema import (LatentGraph, Results, Training, TrainingDataset, TrainingRun, TrainingSummary)
 
@@ -202,7 +202,7 @@ def test_an_errored_run_does_not_cut_the_mean_curves_and_is_listed():
     r = results_with_training()
     runs = [x for x in r.training.runs if (x.dataset, x.model) == ("sbm", "nodeformer")]
     runs[1].test_acc = runs[1].test_acc[:6]  # stopped at epoch 7 (RUN_ERROR)
-    mean, low, high = _curves(runs, "test_acc")
+    mean, low, high = epoch_curves(runs, "test_acc")
     assert mean.size == EPOCHS  # the two complete runs, all epochs
     assert np.allclose(mean, np.mean([runs[0].test_acc, runs[2].test_acc], axis=0))
     r.training.summary[0].excluded = [1]

@@ -58,7 +58,7 @@ The check passes iff, for both dtypes, silent errors, disallowed refusals, error
 run's disallowed refusals) are all 0. The statistic is their sum in rows (threshold 0, "<=").
 The details carry one cell per (dtype, std, d, N): rows, silent, refusals, disallowed, errors,
 unjudged, worst relative row error, the smallest log2 ratio seen in refused heads, so that the
-report draws a heatmap (reports.figures.plot_numerics).
+report draws a heatmap (reports.sections.numerics.plot_numerics).
 
 Sizes: quick N = 512 with 2 heads per std (1,024 rows per cell, 15,360 per dtype); full also
 N = 4096 with 1 head per std (76,800 rows per dtype). Measured on 2 cores, torch pinned to 1

@@ -1,4 +1,4 @@
-"""The "Peers" section: maskbench beside other attention libraries, read from the peers summary JSON.
+"""Section "Peers": maskbench beside other attention libraries, read from the peers summary JSON.
 
 ``make bench-ops`` runs the pytest-benchmark peer suite (benchmarks/) and writes its summary,
 ``benchmarks/out/peers-summary.json`` (schema ``maskbench-peers/1``, written by
@@ -10,14 +10,18 @@ benchmarks/summary.py). One row per (op, pass, peer, B, H, N, d, m)::
 
 This module reads that file (``load_peers``: a missing or unreadable file becomes a summary that
 says so, never an exception), turns it into the page's rows (``peers_view``) and draws ratio vs N
-per (op, pass) (``plot_peers``). It measures nothing: the numbers are the suite's.
+per (op, pass) (``plot_peers``). It measures nothing: the numbers are the suite's. The GPU
+section shows its run's peers with the same view and figure.
+
+>>> ID, TITLE
+('peers', 'Peers: maskbench beside other libraries')
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from matplotlib.colors import to_hex
@@ -26,8 +30,12 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from reports import format as fmt
-from reports.figures import _grid, _log2_x, _no_data, _save, line_styles
+from reports import style
+from reports.sections import PageInputs
 
+ID = "peers"
+TITLE = "Peers: maskbench beside other libraries"
+FIGURES: dict[str, Any] = {"peers": None}
 SCHEMA = "maskbench-peers/1"
 COMMAND = "make bench-ops"
 #: Panel order: the issue's operations, then any other op in first-seen order.
@@ -55,9 +63,6 @@ FINE_RATIO_TICKS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0)
 
 
 # ------------------------------------------------------------------------------- data
-
-
-_number = fmt.as_float  # the one JSON-number reader (reports.format)
 
 
 @dataclass
@@ -100,12 +105,12 @@ class PeerRow:
             raise KeyError(f"missing {', '.join(missing)}")
         vals: dict[str, Any] = {k: str(d[k]) for k in _TEXT}
         for k in _INTS:
-            v = _number(d.get(k))
+            v = fmt.as_float(d.get(k))
             if d.get(k) is not None and (v is None or not math.isfinite(v)):
                 raise ValueError(f"{k} is not a number: {d.get(k)!r}")
             vals[k] = None if v is None else int(v)
         for k in _FLOATS:
-            v = _number(d.get(k))
+            v = fmt.as_float(d.get(k))
             if d.get(k) is not None and v is None:
                 raise ValueError(f"{k} is not a number: {d.get(k)!r}")
             vals[k] = v
@@ -303,7 +308,7 @@ def peers_view(summary: PeersSummary | None) -> PeersView:
 def peer_colors(peers: list[str]) -> dict[str, str]:
     """A fixed colour per known peer (PEER_COLORS), the next unused tab10 colours for others."""
     taken = {to_hex(c) for c in PEER_COLORS.values()}
-    spare = [c for c, _ in line_styles(10) if c not in taken]
+    spare = [c for c, _ in style.line_styles(10) if c not in taken]
     out, i = {}, 0
     for p in peers:
         if p in PEER_COLORS:
@@ -344,14 +349,14 @@ def plot_peers(summary: PeersSummary | None, out_dir: Path, name: str = "peers.p
     lo = min(values + [1.0]) / 1.25
     hi = max(values + [1.0]) * 1.25
     sizes = sorted({r.N for r in rows})
-    fig, axes = _grid(len(ops) * len(passes), ncols=len(passes), w=5.2, h=3.1)
+    fig, axes = style.grid(len(ops) * len(passes), ncols=len(passes), w=5.2, h=3.1)
     for i, op in enumerate(ops):
         for j, phase in enumerate(passes):
             ax = axes[i * len(passes) + j]
             mine = [r for r in rows if r.op == op and r.phase == phase]
             ax.axhspan(lo, 1.0, color="tab:red", alpha=0.06, lw=0, zorder=0)
             ax.axhline(1.0, color="k", lw=1.2, zorder=1)
-            _log2_x(ax)
+            style.log2_x(ax)
             ax.set_xlim(sizes[0] / 1.6, sizes[-1] * 1.6)
             _ratio_axis(ax, lo, hi)
             ax.set_title(f"{op} · {phase}", fontsize=9)
@@ -362,7 +367,7 @@ def plot_peers(summary: PeersSummary | None, out_dir: Path, name: str = "peers.p
             if i == len(ops) - 1:
                 ax.set_xlabel("N (sequence length)", fontsize=8)
             if not mine:
-                _no_data(ax, f"no comparison recorded for {op}, {phase}")
+                style.no_data(ax, f"no comparison recorded for {op}, {phase}")
                 continue
             keys = sorted({line_key(r, bh) for r in mine}, key=lambda k: (peers.index(k[0]),) + k[1:])
             for k, key in enumerate(keys):
@@ -372,9 +377,9 @@ def plot_peers(summary: PeersSummary | None, out_dir: Path, name: str = "peers.p
                 y = np.array([r.ratio for r in line], float)
                 low = np.array([r.ratio if r.ratio_low is None else r.ratio_low for r in line], float)
                 high = np.array([r.ratio if r.ratio_high is None else r.ratio_high for r in line], float)
-                style, marker = dm_style[key[1:3]]
+                ls, marker = dm_style[key[1:3]]
                 ax.errorbar(n, y, yerr=np.vstack([np.maximum(y - low, 0), np.maximum(high - y, 0)]),
-                            color=colors[key[0]], ls=style, marker=marker, ms=4.5, lw=1.3, capsize=2.5,
+                            color=colors[key[0]], ls=ls, marker=marker, ms=4.5, lw=1.3, capsize=2.5,
                             elinewidth=1, zorder=3)
                 slow = np.array([r.slower for r in line], bool)
                 if slow.any():  # a hollow ring: the whole interval is below parity
@@ -389,4 +394,22 @@ def plot_peers(summary: PeersSummary | None, out_dir: Path, name: str = "peers.p
     fig.legend(handles=handles, loc="outside upper center", ncol=min(4, len(handles)), frameon=False, fontsize=8)
     if bh:
         fig.suptitle("several (B, H) per (peer, d, m): lines drawn per (B, H) too, see the table", fontsize=8)
-    return _save(fig, out_dir, name)
+    return style.save(fig, out_dir, name)
+
+
+def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
+    """{"peers": plot_peers of the peer suite's summary (None without rows)}.
+
+    >>> draw(PageInputs(None), Path("."), print)
+    {'peers': None}
+    """
+    return {"peers": plot_peers(inputs.peers, out_dir)}
+
+
+def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
+    """{"peers": peers_view of the summary (None reads as "no peer run found")}.
+
+    >>> view(PageInputs(None), {})["peers"].found
+    False
+    """
+    return {"peers": peers_view(inputs.peers)}

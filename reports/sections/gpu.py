@@ -1,26 +1,34 @@
-"""The "GPU" section: the one-command GPU run (``make gpu-check``), read from its results JSON.
+"""Section "GPU": the one-command GPU run (``make gpu-check``), read from its results JSON.
 
 ``python -m verify.measure.gpu`` writes ``reports/out/gpu.json`` (schema ``maskbench-gpu/1``): the
 GPU and its software versions, every CUDA test's outcome, every ``verify --device cuda --quick``
 check, the fast paths' time and peak GPU memory vs N, and the peer suite's summary on the GPU.
 This module reads it (``load_gpu``: a missing or unreadable file becomes a run that says so,
 never an exception), turns it into the page's rows (``gpu_view``) and draws time and memory vs N
-(``plot_gpu_sweeps``); the peers reuse reports.peers' view and figure. It measures nothing.
+(``plot_gpu_sweeps``); the peers reuse reports.sections.peers' view and figure. It measures
+nothing.
+
+>>> ID, TITLE
+('gpu', 'GPU: tests, checks, time, memory and peers on CUDA')
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from matplotlib.lines import Line2D
 
 from reports import format as fmt
-from reports.figures import GUIDE_COLOR, GUIDES, _log2_x, _save, line_styles
-from reports.peers import PeersSummary, PeersView, peers_view
+from reports import style
+from reports.sections import PageInputs
+from reports.sections.peers import PeersSummary, PeersView, peers_view, plot_peers
 from results.schema import Fit
 
+ID = "gpu"
+TITLE = "GPU: tests, checks, time, memory and peers on CUDA"
+FIGURES: dict[str, Any] = {"gpu_sweeps": None, "gpu_peers": None}
 SCHEMA = "maskbench-gpu/1"
 COMMAND = "make gpu-check"
 
@@ -193,7 +201,7 @@ def plot_gpu_sweeps(run: GpuRun | None, out_dir: Path, name: str = "gpu_sweeps.p
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12.5, 5.2), layout="constrained")
-    styles = line_styles(len(curves))
+    styles = style.line_styles(len(curves))
     for c, (color, marker) in zip(curves, styles):
         n = np.asarray(c["sizes"], float)
         ax_t.plot(n, np.asarray(c["seconds"], float) * 1e3, "-", color=color, marker=marker, ms=4, lw=1)
@@ -207,15 +215,37 @@ def plot_gpu_sweeps(run: GpuRun | None, out_dir: Path, name: str = "gpu_sweeps.p
         if values:
             ref = float(np.median(values))
             ylim = ax.get_ylim()  # the data's range: a guide must not stretch the axis
-            for label, f, style in (GUIDES[0], GUIDES[2]):
-                ax.plot(g, ref * f(g) / f(max(all_n)), style, color=GUIDE_COLOR, lw=1, zorder=1)
+            for label, f, ls in (style.GUIDES[0], style.GUIDES[2]):
+                ax.plot(g, ref * f(g) / f(max(all_n)), ls, color=style.GUIDE_COLOR, lw=1, zorder=1)
             ax.set_ylim(ylim)
-        _log2_x(ax)
+        style.log2_x(ax)
         ax.grid(True, alpha=0.3)
     ax_t.set(ylabel="milliseconds per call (median)", title="time vs N")
     ax_m.set(ylabel="peak extra GPU memory (MiB)", title="memory vs N")
     handles = ax_m.get_legend_handles_labels()[0] + [
-        Line2D([], [], color=GUIDE_COLOR, ls=GUIDES[0][2], label="∝ N"),
-        Line2D([], [], color=GUIDE_COLOR, ls=GUIDES[2][2], label="∝ N²")]
+        Line2D([], [], color=style.GUIDE_COLOR, ls=style.GUIDES[0][2], label="∝ N"),
+        Line2D([], [], color=style.GUIDE_COLOR, ls=style.GUIDES[2][2], label="∝ N²")]
     ax_m.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=7)
-    return _save(fig, out_dir, name)
+    return style.save(fig, out_dir, name)
+
+
+def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
+    """{"gpu_sweeps": plot_gpu_sweeps, "gpu_peers": the run's peers drawn as the Peers section
+    draws them} (None where the run has no such data).
+
+    >>> draw(PageInputs(None), Path("."), print)
+    {'gpu_sweeps': None, 'gpu_peers': None}
+    """
+    gpu, gpu_peers = inputs.gpu, None
+    if gpu is not None and (gpu.data.get("peers") or {}).get("summary"):
+        gpu_peers = PeersSummary.from_dict(gpu.data["peers"]["summary"], gpu.path)
+    return {"gpu_sweeps": plot_gpu_sweeps(gpu, out_dir), "gpu_peers": plot_peers(gpu_peers, out_dir, "gpu_peers.png")}
+
+
+def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
+    """{"gpu": gpu_view of the run (None reads as "no GPU run found")}.
+
+    >>> view(PageInputs(None), {})["gpu"].found
+    False
+    """
+    return {"gpu": gpu_view(inputs.gpu)}

@@ -1,4 +1,4 @@
-"""The "Training" section: learned latent graphs trained end to end (issue 13), from the
+"""Section "Training": learned latent graphs trained end to end (issue 13), from the
 ``training`` record of the results JSON (verify.schema.Training, written by verify.training).
 
 ``training_view`` turns it into the table (test accuracy at the best validation epoch, mean and
@@ -8,18 +8,26 @@ curves per data set (mean over seeds, the band min..max), and
 ``plot_latent`` the learned latent graph: NodeFormer's attention rows of a few nodes (heads
 averaged) beside the same rows of the input adjacency, columns grouped by class. This module
 measures nothing.
+
+>>> ID, TITLE
+('training', 'Training: learned latent graphs')
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
 from reports import format as fmt
-from reports.figures import _legend_below, _save, line_styles
+from reports import style
+from reports.sections import PageInputs
 from results.schema import LatentGraph, Results, Training, TrainingRun
 
+ID = "training"
+TITLE = "Training: learned latent graphs"
+FIGURES: dict[str, Any] = {"training_curves": None, "training_latent": None}
 MODEL_TITLES = {"nodeformer": "NodeFormer", "sgformer": "SGFormer", "difformer": "DIFFormer", "gcn": "GCN",
                 "mlp": "MLP"}
 
@@ -145,7 +153,7 @@ def training_view(results: Results) -> TrainingView | None:
 # ------------------------------------------------------------------------------- figures
 
 
-def _curves(runs: list[TrainingRun], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def epoch_curves(runs: list[TrainingRun], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(mean, min, max) over seeds of one per-epoch curve, on the epochs every run has; runs that
     stopped with an error are left out (they would cut the others' curves short)."""
     series = [np.array([np.nan if v is None else v for v in getattr(r, key) or []], dtype=float)
@@ -172,7 +180,7 @@ def plot_training_curves(results: Results, out_dir: Path, name: str = "training_
     datasets = [d.name for d in t.datasets] or list(dict.fromkeys(r.dataset for r in t.runs))
     titles = {d.name: d.title for d in t.datasets}
     models = list(dict.fromkeys(t.models or [r.model for r in t.runs]))
-    styles = dict(zip(models, line_styles(len(models))))
+    styles = dict(zip(models, style.line_styles(len(models))))
     fig, axes = plt.subplots(len(datasets), 3, figsize=(14, 3.3 * len(datasets)), squeeze=False,
                              layout="constrained")
 
@@ -188,17 +196,17 @@ def plot_training_curves(results: Results, out_dir: Path, name: str = "training_
             runs = [r for r in t.runs if (r.dataset, r.model) == (ds, model)]
             color = styles[model][0]
             title = model_title(model)
-            loss = _curves(runs, "train_loss")
+            loss = epoch_curves(runs, "train_loss")
             if loss is not None:
                 draw(loss_ax, loss, color, "-", title)
-            edge = _curves(runs, "edge_loss")
+            edge = epoch_curves(runs, "edge_loss")
             if edge is not None:
                 draw(loss_ax, edge, color, "--", f"{title} edge loss", band=False, lw=1.0)
-            val = _curves(runs, "val_acc")
+            val = epoch_curves(runs, "val_acc")
             if val is not None:
                 draw(val_ax, val, color, "-", title)
             for key, ls, label in (("test_acc", "-", "test"), ("train_acc", ":", "train")):
-                c = _curves(runs, key)
+                c = epoch_curves(runs, key)
                 if c is not None:
                     draw(acc_ax, c, color, ls, f"{title} {label}", band=key == "test_acc",
                          lw=1.3 if ls == "-" else 1.0)
@@ -214,10 +222,10 @@ def plot_training_curves(results: Results, out_dir: Path, name: str = "training_
             ax.set_xlabel("epoch", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(True, alpha=0.25)
-    _legend_below(axes[-1][0], ncol=max(1, len(models)))
-    _legend_below(axes[-1][1], ncol=max(1, len(models)))
-    _legend_below(axes[-1][2], ncol=max(1, len(models)))
-    return _save(fig, Path(out_dir), name)
+    style.legend_below(axes[-1][0], ncol=max(1, len(models)))
+    style.legend_below(axes[-1][1], ncol=max(1, len(models)))
+    style.legend_below(axes[-1][2], ncol=max(1, len(models)))
+    return style.save(fig, Path(out_dir), name)
 
 
 def plot_latent(results: Results, out_dir: Path, name: str = "training_latent.png") -> str | None:
@@ -255,4 +263,24 @@ def plot_latent(results: Results, out_dir: Path, name: str = "training_latent.pn
             ax.set_xlabel("all nodes, grouped by class (red lines: class boundaries)", fontsize=7)
             ax.tick_params(labelsize=7)
             ax.set_title(f"{titles.get(g.dataset, g.dataset)}: {what}", fontsize=8)
-    return _save(fig, Path(out_dir), name)
+    return style.save(fig, Path(out_dir), name)
+
+
+def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
+    """{"training_curves": plot_training_curves, "training_latent": plot_latent} (None without a
+    training record).
+
+    >>> draw(PageInputs(Results({})), Path("."), print)
+    {'training_curves': None, 'training_latent': None}
+    """
+    return {"training_curves": plot_training_curves(inputs.results, out_dir),
+            "training_latent": plot_latent(inputs.results, out_dir)}
+
+
+def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
+    """{"training": training_view (None when the run has no training record)}.
+
+    >>> view(PageInputs(Results({})), {})
+    {'training': None}
+    """
+    return {"training": training_view(inputs.results)}

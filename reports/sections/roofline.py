@@ -1,4 +1,4 @@
-"""The "Roofline" section: how close each fast path runs to what this machine can do, from the
+"""Section "Roofline": how close each fast path runs to what this machine can do, from the
 ``perf/<id>`` check results (kind "perf") in the results JSON.
 
 Each perf check (verify/checks/perf.py) times one mechanism's fast path and compares it with a
@@ -13,22 +13,29 @@ threshold: above it the FLOP count or the baseline is wrong). The issue's target
 the matmul rate for linear attention) are benchmark targets, reported in details["target"] and
 details["meets_target"], not pass/fail. This module reads those details (``roofline_view``) and
 draws one bar per mechanism (``plot_roofline``); it measures nothing.
+
+>>> ID, TITLE
+('roofline', 'Roofline: fraction of this machine')
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from reports import format as fmt
-from reports.figures import _save
+from reports import style
+from reports.sections import PageInputs
 from results.check import CheckResult
 from results.schema import Results
 
+ID = "roofline"
+TITLE = "Roofline: fraction of this machine"
+FIGURES: dict[str, Any] = {"roofline": None}
 KIND = "perf"
 #: Bar colour per baseline; groups are drawn in this order, any other baseline after them in grey.
 BASELINE_COLORS = {"matmul": "tab:blue", "fft": "tab:orange", "scatter": "tab:green"}
@@ -36,9 +43,6 @@ OTHER_COLOR = "tab:gray"
 BASELINE_TEXT = {"matmul": "fp32 matmul rate (useful GFLOP/s / peak GFLOP/s)",
                  "fft": "bare batched rfft/irfft of the same columns (time ratio)",
                  "scatter": "bare scatter of the same size (time ratio)"}
-
-
-_number = fmt.as_float  # the one JSON-number reader (reports.format)
 
 
 def perf_checks(results: Results) -> list[CheckResult]:
@@ -74,12 +78,12 @@ class RooflineEntry:
     @classmethod
     def of(cls, r: CheckResult) -> "RooflineEntry":
         d = r.details if isinstance(r.details, dict) else {}
-        fraction = _number(d.get("fraction"))
+        fraction = fmt.as_float(d.get("fraction"))
         if fraction is None:
-            fraction = _number(r.statistic)
+            fraction = fmt.as_float(r.statistic)
 
         def whole(key: str) -> int | None:
-            v = _number(d.get(key))
+            v = fmt.as_float(d.get(key))
             return None if v is None or not np.isfinite(v) else int(v)
 
         meets = d.get("meets_target")
@@ -90,10 +94,10 @@ class RooflineEntry:
         if r.status == "fail" and not reasons:
             reasons = [str(x) for x in getattr(r, "reasons", []) or []]
         return cls(r.id, r.id.split("/", 1)[-1], r.status, str(d.get("baseline") or "none"), fraction,
-                   _number(d.get("target")), whole("target_n"), meets if isinstance(meets, bool) else None,
-                   _number(r.threshold),
-                   whole("N"), whole("d"), whole("m"), _number(d.get("seconds")), _number(d.get("baseline_seconds")),
-                   _number(d.get("gflops")), _number(d.get("gflops_executed")), _number(d.get("peak_gflops")),
+                   fmt.as_float(d.get("target")), whole("target_n"), meets if isinstance(meets, bool) else None,
+                   fmt.as_float(r.threshold), whole("N"), whole("d"), whole("m"), fmt.as_float(d.get("seconds")),
+                   fmt.as_float(d.get("baseline_seconds")), fmt.as_float(d.get("gflops")),
+                   fmt.as_float(d.get("gflops_executed")), fmt.as_float(d.get("peak_gflops")),
                    str(d.get("what") or ""), reasons, d)
 
 
@@ -255,4 +259,22 @@ def plot_roofline(results: Results, out_dir: Path, name: str = "roofline.png") -
     if any(e.status == "fail" for e in entries):
         handles.append(Patch(facecolor="white", edgecolor="tab:red", hatch="///", label="check failed"))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), frameon=False, fontsize=8)
-    return _save(fig, out_dir, name)
+    return style.save(fig, out_dir, name)
+
+
+def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
+    """{"roofline": plot_roofline (None when the run has no perf check)}.
+
+    >>> draw(PageInputs(Results({})), Path("."), print)
+    {'roofline': None}
+    """
+    return {"roofline": plot_roofline(inputs.results, out_dir)}
+
+
+def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
+    """{"roofline": roofline_view (None when the run has no perf check)}.
+
+    >>> view(PageInputs(Results({})), {})
+    {'roofline': None}
+    """
+    return {"roofline": roofline_view(inputs.results)}

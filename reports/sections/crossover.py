@@ -1,0 +1,121 @@
+"""Section "Speed-up and crossover": the N from which each fast path beats its dense twin (with its
+95% interval), and the measured speed-up t_dense / t_fast vs N.
+
+>>> ID, TITLE
+('crossover', 'Speed-up and crossover')
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+
+from reports import format as fmt
+from reports import style
+from reports.sections import PageInputs
+from results.schema import Comparison, Results
+
+ID = "crossover"
+TITLE = "Speed-up and crossover"
+FIGURES: dict[str, Any] = {"crossover": None}
+
+
+def crossover_text(c: Comparison | None) -> str:
+    """"1,024 [800, 1,300]" (95% interval; "?" for a side that cannot be bounded) or "never"."""
+    if c is None:
+        return fmt.DASH
+    if not fmt.finite(c.crossover):
+        return "never"
+    lo = "?" if c.crossover_low is None else fmt.n_text(c.crossover_low)
+    hi = "?" if c.crossover_high is None else fmt.n_text(c.crossover_high)
+    return f"{fmt.n_text(c.crossover)} [{lo}, {hi}]"
+
+
+def crossover_note(c: Comparison | None) -> str:
+    if c is None or not fmt.finite(c.crossover):
+        return ""
+    if c.extrapolated:
+        return "extrapolated from the fits"
+    if c.measured_crossover is not None:
+        return f"timed: fast wins from N = {fmt.pow2_text(c.measured_crossover)}"
+    return ""
+
+
+def plot_crossover(results: Results, out_dir: Path, name: str = "crossover.png") -> str | None:
+    """Left: the crossover N of each mechanism's default variant as a point with its 95% interval
+    (hollow where extrapolated beyond the timed range, × at the measured crossover); an unbounded
+    side is drawn as an arrow to the axis edge. Right: the measured speed-up t_dense / t_fast vs N."""
+    rows = [(m, c) for m in results.mechanisms if (c := results.comparison(m.id, m.default_variant)) is not None]
+    if not rows:
+        return None
+    fig, (ax_x, ax_s) = plt.subplots(1, 2, figsize=(13, max(3.6, 0.32 * len(rows) + 1.6)), layout="constrained",
+                                     gridspec_kw={"width_ratios": [1, 1.15]})
+    ys = np.arange(len(rows))
+    values = [v for _, c in rows for v in (c.crossover, c.crossover_low, c.crossover_high, c.measured_crossover)
+              if v is not None and math.isfinite(v) and v > 0]
+    values += [n for _, c in rows for n in c.sizes]
+    lo, hi = (min(values) / 2, max(values) * 2) if values else (1, 2**20)
+    ax_x.set_xscale("log", base=2)
+    ax_x.set_xlim(lo, hi)
+    for y, (mech, c) in zip(ys, rows):
+        x = c.crossover
+        if x is None or not math.isfinite(x):
+            ax_x.text(lo * 1.1, y, "never: dense wins at every N, and the fits do not meet", va="center", fontsize=7,
+                      color="0.3")
+            continue
+        color = "tab:purple" if c.extrapolated else "tab:green"
+        if c.crossover_low is not None and c.crossover_high is not None:
+            ax_x.plot([c.crossover_low, c.crossover_high], [y, y], "-", color=color, lw=2, solid_capstyle="butt")
+            ax_x.plot([c.crossover_low, c.crossover_high], [y, y], "|", color=color, ms=9)
+        else:  # one side cannot be bounded: an arrow to the axis edge on that side
+            for end, edge, tip in ((c.crossover_low, lo, "<"), (c.crossover_high, hi, ">")):
+                if end is not None:
+                    ax_x.plot([x, end], [y, y], "-", color=color, lw=2)
+                    ax_x.plot([end], [y], "|", color=color, ms=9)
+                else:
+                    ax_x.plot([x, edge], [y, y], ":", color=color, lw=1.5)
+                    ax_x.plot([edge], [y], tip, color=color, ms=6, clip_on=False)
+        ax_x.plot([x], [y], "o", color=color, ms=7, mfc="white" if c.extrapolated else color, zorder=3)
+        if c.measured_crossover is not None:
+            ax_x.plot([c.measured_crossover], [y], "x", color="k", ms=7, zorder=4)
+    ax_x.set_yticks(ys, [m.id for m, _ in rows], fontsize=8)
+    ax_x.set_ylim(len(rows) - 0.5, -0.5)
+    ax_x.set(xlabel="N (fast beats dense above it)", title="crossover N with its 95% interval")
+    ax_x.grid(True, axis="x", alpha=0.3)
+    ax_x.legend(handles=[
+        Line2D([], [], color="tab:green", marker="o", lw=2, label="estimate inside the timed range"),
+        Line2D([], [], color="tab:purple", marker="o", mfc="white", lw=2, label="extrapolated from the fits"),
+        Line2D([], [], color="k", marker="x", ls="none", label="measured: fast wins from here on"),
+        Line2D([], [], color="0.3", ls=":", marker=">", label="interval unbounded on that side")],
+        loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False, fontsize=7)
+    paired = [(m, c) for m, c in rows if c.sizes]
+    for (mech, c), (color, marker) in zip(paired, style.line_styles(len(paired))):
+        ax_s.plot(c.sizes, c.speedup, "-", marker=marker, color=color, ms=4, lw=1, label=mech.id)
+    ax_s.axhline(1.0, color="k", lw=1)
+    ax_s.set(yscale="log", xlabel="N", ylabel="t_dense / t_fast", title="speed-up of the fast path over its dense twin")
+    style.log2_x(ax_s)
+    ax_s.grid(True, which="both", alpha=0.3)
+    style.legend_right(ax_s)
+    return style.save(fig, out_dir, name)
+
+
+def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
+    """{"crossover": the figure's file name or None}.
+
+    >>> draw(PageInputs(Results({})), Path("."), print)
+    {'crossover': None}
+    """
+    return {"crossover": plot_crossover(inputs.results, out_dir)}
+
+
+def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
+    """Nothing besides the figure (the summary and the variants tables give the crossover texts).
+
+    >>> view(PageInputs(Results({})), {})
+    {}
+    """
+    return {}
