@@ -24,7 +24,6 @@ from fast.features import (
 )
 from fast.graphs import Graph, as_graph, normalized_adjacency
 from fast.latent.layers import DIFFormerAttention, NodeFormerConv, SGFormerAttention
-from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.masks.diffusion import DiffusionMask, expm_action
 from fast.masks.explicit import DenseMask, SparseMask, as_mask_operator
 from fast.masks.grf import GRFAsymMask, GRFMask, WalkFeatures, grf_features
@@ -42,6 +41,7 @@ from fast.masks.tree import (
     forest_diameter,
     tree_mask_operator,
 )
+from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.latent.nodeformer import (
     adjacency_orders,
     edge_log_likelihood,
