@@ -27,13 +27,12 @@ inputs give the same bits on every run on CUDA too (issue 21).
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
 import torch
 
 from fast.segments import Segments, SortedSegments
+from fast.validation import check_positive_int
 
 __all__ = ["BatchIndex", "check_batch"]
 
@@ -169,12 +168,9 @@ def check_batch(batch: object, n: int, *, name: str = "batch", device=None,
     num_graphs, or an unsorted vector ("batch must be sorted (PyG convention: each graph's nodes
     are contiguous); batch[12] = 0 follows batch[11] = 2").
     """
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n (the number of nodes) must be a positive integer, got {n!r}")
-    n = int(n)
-    if num_graphs is not None and (isinstance(num_graphs, bool) or not isinstance(num_graphs, numbers.Integral)
-                                   or num_graphs < 1):
-        raise ValueError(f"num_graphs must be a positive integer or None, got {num_graphs!r}")
+    n = check_positive_int("n (the number of nodes)", n)
+    if num_graphs is not None:
+        check_positive_int("num_graphs", num_graphs, "a positive integer or None")
     if batch is None:
         return None
     if isinstance(batch, BatchIndex):

@@ -42,7 +42,6 @@ the argument (``name``), what was expected and what came.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
@@ -50,6 +49,7 @@ import torch
 
 from fast.segments import Segments, segment_max
 from fast.sparse import check_csr, csr_matrix, row_pointers
+from fast.validation import check_positive_int
 
 __all__ = ["Graph", "as_graph", "normalized_adjacency", "SYMMETRY_RTOL"]
 
@@ -62,11 +62,7 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 def _check_n(n: object, name: str) -> int | None:
     if n is None:
         return None
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"n (the number of nodes of {name}) must be an int, got {type(n).__name__} {n!r}")
-    if n < 1:
-        raise ValueError(f"n (the number of nodes of {name}) must be >= 1, got {int(n)}")
-    return int(n)
+    return check_positive_int(f"n (the number of nodes of {name})", n, ">= 1", type_error=True)
 
 
 def _as_index_tensor(x: Any, what: str, device) -> torch.Tensor:

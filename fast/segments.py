@@ -74,6 +74,7 @@ from collections.abc import Sequence
 import torch
 
 from fast.sparse import row_pointers
+from fast.validation import check_positive_int
 
 __all__ = ["IndexAdd", "Segments", "SortedSegments", "add_into", "backend", "few_segments", "index_sum",
            "segment_max", "FEW_SEGMENTS", "OUTER_BLOCK_ELEMENTS", "SPLIT_ABOVE"]
@@ -154,10 +155,8 @@ class Segments:
         if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.dtype.is_floating_point \
                 or index.dtype.is_complex or index.dtype == torch.bool:
             raise TypeError(f"index must be a 1-D integer tensor (P,) of segment ids, got {index!r:.80}")
-        if isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments < 0:
-            raise ValueError(f"num_segments must be an int >= 0, got {num_segments!r}")
+        self.num_segments = check_positive_int("num_segments", num_segments, "an int >= 0", minimum=0)
         self.index = index.to(torch.int64)
-        self.num_segments = num_segments
         self.n = int(index.numel())
         self._sorted = sorted
         self._longest = longest

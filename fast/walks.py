@@ -42,19 +42,12 @@ import numpy as np
 import torch
 
 from fast.graphs import Graph, as_graph
+from fast.validation import check_positive_int
 
 __all__ = ["Walks", "sample_walks", "CHOICES"]
 
 #: The neighbour-choice rules of sample_walks.
 CHOICES = ("uniform", "weighted")
-
-
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {int(value)}")
-    return int(value)
 
 
 def _index_field(name: str, value: Any, device) -> torch.Tensor:
@@ -87,8 +80,8 @@ class Walks:
         """Validated Walks from NumPy arrays or tensors (e.g. ``reference.walks.Walks`` fields or
         ``to_numpy()``'s dict): shapes, offsets consistent with lengths, start nodes, indices in
         range. ``device``: where the tensors go (default: where ``nodes`` is, else CPU)."""
-        n_nodes = _int("n_nodes", n_nodes, 1)
-        n_walkers = _int("n_walkers", n_walkers, 1)
+        n_nodes = check_positive_int("n_nodes", n_nodes, ">= 1", type_error=True)
+        n_walkers = check_positive_int("n_walkers", n_walkers, ">= 1", type_error=True)
         if isinstance(p_halt, bool) or not isinstance(p_halt, numbers.Real) or not 0.0 <= float(p_halt) < 1.0:
             raise ValueError(f"p_halt must be a float in [0, 1) (0.0 for fixed-length walks), got {p_halt!r}")
         if device is None and isinstance(nodes, torch.Tensor):
@@ -177,7 +170,7 @@ class Walks:
 
 
 def _check_args(n_walkers, p_halt, i_max, fixed_length, choice, antithetic, repelling):
-    n_walkers = _int("n_walkers", n_walkers, 1)
+    n_walkers = check_positive_int("n_walkers", n_walkers, ">= 1", type_error=True)
     if (p_halt is None) == (fixed_length is None):
         raise ValueError(f"give exactly one of p_halt (halting walks) and fixed_length, got p_halt={p_halt!r}, "
                          f"fixed_length={fixed_length!r}")
@@ -186,9 +179,9 @@ def _check_args(n_walkers, p_halt, i_max, fixed_length, choice, antithetic, repe
             raise ValueError(f"p_halt must be a float in (0, 1), got {p_halt!r}")
         p_halt = float(p_halt)
     if fixed_length is not None:
-        fixed_length = _int("fixed_length", fixed_length, 0)
+        fixed_length = check_positive_int("fixed_length", fixed_length, ">= 0", minimum=0, type_error=True)
     if i_max is not None:
-        i_max = _int("i_max", i_max, 0)
+        i_max = check_positive_int("i_max", i_max, ">= 0", minimum=0, type_error=True)
     if choice not in CHOICES:
         raise ValueError(f"choice must be one of {CHOICES}, got {choice!r}")
     for flag, value in (("antithetic", antithetic), ("repelling", repelling)):

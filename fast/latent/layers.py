@@ -25,16 +25,11 @@ import torch
 from torch import nn
 
 from fast.features import gaussian_projection
+from fast.validation import check_positive_int
 
 __all__ = ["NodeFormerConv", "DIFFormerAttention", "SGFormerAttention"]
 
 _NORMALIZE = ("sym", None)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
 
 
 def _generator(generator: torch.Generator | None) -> torch.Generator:
@@ -150,12 +145,12 @@ class NodeFormerConv(nn.Module):
                  normalize: str | None = "sym", generator: torch.Generator | None = None, redraw: bool = False,
                  orthogonal: bool = True):
         super().__init__()
-        self.in_dim = _positive_int("in_dim", in_dim)
-        self.out_dim = _positive_int("out_dim", out_dim)
-        self.heads = _positive_int("heads", heads)
-        self.m = _positive_int("m", m)
-        self.samples = _positive_int("samples", samples)
-        self.order = _positive_int("order", order)
+        self.in_dim = check_positive_int("in_dim", in_dim, "an int >= 1")
+        self.out_dim = check_positive_int("out_dim", out_dim, "an int >= 1")
+        self.heads = check_positive_int("heads", heads, "an int >= 1")
+        self.m = check_positive_int("m", m, "an int >= 1")
+        self.samples = check_positive_int("samples", samples, "an int >= 1")
+        self.order = check_positive_int("order", order, "an int >= 1")
         tau_f = float(tau)
         if not (math.isfinite(tau_f) and tau_f > 0):
             raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
@@ -231,9 +226,9 @@ class _SimpleAttention(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, *, heads: int = 1, joint_heads: bool = True,
                  generator: torch.Generator | None = None):
         super().__init__()
-        self.in_dim = _positive_int("in_dim", in_dim)
-        self.out_dim = _positive_int("out_dim", out_dim)
-        self.heads = _positive_int("heads", heads)
+        self.in_dim = check_positive_int("in_dim", in_dim, "an int >= 1")
+        self.out_dim = check_positive_int("out_dim", out_dim, "an int >= 1")
+        self.heads = check_positive_int("heads", heads, "an int >= 1")
         self.joint_heads = bool(joint_heads)
         gen = _generator(generator)
         width = self.heads * self.out_dim

@@ -101,7 +101,7 @@ from fast.graphs import Graph, as_graph
 from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.segments import Segments, add_into, few_segments
-from fast.validation import check_same_device, check_tensor, compute_dtype, raise_if_non_finite
+from fast.validation import check_positive_int, check_same_device, check_tensor, compute_dtype, raise_if_non_finite
 
 __all__ = ["gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders", "relational_bias",
            "nodeformer_attention", "kernelized_attention_rows", "edge_log_likelihood", "edge_loss"]
@@ -129,16 +129,11 @@ def _check_tau(tau: object) -> float:
 
 
 def _check_samples(samples: object) -> int:
-    if isinstance(samples, bool) or not isinstance(samples, numbers.Integral) or samples < 1:
-        raise ValueError(f"samples must be an int >= 1 (the number K of Gumbel samples averaged), got {samples!r}")
-    return int(samples)
+    return check_positive_int("samples", samples, "an int >= 1 (the number K of Gumbel samples averaged)")
 
 
 def _check_order(order: object) -> int:
-    if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order < 1:
-        raise ValueError(f"order must be an int >= 1 (the highest adjacency order A^order of the relational bias), "
-                         f"got {order!r}")
-    return int(order)
+    return check_positive_int("order", order, "an int >= 1 (the highest adjacency order A^order of the relational bias)")
 
 
 def _check_qk(q: object, k: object, projection: object) -> None:

@@ -97,7 +97,7 @@ from fast.graphs import Graph, as_graph
 from fast.operator import MaskOperator
 from fast.segments import Segments
 from fast.sparse import csr_matmul, csr_matrix, index_dtype
-from fast.validation import check_diffusion_time, check_tokens, compute_dtype
+from fast.validation import check_diffusion_time, check_positive_int, check_tokens, compute_dtype
 
 __all__ = ["KINDS", "DiffusionMask", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
            "MAX_PRODUCTS"]
@@ -153,8 +153,7 @@ def _tails(theta: float, k_end: int) -> np.ndarray:
 def poisson_tail(m: int, theta: float) -> float:
     """P(Poisson(theta) > m) for an int m >= 0 and a finite theta >= 0 (float64): the 1-norm of the
     omitted terms of one uniformized step (module docstring)."""
-    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0:
-        raise ValueError(f"m must be an int >= 0, got {m!r}")
+    check_positive_int("m", m, "an int >= 0", minimum=0)
     if not isinstance(theta, numbers.Real) or not math.isfinite(theta) or theta < 0:
         raise ValueError(f"theta must be a finite real >= 0, got {theta!r}")
     k_end = int(max(m, theta) + 10 * math.sqrt(theta) + 50)
@@ -273,8 +272,8 @@ class DiffusionMask(MaskOperator):
                  steps: int | None = None):
         self.kind = check_kind(kind)
         self.tol = _check_tol(tol)
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1):
-            raise ValueError(f"steps must be None (planned) or an int >= 1, got {steps!r}")
+        if steps is not None:
+            check_positive_int("steps", steps, "None (planned) or an int >= 1")
         self._fixed_steps = None if steps is None else int(steps)
         self.lam = _check_lam(lam)
         self.graph: Graph = as_graph(graph)

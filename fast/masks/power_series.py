@@ -66,7 +66,7 @@ from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.segments import Segments, segment_max
 from fast.sparse import block_diagonal_index, csr_matmul, csr_matrix, index_dtype
 from fast.stabilizers import LocallyStabilised, plain_attend
-from fast.validation import check_tokens, compute_dtype
+from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 __all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion_alpha",
            "regularised_laplacian_alpha", "regularised_laplacian_radius", "spectral_radius_bounds",
@@ -311,8 +311,8 @@ def convolve(f, k_max: int | None = None) -> torch.Tensor:
     big_k = t.shape[0] - 1
     if k_max is None:
         k_max = 2 * big_k
-    elif isinstance(k_max, bool) or not isinstance(k_max, numbers.Integral) or k_max < 0:
-        raise ValueError(f"k_max must be None or an int >= 0, got {k_max!r}")
+    else:
+        k_max = check_positive_int("k_max", k_max, "None or an int >= 0", minimum=0)
     idx = torch.arange(big_k + 1, device=t.device)
     # sums by p + q through fast.segments: a float index_add adds with atomics on CUDA (other bits at every run);
     # no segment has more than K + 1 terms (no host read)
@@ -330,9 +330,7 @@ def _real(name: str, value: object) -> float:
 
 
 def _k_max(k_max: object) -> int:
-    if isinstance(k_max, bool) or not isinstance(k_max, numbers.Integral) or k_max < 0:
-        raise ValueError(f"k_max must be an int >= 0 (the last power kept), got {k_max!r}")
-    return int(k_max)
+    return check_positive_int("k_max", k_max, "an int >= 0 (the last power kept)", minimum=0)
 
 
 def heat_alpha(beta: float, k_max: int) -> torch.Tensor:

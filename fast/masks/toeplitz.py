@@ -214,10 +214,7 @@ class BlockToeplitzMask(MaskOperator):
             raise ValueError(f"grid shape {self.grid_shape} has {self.num_grid} nodes"
                              f"{' + 1 CLS token' if self.cls_token else ''} = {self.n} tokens, but n={n!r}")
         self.n_fft = tuple(fast_fft_size(w) for w in want)
-        chunk = max_chunk_bytes
-        if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk <= 0:
-            raise ValueError(f"max_chunk_bytes must be a positive int (bytes), got {max_chunk_bytes!r}")
-        self.max_chunk_bytes = int(max_chunk_bytes)
+        self.max_chunk_bytes = check_positive_int("max_chunk_bytes", max_chunk_bytes, "a positive int (bytes)")
         self.transform_dtype = _check_float_dtype("transform_dtype", transform_dtype, (torch.float32, torch.float64))
 
     @property
