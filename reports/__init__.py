@@ -1,11 +1,11 @@
-"""maskbench reports: render a results JSON (verify/schema.py), asv results and the peer suite's
+"""maskbench reports: render a results JSON (results/schema.py), asv results and the peer suite's
 summary into one HTML page.
 
-reports/ only draws. ``python -m verify.measure --out FILE`` measures and writes FILE;
+reports/ only draws. ``python -m measure --out FILE`` measures and writes FILE;
 ``python -m reports --from-json FILE`` renders it (``make report`` runs both). This package
-imports nothing that measures (no fast/, reference/, torch, verify.timing, verify.measure,
-verify.memory, verify.mechanisms, subprocess): only verify.schema and verify.result (pure data),
-NumPy, matplotlib, Jinja2 and the standard library (tests/reports/test_imports.py checks it).
+imports nothing that measures (no fast/, reference/, torch, measure/, verify.mechanisms,
+subprocess): only results/ and verify.plots (pure data), NumPy, matplotlib, Jinja2 and the standard
+library (tests/reports/test_imports.py checks it).
 
     asv_history  asv result files -> series across commits, per-mechanism histories
     format       numbers as text: units (bytes, seconds), fits, powers of two, comparison signs

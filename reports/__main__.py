@@ -1,6 +1,6 @@
 """python -m reports: render a results JSON (and asv results) into DIR/index.html and its PNGs.
 
-The work is split in two. ``python -m verify.measure --out FILE`` measures (timing sweeps, peak
+The work is split in two. ``python -m measure --out FILE`` measures (timing sweeps, peak
 memory in child processes, the FAVOR+ experiment, the mask gallery, the checks) and writes one
 results JSON (verify/schema.py). ``python -m reports`` only draws: it reads that file and the asv
 results folder (re-read on every render) and, for the peers section, the peer suite's summary
@@ -35,10 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m reports", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Render a maskbench results JSON (and asv results) into DIR/index.html plus PNG figures.",
-        epilog=("How the job is split: `python -m verify.measure --out FILE` measures (sweeps, memory,\n"
+        epilog=("How the job is split: `python -m measure --out FILE` measures (sweeps, memory,\n"
                 "FAVOR+, gallery, checks) and writes FILE; `python -m reports --from-json FILE` only renders\n"
                 "it. `make report` runs both (measuring options go to it: make report ARGS=--quick).\n"
-                "Measuring options (" + ", ".join(MEASURING_FLAGS) + ") belong to python -m verify.measure."))
+                "Measuring options (" + ", ".join(MEASURING_FLAGS) + ") belong to python -m measure."))
     ap.add_argument("--from-json", metavar="FILE",
                     help="results JSON to render (default DIR/results.json); renders without measuring")
     ap.add_argument("--out", default=str(DEFAULT_OUT), metavar="DIR",
@@ -52,14 +52,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"say so")
     ap.add_argument("--gpu-json", default=None, metavar="PATH",
                     help="the GPU run for the GPU section (default DIR/gpu.json; written by `make gpu-check`, "
-                         "python -m verify.measure.gpu); a missing file makes the section say so")
+                         "python -m measure.gpu); a missing file makes the section say so")
     ap.add_argument("--no-progress", action="store_true", help="print only the final line, not each figure")
     args, unknown = ap.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=", 1)[0]
         if flag in MEASURING_FLAGS:
             ap.error(f"{flag} is a measuring option and measuring moved out of the report: run "
-                     f"`python -m verify.measure {' '.join(unknown)} --out {Path(args.out) / 'results.json'}` "
+                     f"`python -m measure {' '.join(unknown)} --out {Path(args.out) / 'results.json'}` "
                      f"and then `python -m reports`, or `make report ARGS=\"{' '.join(unknown)}\"` for both")
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.from_json is None:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     path, out = Path(args.from_json), Path(args.out)
     if not path.is_file():
         print(f"python -m reports: error: no results file {path}: measure first with "
-              f"`python -m verify.measure --out {path}` (or `make report`, which measures and renders)",
+              f"`python -m measure --out {path}` (or `make report`, which measures and renders)",
               file=sys.stderr)
         return 2
     try:

@@ -26,7 +26,7 @@ def finite(x: Any) -> bool:
 
 
 def as_float(x: Any) -> float | None:
-    """A JSON value as a float: numbers, "inf" / "-inf" / "nan" strings (verify.schema writes
+    """A JSON value as a float: numbers, "inf" / "-inf" / "nan" strings (results.schema writes
     non-finite values so), else None (None, bools, other strings, other types)."""
     if x is None or isinstance(x, bool):
         return None

@@ -1,6 +1,6 @@
 """Section "GPU": the one-command GPU run (``make gpu-check``), read from its results JSON.
 
-``python -m verify.measure.gpu`` writes ``reports/out/gpu.json`` (schema ``maskbench-gpu/1``): the
+``python -m measure.gpu`` writes ``reports/out/gpu.json`` (schema ``maskbench-gpu/1``): the
 GPU and its software versions, every CUDA test's outcome, every ``verify --device cuda --quick``
 check, the fast paths' time and peak GPU memory vs N, and the peer suite's summary on the GPU.
 This module reads it (``load_gpu``: a missing or unreadable file becomes a run that says so,

@@ -38,7 +38,7 @@ NUMERICS_ERROR_CMAP = "Reds"
 NUMERICS_GAMMA = 0.3
 
 
-#: How the results JSON writes non-finite numbers (verify.schema).
+#: How the results JSON writes non-finite numbers (results.schema).
 _NON_FINITE = ("inf", "-inf", "nan")
 
 

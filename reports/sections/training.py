@@ -1,5 +1,5 @@
 """Section "Training": learned latent graphs trained end to end (issue 13), from the
-``training`` record of the results JSON (verify.schema.Training, written by verify.training).
+``training`` record of the results JSON (results.schema.Training, written by measure.training).
 
 ``training_view`` turns it into the table (test accuracy at the best validation epoch, mean and
 spread over seeds, the paired differences to the MLP and to the GCN with their intervals),
