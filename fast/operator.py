@@ -198,7 +198,8 @@ class MaskOperator(abc.ABC):
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"mask.{what}(x) must return a torch.Tensor, got {type(y).__name__} "
                             f"(mask is {self.type_name})")
-        if y.dim() < 2 or y.shape[-2:] != x.shape[-2:] or not _broadcasts_to(tuple(x.shape[:-2]), tuple(y.shape[:-2])):
+        if y.shape != x.shape and (y.dim() < 2 or y.shape[-2:] != x.shape[-2:]  # x's shape: the common case
+                                   or not _broadcasts_to(tuple(x.shape[:-2]), tuple(y.shape[:-2]))):
             raise ValueError(
                 f"mask.{what}(x) must return shape (..., N, c) = (..., {x.shape[-2]}, {x.shape[-1]}) with x's "
                 f"leading dims {tuple(x.shape[:-2])} (broadcast against the mask's); got {tuple(y.shape)} "
