@@ -43,6 +43,7 @@ which reads the same optional names off the object with the defaults above.
 Example:
 
 >>> import torch
+>>> from fast.operator import MaskOperator
 >>> class Ones(MaskOperator):          # M = all ones: M @ x sums over tokens
 ...     nonnegative = True
 ...     def __init__(self, n):
@@ -73,6 +74,8 @@ def default_key_stabilizer(z: torch.Tensor) -> torch.Tensor:
 
     Never a max across the batch: one sample's underflow would then depend on another's inputs.
 
+    >>> import torch
+    >>> from fast.operator import default_key_stabilizer
     >>> default_key_stabilizer(torch.tensor([[[1., 2.], [3., 0.]], [[0., -1.], [-2., -3.]]])).flatten()
     tensor([3., 0.])
     """
@@ -122,6 +125,8 @@ def default_parameters(op: object) -> list[torch.Tensor]:
     """Tensor attributes of ``op`` that require grad (in lists, tuples, dicts and nested operators
     too), each once, in attribute order.
 
+    >>> import torch
+    >>> from fast.operator import default_parameters
     >>> class Holder:
     ...     pass
     >>> h = Holder(); h.w = torch.ones(2, requires_grad=True); h.c = torch.ones(2)
@@ -145,6 +150,8 @@ class MaskOperator(abc.ABC):
     and ``_roundoff_bound``, define ``attend``, and override the other capabilities. Instantiating
     a subclass without ``_matmat`` raises TypeError.
 
+    >>> import torch
+    >>> from fast.operator import MaskOperator
     >>> class Causal3(MaskOperator):
     ...     n = 3
     ...     def _matmat(self, x):
@@ -313,6 +320,8 @@ class SymmetricMaskOperator(MaskOperator):
     """A mask with M = M^T (tree distances, Hamming distances, segment equality): ``rmatmul`` is
     ``matmul``, so training takes the adjoint backward (one product per recomputed block).
 
+    >>> import torch
+    >>> from fast.operator import SymmetricMaskOperator
     >>> class Eye(SymmetricMaskOperator):
     ...     n = 2
     ...     def _matmat(self, x):
@@ -342,6 +351,8 @@ class OperatorAdapter(MaskOperator):
     lacks takes its default (module doc). The object is read at each use (``wrapped``), so a
     property such as ``nonnegative`` is computed when the driver asks, as for a subclass.
 
+    >>> import torch
+    >>> from fast.operator import as_operator
     >>> class User:
     ...     n = 2
     ...     def matmul(self, x):
@@ -420,6 +431,7 @@ def as_operator(obj: object, *, name: str = "mask") -> MaskOperator:
     n that is not an int (NumPy integers are ints here); ValueError for n <= 0. Matrices are
     fast.as_mask_operator's (it calls this for everything else).
 
+    >>> from fast.operator import as_operator
     >>> class User:
     ...     n = 4
     ...     def matmul(self, x):

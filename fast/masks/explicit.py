@@ -199,6 +199,8 @@ def as_mask_operator(mask: object, *, n: int | None = None, name: str = "mask") 
     lacks (n or matmul), or an n that is not an int (NumPy integers are ints here); ValueError
     for a non-square matrix, an n <= 0 or a wrong N.
 
+    >>> import torch
+    >>> from fast import as_mask_operator
     >>> op = as_mask_operator(torch.ones(3, 3).tril())
     >>> type(op).__name__, op.matmul(torch.ones(3, 1)).flatten()
     ('DenseMask', tensor([1., 2., 3.]))
