@@ -86,8 +86,8 @@ from fast.favor_blockwise import favor_products
 from fast.features import favor_exponentials
 from fast.masks.explicit import as_mask_operator
 from fast.operator import MaskOperator
-from fast.validation import (broadcast_shape, check_no_key, check_positive_int, check_same_device, check_tensor,
-                             compute_dtype, finite_flag, raise_if_non_finite)
+from fast.validation import (broadcast_shape, check_favor_inputs, check_no_key, check_positive_int, check_same_device,
+                             check_tensor, compute_dtype, finite_flag, raise_if_non_finite)
 
 # DenominatorError, DEFAULT_BLOCK_COLS, DEFAULT_BLOCK_BYTES and blocked_numerator are re-exported:
 # they used to live here
@@ -461,7 +461,7 @@ def favor_features(
     NaN or inf in q, k or projection: ValueError naming it (found from the rows' squared norms and
     the projection, both small: module doc).
     """
-    _check_favor_inputs(q, k, projection)
+    check_favor_inputs(q, k, projection)
     op = None if mask is None else as_mask_operator(mask)
     if op is not None:
         _check_mask_n(op, q.shape[-2], k.shape[-2], "q, k")
@@ -470,20 +470,6 @@ def favor_features(
         raise_if_non_finite(q=q, k=k, projection=projection)
     root = math.sqrt(projection.shape[0])
     return phi_q / root, phi_k / root
-
-
-def _check_favor_inputs(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor) -> None:
-    """Shapes, dtypes and devices of q, k and the projection (metadata only)."""
-    check_tensor("q", q, check_finite=False)
-    check_tensor("k", k, check_finite=False)
-    check_tensor("projection", projection, check_finite=False)
-    if projection.dim() != 2:
-        raise ValueError(f"projection must have shape (m, d), got {tuple(projection.shape)}")
-    check_same_device(q=q, k=k, projection=projection)
-    for name, x in (("q", q), ("k", k)):
-        if x.shape[-1] != projection.shape[1]:
-            raise ValueError(f"{name} has feature width {x.shape[-1]} but projection expects d={projection.shape[1]} "
-                             f"(projection is (m, d) = {tuple(projection.shape)})")
 
 
 def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, op: MaskOperator | None,
@@ -586,7 +572,7 @@ def favor_attention(
     ("raise" or "zero", for queries whose mask row is all zero, e.g. a fully padded sample).
     NaN or inf in q, k, v or projection: ValueError naming it (module doc, "What is checked when").
     """
-    _check_favor_inputs(q, k, projection)  # once: favor_features would check them again
+    check_favor_inputs(q, k, projection)  # once: favor_features would check them again
     check_tensor("v", v, check_finite=False)
     check_same_device(q=q, v=v)
     if v.shape[:-1] != k.shape[:-1]:

@@ -91,6 +91,28 @@ def check_same_device(**tensors: torch.Tensor) -> None:
         raise ValueError(f"tensors must be on one device, got {devices}")
 
 
+def check_favor_inputs(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor) -> None:
+    """Shapes, dtypes and devices of FAVOR+ inputs (metadata only, no pass over the data): q (..., N, d)
+    and k (..., N', d) floating tensors, projection (m, d) on their device. TypeError / ValueError
+    naming q, k or projection. O(1).
+
+        >>> check_favor_inputs(torch.ones(2, 3, 4), torch.ones(2, 3, 4), torch.ones(8, 5))
+        Traceback (most recent call last):
+        ...
+        ValueError: q has feature width 4 but projection expects d=5 (projection is (m, d) = (8, 5))
+    """
+    check_tensor("q", q, check_finite=False)
+    check_tensor("k", k, check_finite=False)
+    check_tensor("projection", projection, check_finite=False)
+    if projection.dim() != 2:
+        raise ValueError(f"projection must have shape (m, d), got {tuple(projection.shape)}")
+    check_same_device(q=q, k=k, projection=projection)
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[-1] != projection.shape[1]:
+            raise ValueError(f"{name} has feature width {x.shape[-1]} but projection expects d={projection.shape[1]} "
+                             f"(projection is (m, d) = {tuple(projection.shape)})")
+
+
 def check_positive_int(name: str, value: object, what: str = "a positive integer", *, minimum: int = 1,
                        type_error: bool = False) -> int:
     """value as a Python int >= ``minimum`` (1: a positive integer; 0 for a count that may be empty): a

@@ -94,14 +94,15 @@ import numbers
 import torch
 
 from fast.algebra import linear_products
-from fast.attention import _check_favor_inputs, masked_linear_attention
+from fast.attention import masked_linear_attention
 from fast.batching import BatchIndex, check_batch
 from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
 from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.segments import Segments, add_into, few_segments
-from fast.validation import check_positive_int, check_same_device, check_tensor, compute_dtype, raise_if_non_finite
+from fast.validation import (check_favor_inputs, check_positive_int, check_same_device, check_tensor, compute_dtype,
+                             raise_if_non_finite)
 
 __all__ = ["gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders", "relational_bias",
            "nodeformer_attention", "kernelized_attention_rows", "edge_log_likelihood", "edge_loss"]
@@ -144,7 +145,7 @@ def _check_qk(q: object, k: object, projection: object) -> None:
             raise TypeError(f"projection must be a real floating tensor, got {projection.dtype}")
         if projection.dim() == 2 and projection.shape[0] < 1:
             raise ValueError(f"projection must have m >= 1 rows (random features), got shape {tuple(projection.shape)}")
-    _check_favor_inputs(q, k, projection)
+    check_favor_inputs(q, k, projection)
     if q.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"q and k must have the same shape (..., N, d_qk) up to d_qk (self-attention over the N "
                          f"nodes), got {tuple(q.shape)} and {tuple(k.shape)}")
