@@ -115,6 +115,7 @@ def one_thread():
     a 200 x 200 expm 20-30 times slower (0.5-0.8 s against 0.02 s), while the answer does not
     depend on it.
 
+    >>> import torch
     >>> with one_thread():
     ...     torch.get_num_threads()
     1
