@@ -116,6 +116,7 @@ def one_thread():
     depend on it.
 
     >>> import torch
+    >>> from verify.checks.choromanski22.graph import one_thread
     >>> with one_thread():
     ...     torch.get_num_threads()
     1
