@@ -10,7 +10,12 @@ from results.check import Check
 
 
 def checks() -> list[Check]:
-    """The checks of choromanski22, positional, tree and graph claims in that order."""
+    """The checks of choromanski22, positional, tree and graph claims in that order.
+
+    >>> from verify.checks.choromanski22 import checks
+    >>> [c.id for c in checks()][:2]
+    ['choromanski22/lemma-3.3', 'choromanski22/section-4.1']
+    """
     from verify.checks.choromanski22 import graph, positional, tree
 
     return [*positional.checks(), *tree.checks(), *graph.checks()]
