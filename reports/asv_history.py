@@ -13,7 +13,7 @@ import itertools
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: Files under results/<machine>/ that are not per-commit results.
@@ -45,12 +45,6 @@ class AsvHistory:
     series: list[AsvSeries]
     commits: list[str]  # every commit seen, in date order
     errors: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        for s in d["series"]:
-            s["params"] = list(s["params"])
-        return d
 
 
 def unquote(p: str) -> str:
@@ -107,16 +101,6 @@ def load_history(results_dir: str | Path) -> AsvHistory:
                                 [d for _, (d, _) in ordered], [v for _, (_, v) in ordered]))
     commits = [c for c, _ in sorted(commit_dates.items(), key=lambda kv: kv[1])]
     return AsvHistory(str(root), used, series, commits, errors)
-
-
-def unit_of(benchmark: str) -> str:
-    """asv's unit by benchmark prefix: time_ in seconds, peakmem_/mem_ in bytes, track_ unitless."""
-    name = benchmark.rsplit(".", 1)[-1]
-    if name.startswith("time_"):
-        return "seconds"
-    if name.startswith(("peakmem_", "mem_")):
-        return "bytes"
-    return ""
 
 
 # ------------------------------------------------------------------ per-mechanism history

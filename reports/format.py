@@ -130,11 +130,6 @@ def n_text(n: float | None) -> str:
     return f"{n:,.0f}" if abs(n) < 1e7 else f"{n:.2g}"
 
 
-def superscript(text: str) -> str:
-    """"1.02" -> "¹·⁰²" (slopes written as exponents in legends)."""
-    return text.translate(_SUPERSCRIPT)
-
-
 def json_text(x: Any) -> str:
     """Indented JSON of a check's details (non-JSON values via str); escaped by the template."""
     return json.dumps(x, indent=1, default=str, sort_keys=False)

@@ -14,7 +14,7 @@ import numpy as np
 
 from reports import style
 from reports.sections import PageInputs
-from results.schema import FavorError, Results
+from results.schema import FavorError
 
 ID = "favor"
 TITLE = "FAVOR+ estimation error vs m"
@@ -45,6 +45,7 @@ def plot_favor(favor: FavorError | None, out_dir: Path, name: str = "favor_error
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"favor": the figure's file name or None}.
 
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'favor': None}
     """
@@ -54,6 +55,7 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"favor": the FavorError record or None, "favor_x2": |x + y|² of its pair (None without one)}.
 
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'favor': None, 'favor_x2': None}
     """

@@ -14,7 +14,7 @@ import numpy as np
 
 from reports import style
 from reports.sections import PageInputs
-from results.schema import Gallery, Results
+from results.schema import Gallery
 
 ID = "gallery"
 TITLE = "What the masks look like"
@@ -78,6 +78,7 @@ def gallery_sizes(gallery: Gallery | None) -> str:
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"gallery": the figure's file name or None}.
 
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'gallery': None}
     """
@@ -87,6 +88,7 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"gallery": the Gallery record or None, "gallery_sizes": gallery_sizes}.
 
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'gallery': None, 'gallery_sizes': ''}
     """

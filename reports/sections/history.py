@@ -20,7 +20,6 @@ from reports import format as fmt
 from reports import style
 from reports.asv_history import AsvHistory, AsvSeries, MechanismHistory, other_track_series
 from reports.sections import PageInputs
-from results.schema import Results
 
 ID = "history"
 TITLE = "History across commits (asv)"
@@ -172,6 +171,7 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
     """{"asv_history", "asv_track": the figures' file names or None, "track_benchmarks": the
     track_ benchmarks drawn} (nothing drawn without asv results).
 
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'asv_history': None, 'asv_track': None, 'track_benchmarks': []}
     """
@@ -189,6 +189,7 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"history": history_view (None when no asv results folder was given)}.
 
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'history': None}
     """

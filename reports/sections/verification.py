@@ -24,7 +24,6 @@ from reports import format as fmt
 from reports import style
 from reports.sections import PageInputs
 from results.check import CheckResult
-from results.schema import Results
 from verify.plots import MAX_PLOTS, MAX_SERIES, validate_plot
 
 ID = "verification"
@@ -187,6 +186,7 @@ def plot_check_figures(checks: list[CheckResult] | None, out_dir: Path) -> list[
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"checks": plot_check_figures of the run's checks (a list of CheckFigure)}.
 
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'checks': []}
     """
@@ -198,6 +198,7 @@ def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     "checks_note", "compare_missing": some check recorded a threshold but not which way it
     compares, "check_figures": figures["checks"]}.
 
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {"checks": []})["checks"] is None
     True
     """
