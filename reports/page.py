@@ -36,6 +36,7 @@ SECTIONS = (summary, gallery, time_vs_n, crossover, memory, peers, roofline, var
 class Part:
     """One section as the page template places it: anchor, heading and the partial to include.
 
+    >>> from reports.page import summary, Part
     >>> Part.of(summary)
     Part(id='summary', title='Summary', template='sections/summary.html.j2')
     """
@@ -52,6 +53,7 @@ class Part:
 def figure_defaults() -> dict[str, Any]:
     """{figure key: its value when not drawn} over every section (a missing figure reads "no data").
 
+    >>> from reports.page import figure_defaults
     >>> figure_defaults()["time"], figure_defaults()["variants"]
     (None, {})
     """
@@ -68,6 +70,9 @@ def page_context(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
 
     Raises ValueError when two sections give the same template variable (one would hide the other).
 
+    >>> from reports.page import page_context
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> ctx = page_context(PageInputs(Results({"mode": "quick"})), {})
     >>> ctx["mode"], ctx["toc"][0], len(ctx["parts"])
     ('quick', ('summary', 'Summary'), 15)
@@ -94,6 +99,7 @@ def environment() -> jinja2.Environment:
     """The Jinja2 environment: templates/ of this package, autoescaping for *.html(.j2), strict
     undefined names (a typo in a template fails the render instead of printing nothing).
 
+    >>> from reports.page import environment
     >>> environment().get_template("macros.html.j2").name
     'macros.html.j2'
     """
@@ -113,6 +119,8 @@ def render_page(results: Results, figures: dict[str, Any], history: AsvHistory |
     ``histories`` default: mechanism_histories of ``history``; ``peers`` None reads as "no peer run
     found", ``gpu`` None as "no GPU run found".
 
+    >>> from reports.page import render_page
+    >>> from results.schema import Results
     >>> page = render_page(Results({"mode": "quick"}), {})
     >>> page.startswith("<!DOCTYPE html>"), '<h2>15. Environment</h2>' in page
     (True, True)

@@ -22,6 +22,8 @@ def make_figures(results: Results, out_dir: str | Path, history: AsvHistory | No
     ``peers``: the peers summary (reports.sections.peers.load_peers), drawn when it has rows;
     ``gpu``: the GPU run (reports.sections.gpu.load_gpu): its sweeps and its peers' ratios.
 
+    >>> from reports.render import make_figures
+    >>> from results.schema import Results
     >>> import tempfile
     >>> make_figures(Results({}), tempfile.mkdtemp())["time"] is None  # nothing measured: no figure
     True
@@ -47,6 +49,8 @@ def write_report(results: Results, out_dir: str | Path, asv_results: str | Path 
     ``peers``: the peers summary (None: the peers section says no peer run was found); ``gpu``:
     the GPU run (None: the GPU section says none was found).
 
+    >>> from reports.render import write_report
+    >>> from results.schema import Results
     >>> import tempfile
     >>> write_report(Results({"mode": "quick"}), tempfile.mkdtemp()).name
     'index.html'

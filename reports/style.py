@@ -8,6 +8,7 @@ of it), never over data; a panel with many lines cycles a marker list through a 
 colormap, so every line differs in colour and marker. Each section module (reports.sections.*)
 draws its own figures with these helpers; nothing here knows a section.
 
+>>> from reports.style import line_styles, slug
 >>> line_styles(2)
 [('#1f77b4', 'o'), ('#ff7f0e', 's')]
 >>> slug("a/b c")
@@ -47,6 +48,7 @@ MAX_PANELS = 36
 def line_styles(n: int) -> list[tuple[str, str]]:
     """(colour, marker) of n lines: tab10 up to ten lines, tab20 beyond, markers always cycled.
 
+    >>> from reports.style import line_styles
     >>> len(set(line_styles(13)))
     13
     """
@@ -57,6 +59,7 @@ def line_styles(n: int) -> list[tuple[str, str]]:
 def slug(text: str) -> str:
     """A file-name-safe form of an id ("toeplitz-1d" stays, "a/b c" -> "a_b_c").
 
+    >>> from reports.style import slug
     >>> slug("toeplitz-1d"), slug("")
     ('toeplitz-1d', '_')
     """
@@ -67,6 +70,8 @@ def grid(n_panels: int, ncols: int = 3, w: float = 4.3, h: float = 3.9):
     """(figure, the first ``n_panels`` axes) of a grid of at most ``ncols`` columns, each panel
     ``w`` x ``h`` inches; the unused panels of the last row are hidden.
 
+    >>> from reports.style import grid
+    >>> import matplotlib.pyplot as plt
     >>> fig, axes = grid(4)
     >>> len(axes), [round(float(x), 1) for x in fig.get_size_inches()]
     (4, [12.9, 7.8])
@@ -146,6 +151,7 @@ def point_handles() -> list[Line2D]:
 def as_arrays(sizes, values) -> tuple[np.ndarray, np.ndarray]:
     """(N, values) as float arrays, None as nan (a gap on the plot).
 
+    >>> from reports.style import as_arrays
     >>> as_arrays([1, 2], [0.5, None])
     (array([1., 2.]), array([0.5, nan]))
     """

@@ -46,6 +46,7 @@ class PageInputs:
     and its per-mechanism histories, the peer suite's summary and the GPU run (None: not found),
     and how the page names its results file.
 
+    >>> from reports.sections import PageInputs
     >>> from results.schema import Results
     >>> inputs = PageInputs(Results({"mode": "quick"}))
     >>> inputs.source, inputs.history, inputs.histories

@@ -1,6 +1,7 @@
 """Section "Speed-up and crossover": the N from which each fast path beats its dense twin (with its
 95% interval), and the measured speed-up t_dense / t_fast vs N.
 
+>>> from reports.sections.crossover import ID, TITLE
 >>> ID, TITLE
 ('crossover', 'Speed-up and crossover')
 """
@@ -106,6 +107,10 @@ def plot_crossover(results: Results, out_dir: Path, name: str = "crossover.png")
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"crossover": the figure's file name or None}.
 
+    >>> from reports.sections.crossover import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'crossover': None}
     """
@@ -115,6 +120,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """Nothing besides the figure (the summary and the variants tables give the crossover texts).
 
+    >>> from reports.sections.crossover import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {}
     """

@@ -1,6 +1,7 @@
 """Section "Environment": where and how the run was measured (the results' environment record and
 the wall time of each measuring stage).
 
+>>> from reports.sections.environment import ID, TITLE
 >>> ID, TITLE
 ('environment', 'Environment')
 """
@@ -21,6 +22,8 @@ FIGURES: dict[str, Any] = {}
 def env_rows(results: Results) -> list[tuple[str, str]]:
     """(key, value as text) of every environment entry, then the stages' wall times if recorded.
 
+    >>> from reports.sections.environment import env_rows
+    >>> from results.schema import Results
     >>> env_rows(Results({"threads": 2, "load": [1.5, 2]}, stage_seconds={"sweeps": 12.0}))
     [('threads', '2'), ('load', '[1.5, 2]'), ('stage wall times', 'sweeps 12 s')]
     """
@@ -34,6 +37,10 @@ def env_rows(results: Results) -> list[tuple[str, str]]:
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """No figure of its own.
 
+    >>> from reports.sections.environment import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {}
     """
@@ -43,6 +50,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"env_rows": env_rows}.
 
+    >>> from reports.sections.environment import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({"mode": "quick"})), {})
     {'env_rows': [('mode', 'quick')]}
     """

@@ -1,6 +1,7 @@
 """Section "FAVOR+ estimation error vs m": the RMSE of the FAVOR+ estimate of the softmax kernel
 against the number of random features, iid and orthogonal, beside the predicted RMSE.
 
+>>> from reports.sections.favor import ID, TITLE
 >>> ID, TITLE
 ('favor', 'FAVOR+ estimation error vs m')
 """
@@ -45,6 +46,9 @@ def plot_favor(favor: FavorError | None, out_dir: Path, name: str = "favor_error
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"favor": the figure's file name or None}.
 
+    >>> from reports.sections.favor import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
     >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'favor': None}
@@ -55,6 +59,8 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"favor": the FavorError record or None, "favor_x2": |x + y|² of its pair (None without one)}.
 
+    >>> from reports.sections.favor import view
+    >>> from reports.sections import PageInputs
     >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'favor': None, 'favor_x2': None}

@@ -1,6 +1,7 @@
 """Section "What the masks look like": the dense mask M of a small instance of every mechanism, as
 heatmaps, and a table of their ranges.
 
+>>> from reports.sections.gallery import ID, TITLE
 >>> ID, TITLE
 ('gallery', 'What the masks look like')
 """
@@ -61,6 +62,7 @@ def gallery_sizes(gallery: Gallery | None) -> str:
     """The N of the panels: "N = 64", or, where some mechanism needed a smaller admissible size,
     the N requested and the N of each panel; "" without panels.
 
+    >>> from reports.sections.gallery import gallery_sizes
     >>> gallery_sizes(None)
     ''
     """
@@ -78,6 +80,9 @@ def gallery_sizes(gallery: Gallery | None) -> str:
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"gallery": the figure's file name or None}.
 
+    >>> from reports.sections.gallery import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
     >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'gallery': None}
@@ -88,6 +93,8 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"gallery": the Gallery record or None, "gallery_sizes": gallery_sizes}.
 
+    >>> from reports.sections.gallery import view
+    >>> from reports.sections import PageInputs
     >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'gallery': None, 'gallery_sizes': ''}

@@ -8,6 +8,7 @@ never an exception), turns it into the page's rows (``gpu_view``) and draws time
 (``plot_gpu_sweeps``); the peers reuse reports.sections.peers' view and figure. It measures
 nothing.
 
+>>> from reports.sections.gpu import ID, TITLE
 >>> ID, TITLE
 ('gpu', 'GPU: tests, checks, time, memory and peers on CUDA')
 """
@@ -233,6 +234,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
     """{"gpu_sweeps": plot_gpu_sweeps, "gpu_peers": the run's peers drawn as the Peers section
     draws them} (None where the run has no such data).
 
+    >>> from reports.sections.gpu import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
     >>> draw(PageInputs(None), Path("."), print)
     {'gpu_sweeps': None, 'gpu_peers': None}
     """
@@ -245,6 +249,8 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"gpu": gpu_view of the run (None reads as "no GPU run found")}.
 
+    >>> from reports.sections.gpu import view
+    >>> from reports.sections import PageInputs
     >>> view(PageInputs(None), {})["gpu"].found
     False
     """

@@ -4,6 +4,7 @@ fixed N across the commits asv has results for, and every other asv track_ bench
 The asv result files are read by reports.asv_history (re-read on every render); this module
 tabulates and draws them.
 
+>>> from reports.sections.history import ID, TITLE
 >>> ID, TITLE
 ('history', 'History across commits (asv)')
 """
@@ -171,6 +172,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
     """{"asv_history", "asv_track": the figures' file names or None, "track_benchmarks": the
     track_ benchmarks drawn} (nothing drawn without asv results).
 
+    >>> from reports.sections.history import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
     >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'asv_history': None, 'asv_track': None, 'track_benchmarks': []}
@@ -189,6 +193,8 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"history": history_view (None when no asv results folder was given)}.
 
+    >>> from reports.sections.history import view
+    >>> from reports.sections import PageInputs
     >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'history': None}

@@ -1,6 +1,7 @@
 """Section "Peak memory vs N": the peak extra memory of one call against N, fast path and dense
 twin, and every measured point as a table.
 
+>>> from reports.sections.memory import ID, TITLE
 >>> ID, TITLE
 ('memory', 'Peak memory vs N')
 """
@@ -90,6 +91,8 @@ def plot_memory(results: Results, out_dir: Path, name: str = "memory_vs_n.png") 
 def memory_rows(results: Results) -> list[dict[str, str]]:
     """One row per memory curve: mechanism, variant, impl, method, every point as text, error.
 
+    >>> from reports.sections.memory import memory_rows
+    >>> from results.schema import Results
     >>> memory_rows(Results({}))
     []
     """
@@ -102,6 +105,10 @@ def memory_rows(results: Results) -> list[dict[str, str]]:
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"memory": the figure's file name or None}.
 
+    >>> from reports.sections.memory import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'memory': None}
     """
@@ -111,6 +118,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"memory_methods": the measuring methods recorded, "memory_rows": memory_rows}.
 
+    >>> from reports.sections.memory import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'memory_methods': 'none recorded', 'memory_rows': []}
     """

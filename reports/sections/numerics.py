@@ -1,6 +1,7 @@
 """Section "Numerics": the numerics/<id> checks, float32 and bfloat16 against float64, as heatmaps
 (one panel per mechanism and dtype) and a table of counts per check and dtype.
 
+>>> from reports.sections.numerics import ID, TITLE
 >>> ID, TITLE
 ('numerics', 'Numerics: float32 and bfloat16 against float64')
 """
@@ -248,6 +249,10 @@ def numerics_view(results: Results) -> NumericsView | None:
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"numerics": the heatmaps' file name or None}.
 
+    >>> from reports.sections.numerics import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'numerics': None}
     """
@@ -257,6 +262,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"numerics": numerics_view (None when the run has no numerics check)}.
 
+    >>> from reports.sections.numerics import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'numerics': None}
     """

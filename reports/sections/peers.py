@@ -13,6 +13,7 @@ says so, never an exception), turns it into the page's rows (``peers_view``) and
 per (op, pass) (``plot_peers``). It measures nothing: the numbers are the suite's. The GPU
 section shows its run's peers with the same view and figure.
 
+>>> from reports.sections.peers import ID, TITLE
 >>> ID, TITLE
 ('peers', 'Peers: maskbench beside other libraries')
 """
@@ -400,6 +401,9 @@ def plot_peers(summary: PeersSummary | None, out_dir: Path, name: str = "peers.p
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"peers": plot_peers of the peer suite's summary (None without rows)}.
 
+    >>> from reports.sections.peers import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
     >>> draw(PageInputs(None), Path("."), print)
     {'peers': None}
     """
@@ -409,6 +413,8 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"peers": peers_view of the summary (None reads as "no peer run found")}.
 
+    >>> from reports.sections.peers import view
+    >>> from reports.sections import PageInputs
     >>> view(PageInputs(None), {})["peers"].found
     False
     """

@@ -14,6 +14,7 @@ the matmul rate for linear attention) are benchmark targets, reported in details
 details["meets_target"], not pass/fail. This module reads those details (``roofline_view``) and
 draws one bar per mechanism (``plot_roofline``); it measures nothing.
 
+>>> from reports.sections.roofline import ID, TITLE
 >>> ID, TITLE
 ('roofline', 'Roofline: fraction of this machine')
 """
@@ -265,6 +266,10 @@ def plot_roofline(results: Results, out_dir: Path, name: str = "roofline.png") -
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"roofline": plot_roofline (None when the run has no perf check)}.
 
+    >>> from reports.sections.roofline import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'roofline': None}
     """
@@ -274,6 +279,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"roofline": roofline_view (None when the run has no perf check)}.
 
+    >>> from reports.sections.roofline import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'roofline': None}
     """

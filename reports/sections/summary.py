@@ -3,6 +3,7 @@ its fast path and dense twin, the crossover N, peak memory at the largest N and 
 check about it passed. The numbers are the other sections' (time, crossover, memory,
 verification), read through their public helpers.
 
+>>> from reports.sections.summary import ID, TITLE
 >>> ID, TITLE
 ('summary', 'Summary')
 """
@@ -91,6 +92,8 @@ def verify_cell(results: Results, mech_id: str) -> tuple[str, str]:
 def summary_row(results: Results, m: MechanismInfo) -> SummaryRow:
     """The summary's row of one mechanism (its default variant; "no dense twin" where it has none).
 
+    >>> from reports.sections.summary import summary_row
+    >>> from results.schema import Results, MechanismInfo
     >>> summary_row(Results({}), MechanismInfo("causal", "Causal", "paper", "N^2")).complexity
     'N²'
     """
@@ -116,6 +119,10 @@ def summary_row(results: Results, m: MechanismInfo) -> SummaryRow:
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """No figure of its own.
 
+    >>> from reports.sections.summary import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {}
     """
@@ -125,6 +132,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"summary": a SummaryRow per mechanism, in record order}.
 
+    >>> from reports.sections.summary import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'summary': []}
     """

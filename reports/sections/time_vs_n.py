@@ -1,6 +1,7 @@
 """Section "Time vs N": median seconds per call against N, one panel per mechanism on its default
 input family, fast path beside its dense twin, each with its log-log fit.
 
+>>> from reports.sections.time_vs_n import ID, TITLE
 >>> ID, TITLE
 ('time', 'Time vs N')
 """
@@ -24,6 +25,8 @@ FIGURES: dict[str, Any] = {"time": None}
 def default_sweep(results: Results, mech: MechanismInfo, impl: str) -> SweepResult | None:
     """The sweep of ``impl`` ("fast" or "dense") on the mechanism's default variant, or None.
 
+    >>> from reports.sections.time_vs_n import default_sweep
+    >>> from results.schema import Results, MechanismInfo
     >>> default_sweep(Results({}), MechanismInfo("causal", "t", "s", "N"), "fast") is None
     True
     """
@@ -34,6 +37,8 @@ def sweep_facts(results: Results) -> dict[str, str]:
     """How the sweeps were timed, each fact joined over every sweep ("?" where none recorded it):
     {"threads", "rounds", "device", "dtype"}.
 
+    >>> from reports.sections.time_vs_n import sweep_facts
+    >>> from results.schema import Results
     >>> sweep_facts(Results({}))["device"]
     '?'
     """
@@ -51,6 +56,9 @@ def plot_time(results: Results, out_dir: Path, name: str = "time_vs_n.png") -> s
     dense twin, fits with 95% CIs in the legend below, grey guides ∝ N, N log N, N² through the
     middle fast point. None when no fast path was timed.
 
+    >>> from reports.sections.time_vs_n import plot_time
+    >>> from results.schema import Results
+    >>> from pathlib import Path
     >>> plot_time(Results({}), Path("."))  # nothing timed: no figure
     """
     mechs = [m for m in results.mechanisms if (s := default_sweep(results, m, "fast")) is not None and s.sizes]
@@ -84,6 +92,10 @@ def plot_time(results: Results, out_dir: Path, name: str = "time_vs_n.png") -> s
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"time": the figure's file name or None}.
 
+    >>> from reports.sections.time_vs_n import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'time': None}
     """
@@ -93,6 +105,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"sweep": sweep_facts} (the caption states how the sweeps were timed).
 
+    >>> from reports.sections.time_vs_n import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})["sweep"]["rounds"]
     '?'
     """

@@ -9,6 +9,7 @@ curves per data set (mean over seeds, the band min..max), and
 averaged) beside the same rows of the input adjacency, columns grouped by class. This module
 measures nothing.
 
+>>> from reports.sections.training import ID, TITLE
 >>> ID, TITLE
 ('training', 'Training: learned latent graphs')
 """
@@ -270,6 +271,10 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
     """{"training_curves": plot_training_curves, "training_latent": plot_latent} (None without a
     training record).
 
+    >>> from reports.sections.training import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'training_curves': None, 'training_latent': None}
     """
@@ -280,6 +285,9 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"training": training_view (None when the run has no training record)}.
 
+    >>> from reports.sections.training import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {})
     {'training': None}
     """

@@ -3,6 +3,7 @@ side: time vs N, time / cost factor and the cost factor where the class carries 
 structural metric the sweeps recorded against its bound. One figure and one table per mechanism
 that has such a view; a newly registered family with variants appears with no code here.
 
+>>> from reports.sections.variants import ID, TITLE
 >>> ID, TITLE
 ('variants', 'Variants of a mechanism')
 """
@@ -242,6 +243,10 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
     """{"variants": {mechanism id: its figure's file name}} for every mechanism with a variant view
     (has_variant_view); two ids with the same file-name slug get distinct names.
 
+    >>> from reports.sections.variants import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
+    >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'variants': {}}
     """
@@ -262,6 +267,9 @@ def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """{"variant_sections": a VariantSection per mechanism with a variant view, in record order}
     (the page's table of contents lists them too).
 
+    >>> from reports.sections.variants import view
+    >>> from reports.sections import PageInputs
+    >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {"variants": {}})
     {'variant_sections': []}
     """

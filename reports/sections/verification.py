@@ -9,6 +9,7 @@ intervals as markers with error bars, "line" series solid, "bound" series dashed
 points must respect). A plot that fails verify.plots.validate_plot is skipped and named in the
 figure's caption list instead of failing the whole report.
 
+>>> from reports.sections.verification import ID, TITLE
 >>> ID, TITLE
 ('verification', 'Verification')
 """
@@ -186,6 +187,9 @@ def plot_check_figures(checks: list[CheckResult] | None, out_dir: Path) -> list[
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:
     """{"checks": plot_check_figures of the run's checks (a list of CheckFigure)}.
 
+    >>> from reports.sections.verification import draw
+    >>> from reports.sections import PageInputs
+    >>> from pathlib import Path
     >>> from results.schema import Results
     >>> draw(PageInputs(Results({})), Path("."), print)
     {'checks': []}
@@ -198,6 +202,8 @@ def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     "checks_note", "compare_missing": some check recorded a threshold but not which way it
     compares, "check_figures": figures["checks"]}.
 
+    >>> from reports.sections.verification import view
+    >>> from reports.sections import PageInputs
     >>> from results.schema import Results
     >>> view(PageInputs(Results({})), {"checks": []})["checks"] is None
     True
