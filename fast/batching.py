@@ -45,6 +45,12 @@ class BatchIndex:
     Attributes: ``n`` (N), ``num_graphs`` (G), ``index`` (N,) int64 tensor (sorted graph ids),
     ``ptr`` (G + 1,) int64 tensor (graph g = nodes ptr[g]:ptr[g + 1]), ``sizes`` (G,) int64
     tensor (nodes per graph; 0 for an empty label), ``device``.
+
+        >>> import torch
+        >>> from fast.batching import check_batch
+        >>> b = check_batch(torch.tensor([0, 0, 2]), 3)
+        >>> b.num_graphs, b.segment_sum(torch.ones(3, 1)).flatten().tolist()
+        (3, [2.0, 0.0, 1.0])
     """
 
     __slots__ = ("n", "num_graphs", "index", "ptr", "sizes", "_segments", "cache")
@@ -167,6 +173,12 @@ def check_batch(batch: object, n: int, *, name: str = "batch", device=None,
     ("batch has 37 entries but the inputs have N = 38 nodes"), a negative label, a label >=
     num_graphs, or an unsorted vector ("batch must be sorted (PyG convention: each graph's nodes
     are contiguous); batch[12] = 0 follows batch[11] = 2").
+
+        >>> from fast.batching import check_batch
+        >>> check_batch([0, 0, 1, 1, 1], 5).host_ptr()
+        [0, 2, 5]
+        >>> check_batch(None, 5) is None
+        True
     """
     n = check_positive_int("n (the number of nodes)", n)
     if num_graphs is not None:

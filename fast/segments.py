@@ -95,6 +95,7 @@ def few_segments(count: int) -> bool:
     loop over their contiguous slices, one dense op each; False: "many small", vectorised segment
     operations (module doc). The one place fast/ makes this choice. O(1).
 
+        >>> from fast.segments import FEW_SEGMENTS, few_segments
         >>> few_segments(3), few_segments(FEW_SEGMENTS + 1)
         (True, False)
     """
@@ -109,6 +110,8 @@ def segment_max(x: torch.Tensor, index: torch.Tensor, num_segments: int, dim: in
     (exact in any order: deterministic on every device), O(x.numel()); differentiable as torch's
     scatter amax. TypeError for a non-integer index.
 
+        >>> import torch
+        >>> from fast.segments import segment_max
         >>> segment_max(torch.tensor([[1.0], [5.0], [2.0]]), torch.tensor([1, 0, 1]), 3, dim=0)
         tensor([[5.],
                 [2.],
@@ -124,7 +127,12 @@ def segment_max(x: torch.Tensor, index: torch.Tensor, num_segments: int, dim: in
 
 def backend(device: torch.device) -> str:
     """How segment sums are formed on ``device`` (module doc): "index_add" on CPU, "segment_reduce"
-    elsewhere. The one place the choice is made (tests patch it to run the CUDA backend on CPU)."""
+    elsewhere. The one place the choice is made (tests patch it to run the CUDA backend on CPU).
+
+        >>> from fast.segments import backend
+        >>> backend("cpu"), backend("cuda")
+        ('index_add', 'segment_reduce')
+    """
     return "index_add" if torch.device(device).type == "cpu" else "segment_reduce"
 
 
@@ -138,6 +146,8 @@ class Segments:
     CUDA; an upper bound is fine). Attributes: ``index`` (P,) int64, ``num_segments``, ``n`` (P).
     TypeError for a non-integer or non-1-D index, ValueError for a bad num_segments.
 
+        >>> import torch
+        >>> from fast.segments import Segments
         >>> seg = Segments(torch.tensor([1, 0, 1]), 2)
         >>> seg.sum(torch.tensor([[1.0], [2.0], [4.0]]), dim=0)
         tensor([[2.],
@@ -325,6 +335,8 @@ class SortedSegments(Segments):
     validates); ptr: its (S + 1,) row pointers when the caller has them (else formed once).
     ``pointers()`` reads them to the host once; ``blocks(block)`` cuts the rows into blocks.
 
+        >>> import torch
+        >>> from fast.segments import SortedSegments
         >>> seg = SortedSegments(torch.tensor([0, 0, 1]), 2)
         >>> seg.pointers()
         [0, 2, 3]
@@ -424,7 +436,13 @@ class SortedSegments(Segments):
 def index_sum(x: torch.Tensor, index: torch.Tensor, num_segments: int, dim: int = 0) -> torch.Tensor:
     """The deterministic twin of ``x.new_zeros(...).index_add(dim, index, x)``: sums of the
     entries of x along ``dim`` grouped by index (P,) into num_segments outputs. Plans once per
-    call (O(P log P)); for repeated use keep a ``Segments``."""
+    call (O(P log P)); for repeated use keep a ``Segments``.
+
+        >>> import torch
+        >>> from fast.segments import index_sum
+        >>> index_sum(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1, 0, 1]), 3).tolist()
+        [2.0, 5.0, 0.0]
+    """
     return Segments(index, num_segments).sum(x, dim)
 
 
@@ -436,7 +454,13 @@ def add_into(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor, dim: int
     index_add_ itself (deterministic there). Elsewhere: src summed per distinct index (a Segments
     over torch.unique's inverse) and added to those rows once, read-modify-write with index_copy_
     (each row written once: no two threads meet). One host read per call there (unique's size).
-    Not differentiable (in place): for backward passes written by hand."""
+    Not differentiable (in place): for backward passes written by hand.
+
+        >>> import torch
+        >>> from fast.segments import add_into
+        >>> add_into(torch.ones(3), torch.tensor([2, 2]), torch.tensor([1.0, 4.0])).tolist()
+        [1.0, 1.0, 6.0]
+    """
     dim = dim % out.dim()
     if backend(out.device) == "index_add":
         return out.index_add_(dim, index, src)
@@ -464,7 +488,16 @@ class IndexAdd:
     (torch.unique, planned once per device: one host read); add_into sums src per key
     (Segments: no atomics) and adds the K sums to out's rows read-modify-write (index_copy_: each
     row written once, no two threads meet); take is index_select, whose backward is add_into on
-    zeros. Work O(P C) per call (take's backward also O(R C) for its zeros, as index_select's)."""
+    zeros. Work O(P C) per call (take's backward also O(R C) for its zeros, as index_select's).
+
+        >>> import torch
+        >>> from fast.segments import IndexAdd
+        >>> plan = IndexAdd(torch.tensor([2, 0, 2]))
+        >>> plan.add_into(torch.zeros(3, 1), torch.tensor([[1.0], [2.0], [4.0]]), dim=0).flatten().tolist()
+        [2.0, 0.0, 5.0]
+        >>> plan.take(torch.tensor([[7.0], [8.0], [9.0]]), dim=0).flatten().tolist()
+        [9.0, 7.0, 9.0]
+    """
 
     __slots__ = ("index", "n", "_plans")
 

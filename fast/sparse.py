@@ -35,6 +35,8 @@ def index_dtype(*sizes: int) -> torch.dtype:
     """torch.int32 when every size (nnz, n, ...) is below 2^31, else torch.int64: the index dtype of a
     CSR matrix (int32 makes torch's CSR x dense kernels fastest). O(1).
 
+        >>> import torch
+        >>> from fast.sparse import index_dtype
         >>> index_dtype(10, 2**20), index_dtype(2**31)
         (torch.int32, torch.int64)
     """
@@ -46,6 +48,8 @@ def row_pointers(rows: torch.Tensor, n: int) -> torch.Tensor:
     the counts do not need it) are given: crow[i] = the number of entries in rows < i (exact integer
     prefix sums of the counts). O(P + n).
 
+        >>> import torch
+        >>> from fast.sparse import row_pointers
         >>> row_pointers(torch.tensor([0, 0, 2]), 3)
         tensor([0, 2, 2, 3])
     """
@@ -61,6 +65,8 @@ def check_csr(crow: torch.Tensor, col: torch.Tensor, n_cols: int, name: str = "m
     duplicates within each row. The one structural check of fast/ (fast.graphs.Graph(check=True)).
     ValueError naming ``name`` and the broken invariant; a few host reads. O(P + R).
 
+        >>> import torch
+        >>> from fast.sparse import check_csr
         >>> check_csr(torch.tensor([0, 2, 3]), torch.tensor([0, 1, 1]), 2).tolist()
         [0, 0, 1]
         >>> check_csr(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), 2)
@@ -94,6 +100,8 @@ def csr_matrix(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size
     (module doc). torch's "sparse CSR support is in beta" warning is silenced: the CSR x dense
     kernels used are stable.
 
+        >>> import torch
+        >>> from fast.sparse import csr_matrix
         >>> a = csr_matrix(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([2.0, 3.0]), 2)
         >>> a.to_dense()
         tensor([[0., 2.],
@@ -112,6 +120,8 @@ def csr_transpose(crow: torch.Tensor, col: torch.Tensor, n_cols: int) -> tuple[t
     Entries of A^T are in (column of A, row of A) order; crow_t and col_t keep crow's and col's dtypes.
     O(P log P).
 
+        >>> import torch
+        >>> from fast.sparse import csr_transpose
         >>> crow_t, col_t, perm = csr_transpose(torch.tensor([0, 2, 3]), torch.tensor([0, 1, 0]), 2)
         >>> crow_t.tolist(), col_t.tolist(), perm.tolist()
         ([0, 2, 3], [0, 1, 0], [0, 2, 1])
@@ -130,6 +140,8 @@ def block_diagonal_index(crow: torch.Tensor, col: torch.Tensor, n: int,
     it applies S differently valued copies of the matrix to x (S n, c), a (batch, head) slice per
     block (the per-slice stabilised products). int32 when S max(n, P) < 2^31, else int64. O(S (n + P)).
 
+        >>> import torch
+        >>> from fast.sparse import block_diagonal_index
         >>> crow, col = block_diagonal_index(torch.tensor([0, 1, 1]), torch.tensor([1]), 2, 2)
         >>> crow.tolist(), col.tolist()
         ([0, 1, 1, 2, 2], [1, 3])
@@ -150,6 +162,8 @@ class CSRProduct(torch.autograd.Function):
 
     ``CSRProduct.apply(x, a, a_t)``; ``csr_matmul`` calls it only when x needs a gradient.
 
+        >>> import torch
+        >>> from fast.sparse import CSRProduct, csr_matrix
         >>> a = csr_matrix(torch.tensor([0, 1, 1]), torch.tensor([0]), torch.tensor([2.0]), 2)
         >>> x = torch.ones(2, 1, requires_grad=True)
         >>> CSRProduct.apply(x, a, a).sum().backward(); x.grad.tolist()
@@ -171,6 +185,8 @@ def csr_matmul(a: torch.Tensor, x: torch.Tensor, a_t: torch.Tensor) -> torch.Ten
     (``CSRProduct``; a_t the CSR of a^T, built once by the caller). Without a gradient to track (grad
     mode off, or x not requiring grad) the plain product: the same bits. O(nnz c).
 
+        >>> import torch
+        >>> from fast.sparse import csr_matmul, csr_matrix
         >>> a = csr_matrix(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([2.0, 3.0]), 2)
         >>> csr_matmul(a, torch.tensor([[1.0], [10.0]]), a).tolist()
         [[20.0], [3.0]]

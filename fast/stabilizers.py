@@ -33,6 +33,8 @@ def log_scale_of(key_log_scale: object, phi_k: torch.Tensor, n: int) -> torch.Te
     detached (S, N) tensor in phi_k's dtype, S = the number of (batch, head) slices of phi_k. O(S N).
     ValueError / TypeError naming key_log_scale for a bad shape or dtype (fast.validation).
 
+        >>> import torch
+        >>> from fast.stabilizers import log_scale_of
         >>> log_scale_of(torch.zeros(2, 3, 1), torch.ones(2, 3, 4), 3).shape
         torch.Size([2, 3])
     """
@@ -47,6 +49,8 @@ def local_key_stabilizer(op: MaskOperator, z: torch.Tensor) -> torch.Tensor:
     abs_matmul of the features it is given, which per-key constants would distort. O(N m).
     ValueError naming z when its token axis is not op.n.
 
+        >>> import torch
+        >>> from fast.stabilizers import local_key_stabilizer
         >>> import fast
         >>> mask = fast.PowerSeriesMask(fast.as_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])), [1.0, 0.5])
         >>> local_key_stabilizer(mask, torch.tensor([[0.0, 2.0], [1.0, -1.0], [3.0, 0.0]])).flatten().tolist()
@@ -63,6 +67,8 @@ def stabilised_inputs(n: int, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch
     """(phi_q, phi_k, v) in their compute dtype (fast.validation.compute_dtype of the three) and
     the constants c (S, N) of ``log_scale_of``: the common start of the stabilised attends. O(N (m + d)).
 
+        >>> import torch
+        >>> from fast.stabilizers import stabilised_inputs
         >>> q, k, v, c = stabilised_inputs(3, torch.ones(3, 2, dtype=torch.float16), torch.ones(3, 2),
         ...                                torch.ones(3, 1), torch.zeros(3, 1))
         >>> q.dtype, c.shape
@@ -78,6 +84,8 @@ def plain_attend(op: MaskOperator, phi_q: torch.Tensor, phi_k: torch.Tensor, v: 
     fast.algebra.masked_products, blocked as the driver's generic path (default_block_cols(v)
     columns per block). O(cost of op.matmul on N (m d + m) columns).
 
+        >>> import torch
+        >>> from fast.stabilizers import plain_attend
         >>> import fast
         >>> num, den = plain_attend(fast.LowRankMask(torch.ones(3, 1), torch.ones(1, 3)), torch.ones(3, 2),
         ...                         torch.ones(3, 2), torch.ones(3, 1))
@@ -102,6 +110,7 @@ class LocallyStabilised:
     compute dtype and the constants c (S, N) go to the class's ``_attend_stabilised(phi_q, phi_k,
     v, c)``, which returns (num, den) of the true features times exp(-r_i) per query row i.
 
+        >>> from fast.stabilizers import LocallyStabilised
         >>> import fast
         >>> issubclass(fast.GRFMask, LocallyStabilised), LocallyStabilised.rescales_keys
         (True, True)

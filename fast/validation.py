@@ -96,6 +96,8 @@ def check_favor_inputs(q: torch.Tensor, k: torch.Tensor, projection: torch.Tenso
     and k (..., N', d) floating tensors, projection (m, d) on their device. TypeError / ValueError
     naming q, k or projection. O(1).
 
+        >>> import torch
+        >>> from fast.validation import check_favor_inputs
         >>> check_favor_inputs(torch.ones(2, 3, 4), torch.ones(2, 3, 4), torch.ones(8, 5))
         Traceback (most recent call last):
         ...
@@ -124,6 +126,8 @@ def check_positive_int(name: str, value: object, what: str = "a positive integer
     words the expectation as the caller's documentation does ("an int >= 1 (the number K of Gumbel
     samples averaged)"), so every message names the argument, what was expected and what came.
 
+        >>> import numpy as np
+        >>> from fast.validation import check_positive_int
         >>> check_positive_int("heads", np.int64(4))
         4
         >>> check_positive_int("heads", 0)
