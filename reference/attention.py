@@ -85,6 +85,18 @@ def softmax_attention(
             logit: use np.where(mask, 0.0, -np.inf)).
         ValueError: shapes that do not fit, N = 0, a bad logits_mask value, a bad no_key.
         DenominatorError: rows that see no key, with no_key="raise".
+        MemoryError: N_q x N logits over the dense budget (reference.budget).
+
+    Dense: O(N_q N (d_qk + d)) time and O(N_q N) memory per leading slice. A causal logits mask
+    makes query 0 see key 0 alone:
+
+        >>> import numpy as np
+        >>> from reference.attention import softmax_attention
+        >>> q, k, v = np.random.default_rng(0).standard_normal((3, 4, 2))
+        >>> causal = np.where(np.tril(np.ones((4, 4))) > 0, 0.0, -np.inf)
+        >>> out = softmax_attention(q, k, v, causal)
+        >>> out.shape, bool(np.allclose(out[0], v[0]))
+        ((4, 2), True)
     """
     no_key = no_key_policy(no_key)
     q, k, v = _operands(("q", "k", "v"), (q, k, v))
@@ -132,6 +144,19 @@ def masked_kernel_attention(
         TypeError: complex or non-numeric input.
         ValueError: shapes that do not fit, N = 0, a non-finite mask, a bad no_key.
         DenominatorError: as above.
+        MemoryError: the N_q x N kernel matrix over the dense budget (reference.budget).
+
+    Dense: O(N_q N (m + d)) time and O(N_q N) memory per leading slice. The identity mask makes
+    every query see only its own key, so the output is v; a row of zeros is a row without keys:
+
+        >>> import numpy as np
+        >>> from reference.attention import masked_kernel_attention
+        >>> rng = np.random.default_rng(0)
+        >>> phi_q, phi_k, v = rng.random((4, 3)), rng.random((4, 3)), rng.standard_normal((4, 2))
+        >>> bool(np.allclose(masked_kernel_attention(phi_q, phi_k, v, np.eye(4)), v))
+        True
+        >>> masked_kernel_attention(phi_q, phi_k, v, np.zeros((4, 4)), no_key="zero").tolist()[0]
+        [0.0, 0.0]
     """
     no_key = no_key_policy(no_key)
     phi_q, phi_k, v = _operands(("phi_q", "phi_k", "v"), (phi_q, phi_k, v))

@@ -21,6 +21,12 @@ def dense_budget() -> int:
 
     Raises:
         ValueError: a malformed value (naming the variable and the value), e.g. "2GiB", "1.5", "-1", "0".
+
+    O(1). The default is 2 GiB; whatever the variable says, the budget is a positive int:
+
+        >>> from reference.budget import DEFAULT_BUDGET, dense_budget
+        >>> DEFAULT_BUDGET == 2 * 1024**3, dense_budget() > 0
+        (True, True)
     """
     raw = os.environ.get(BUDGET_VARIABLE)
     if raw is None or not raw.strip():
@@ -42,6 +48,17 @@ def check_dense_budget(n: int, what: str = "dense N x N matrix", copies: int = 1
         MemoryError: naming N, the bytes needed and the budget.
         TypeError, ValueError: n not an int >= 0, copies not an int >= 1, a malformed
             MASKBENCH_REFERENCE_BUDGET.
+
+    O(1): it allocates nothing. Under the default 2 GiB budget N = 1000 passes (8 MB) and N = 10^6
+    (8 TB) does not:
+
+        >>> from reference.budget import check_dense_budget
+        >>> check_dense_budget(1000) is None
+        True
+        >>> check_dense_budget(10**6, "causal mask")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        MemoryError: reference refuses N=1000000: the causal mask needs ... GiB, over the budget of ...
     """
     n = integer("n", n, minimum=0)
     copies = integer("copies", copies, minimum=1)

@@ -24,7 +24,17 @@ def gaussian_projection(m: int, d: int, rng: np.random.Generator, orthogonal: bo
 
     orthogonal=True: blocks of d mutually orthogonal rows (QR of a Gaussian matrix, signs fixed
     so the rotation is Haar), each row rescaled to an independent chi(d) norm, so every row is
-    still marginally N(0, I_d) and the estimator stays unbiased.
+    still marginally N(0, I_d) and the estimator stays unbiased (Performer Sec. 2.4, Thm. 2).
+
+    Raises TypeError for a non-int m or d, a non-Generator rng or a non-bool orthogonal;
+    ValueError for m or d < 1. O(m d) draws; orthogonal adds ceil(m / d) QRs of d x d, O(m d^2).
+
+        >>> import numpy as np
+        >>> from reference.features import gaussian_projection
+        >>> w = gaussian_projection(3, 3, np.random.default_rng(0), orthogonal=True)
+        >>> gram = w @ w.T
+        >>> w.shape, bool(np.allclose(gram - np.diag(np.diag(gram)), 0))
+        ((3, 3), True)
     """
     m, d = integer("m", m), integer("d", d)
     rng = generator("rng", rng)
@@ -52,14 +62,35 @@ def _with_projection(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def favor_plus(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """FAVOR+ positive random features, (..., N, d) -> (..., N, m). Performer Lemma 1 / wu22 Eq. 4."""
+    """FAVOR+ positive random features phi(x) = exp(W x - |x|^2 / 2) / sqrt(m) (Performer Lemma 1,
+    wu22 Eq. 4): x (..., N, d), w (m, d) -> (..., N, m), float64, entrywise > 0 (0 on underflow).
+
+    E[phi(x) . phi(y)] = exp(x . y) for rows of w ~ N(0, I_d). Raises TypeError for complex or
+    non-numeric input, ValueError for a w that is not (m >= 1, d). O(N m d).
+
+        >>> import numpy as np
+        >>> from reference.features import favor_plus
+        >>> favor_plus(np.zeros((2, 3)), np.ones((4, 3)))  # exp(0) / sqrt(4)
+        array([[0.5, 0.5, 0.5, 0.5],
+               [0.5, 0.5, 0.5, 0.5]])
+    """
     x, w = _with_projection(x, w)
     m = w.shape[0]
     return np.exp(x @ w.T - 0.5 * np.sum(x * x, axis=-1, keepdims=True)) / np.sqrt(m)
 
 
 def hyperbolic(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Hyperbolic positive features, (..., N, d) -> (..., N, 2m)."""
+    """Hyperbolic positive features [exp(W x - |x|^2/2), exp(-W x - |x|^2/2)] / sqrt(2m) (Performer
+    Lemma 1): x (..., N, d), w (m, d) -> (..., N, 2m), float64, entrywise > 0.
+
+    Unbiased for exp(x . y), like favor_plus. Raises as favor_plus does. O(N m d).
+
+        >>> import numpy as np
+        >>> from reference.features import hyperbolic
+        >>> phi = hyperbolic(np.zeros((2, 3)), np.ones((4, 3)))
+        >>> phi.shape, float(np.round(phi[0, 0], 4))  # exp(0) / sqrt(8)
+        ((2, 8), 0.3536)
+    """
     x, w = _with_projection(x, w)
     m = w.shape[0]
     proj = x @ w.T
@@ -68,7 +99,18 @@ def hyperbolic(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def trig_rff(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Trigonometric random Fourier features for exp(x.y), (..., N, d) -> (..., N, 2m)."""
+    """Trigonometric random Fourier features exp(|x|^2 / 2) [cos(W x), sin(W x)] / sqrt(m), unbiased
+    for exp(x . y) (Performer Sec. 2.3): x (..., N, d), w (m, d) -> (..., N, 2m), float64.
+
+    Entries may be negative, so the attention denominator may vanish. Raises as favor_plus does.
+    O(N m d).
+
+        >>> import numpy as np
+        >>> from reference.features import trig_rff
+        >>> phi = trig_rff(np.zeros((2, 3)), np.ones((4, 3)))
+        >>> phi.shape, phi[0].tolist()  # cos(0) / sqrt(4), then sin(0)
+        ((2, 8), [0.5, 0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
+    """
     x, w = _with_projection(x, w)
     m = w.shape[0]
     proj = x @ w.T
@@ -77,18 +119,40 @@ def trig_rff(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def relu(x: np.ndarray) -> np.ndarray:
-    """ReLU features (reid25 uses them throughout), m = d."""
+    """ReLU features max(x, 0) (reid25 uses them throughout): (..., N, d) -> (..., N, d), float64.
+
+    Raises TypeError for complex or non-numeric input. O(N d).
+
+        >>> from reference.features import relu
+        >>> relu([[-1.0, 2.0]]).tolist()
+        [[0.0, 2.0]]
+    """
     return np.maximum(real_array("x", x), 0.0)
 
 
 def elu_plus_one(x: np.ndarray) -> np.ndarray:
-    """ELU(x) + 1 (Katharopoulos et al. 2020), m = d, strictly positive."""
+    """ELU(x) + 1 (Katharopoulos et al. 2020, Eq. 7): x + 1 for x > 0, exp(x) otherwise; (..., N, d)
+    -> (..., N, d), float64, strictly positive (until exp underflows).
+
+    Raises TypeError for complex or non-numeric input. O(N d).
+
+        >>> from reference.features import elu_plus_one
+        >>> elu_plus_one([[0.0, 2.0]]).tolist()
+        [[1.0, 3.0]]
+    """
     x = real_array("x", x)
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
 
 
 def identity(x: np.ndarray) -> np.ndarray:
-    """phi(x) = x (no positivity: the denominator may vanish)."""
+    """phi(x) = x as float64, (..., N, d) -> (..., N, d) (no positivity: the denominator may vanish).
+
+    Raises TypeError for complex or non-numeric input. O(N d) (a copy only when the dtype changes).
+
+        >>> from reference.features import identity
+        >>> identity([[1, -2]]).tolist()
+        [[1.0, -2.0]]
+    """
     return real_array("x", x)
 
 
@@ -104,7 +168,17 @@ FEATURE_MAPS = {
 
 
 def feature_map(name: str, x: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
-    """Apply the feature map called ``name`` (a key of FEATURE_MAPS)."""
+    """Apply the feature map called ``name`` (a key of FEATURE_MAPS) to x (..., N, d); w (m, d) is
+    needed by "favor+", "hyperbolic" and "trig" and ignored by the others.
+
+    Raises ValueError naming the map for an unknown name or a missing w; otherwise what the map
+    raises. Cost: the map's, O(N m d) or O(N d).
+
+        >>> import numpy as np
+        >>> from reference.features import feature_map
+        >>> feature_map("favor+", np.zeros((2, 3)), np.ones((4, 3))).shape, feature_map("relu", [[-1.0]]).tolist()
+        ((2, 4), [[0.0]])
+    """
     if not isinstance(name, str) or name not in FEATURE_MAPS:
         raise ValueError(f"feature map must be one of {sorted(FEATURE_MAPS)}, got {name!r}")
     fn, needs_w = FEATURE_MAPS[name]
