@@ -207,3 +207,15 @@ def test_numerics_section_and_heatmap(rendered):
     assert '<td class="num">512 (0)</td>' in section  # causal's allowed refusals
     assert html.escape(NUMERICS_REASON) in section
     assert "float32 0.001, bfloat16 0.01" in section and "N = 2⁸" in section
+
+
+def test_the_summary_cites_the_sections_by_their_numbers():
+    """templates/sections/summary.html.j2 cites sections by number in its prose: reordering
+    reports.page.SECTIONS must update it."""
+    from reports.page import SECTIONS, TEMPLATES
+
+    number = {s.ID: i + 1 for i, s in enumerate(SECTIONS)}
+    prose = (TEMPLATES / "sections" / "summary.html.j2").read_text(encoding="utf-8")
+    for sid, cited in (("crossover", "section 4"), ("memory", "section 5"), ("roofline", "section 7"),
+                       ("verification", "Section 9"), ("numerics", "section 10")):
+        assert cited in prose and cited.endswith(f" {number[sid]}"), (sid, cited, number[sid])
