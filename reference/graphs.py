@@ -1,20 +1,9 @@
 """Canonical undirected adjacency matrices for reference/ (NumPy + SciPy; the twin of fast/graphs.py).
 
-``adjacency(graph)`` returns W as a ``scipy.sparse.csr_matrix`` (n, n) float64 in canonical form:
-duplicates summed, indices sorted, explicit zeros eliminated. Rules (the same as fast's
-Graph.from_any, implemented independently):
-
-- accepted inputs: any scipy.sparse matrix or array (n, n), a dense ndarray (n, n), a networkx
-  graph (``networkx.to_scipy_sparse_array`` in ``G.nodes`` order, attribute "weight", default 1;
-  networkx is imported only when one comes).
-- entries must be finite and >= 0; n >= 1.
-- W must equal W^T: entries that agree to a relative 1e-12 count as equal and the larger is
-  kept (exact symmetry after round-off); otherwise ValueError naming one offending pair unless
-  ``symmetrize=True``, which uses max(W, W^T) entrywise.
-- self-loops, isolated nodes and several components are fine.
-
-degree(adj): number of stored neighbours (n,) int64 (a self-loop counts 1); weighted_degree(adj):
-row sums (n,) float64; normalized_adjacency(adj): w_ij / sqrt(d_i d_j) with weighted degrees.
+``adjacency(graph)`` reads any graph input of docs/papers.md Sec. 3 ("How maskbench computes
+them") as W, a canonical (n, n) float64 ``scipy.sparse.csr_matrix``, W = W^T >= 0; ``degree``,
+``weighted_degree`` and ``normalized_adjacency`` (reid25's W = D^-1/2 A D^-1/2) derive from it.
+Everything is O(n + E) sparse work.
 """
 from __future__ import annotations
 
@@ -34,8 +23,31 @@ def _is_networkx(graph: object) -> bool:
 
 
 def adjacency(graph: Any, *, symmetrize: bool = False, name: str = "graph") -> sp.csr_matrix:
-    """W (n, n) float64 csr_matrix, canonical and validated (module docstring), from scipy.sparse,
-    a dense ndarray (n, n) or a networkx graph. ``name`` is the argument's name in errors."""
+    """W (n, n) float64 csr_matrix, canonical (duplicates summed, indices sorted, explicit zeros
+    eliminated) and validated, from scipy.sparse, a dense ndarray (n, n) or a networkx graph.
+
+    The rules are those of fast's Graph.from_any, implemented independently:
+
+    - inputs: any scipy.sparse matrix or array (n, n), a dense ndarray (n, n), a networkx graph
+      (``networkx.to_scipy_sparse_array`` in ``G.nodes`` order, attribute "weight", default 1;
+      networkx is imported only when one comes).
+    - entries finite and >= 0; n >= 1. Self-loops, isolated nodes and several components are fine.
+    - W must equal W^T: entries that agree to a relative SYMMETRY_RTOL = 1e-12 count as equal and
+      the larger is kept (exact symmetry after round-off); otherwise ValueError naming one
+      offending pair, unless ``symmetrize=True``, which uses max(W, W^T) entrywise.
+
+    ``name`` is the argument's name in errors. Raises TypeError for another input type, complex or
+    object entries or a non-bool symmetrize; ValueError for a non-square or empty matrix, a
+    negative or non-finite weight, or an asymmetric W. O(n + E) (a dense input: O(n^2)).
+
+        >>> import numpy as np
+        >>> from reference.graphs import adjacency
+        >>> w = adjacency(np.array([[0.0, 2.0], [2.0, 0.0]]))
+        >>> w.shape, w.nnz, w.toarray().tolist()
+        ((2, 2), 2, [[0.0, 2.0], [2.0, 0.0]])
+        >>> adjacency(np.array([[0.0, 1.0], [0.0, 0.0]]), symmetrize=True).nnz
+        2
+    """
     if not isinstance(symmetrize, bool):
         raise TypeError(f"symmetrize must be a bool, got {type(symmetrize).__name__}")
     if sp.issparse(graph):
@@ -95,13 +107,26 @@ def adjacency(graph: Any, *, symmetrize: bool = False, name: str = "graph") -> s
 
 
 def degree(adj: sp.spmatrix) -> np.ndarray:
-    """Stored neighbours of each node (n,) int64 of a canonical adjacency (a self-loop counts 1)."""
+    """Stored neighbours of each node (n,) int64 of a canonical (n, n) adjacency (a self-loop counts
+    1; weights do not matter). O(n).
+
+        >>> import numpy as np
+        >>> from reference.graphs import adjacency, degree
+        >>> degree(adjacency(np.array([[1.0, 3.0], [3.0, 0.0]]))).tolist()
+        [2, 1]
+    """
     a = sp.csr_matrix(adj)
     return np.diff(a.indptr).astype(np.int64)
 
 
 def weighted_degree(adj: sp.spmatrix) -> np.ndarray:
-    """Row sums d_i = sum_j W_ij (n,) float64."""
+    """Row sums d_i = sum_j W_ij (n,) float64 of an (n, n) adjacency. O(n + E).
+
+        >>> import numpy as np
+        >>> from reference.graphs import adjacency, weighted_degree
+        >>> weighted_degree(adjacency(np.array([[1.0, 3.0], [3.0, 0.0]]))).tolist()
+        [4.0, 3.0]
+    """
     return np.asarray(sp.csr_matrix(adj, dtype=np.float64).sum(axis=1)).ravel()
 
 
@@ -109,7 +134,16 @@ def normalized_adjacency(adj: sp.spmatrix) -> sp.csr_matrix:
     """D^-1/2 W D^-1/2 entrywise: w_ij / sqrt(d_i d_j), d the weighted degrees (same sparsity).
 
     Computed as w_ij / (sqrt(d_i) sqrt(d_j)) so that d_i d_j cannot overflow (weights > ~1e154) or
-    underflow (< ~1e-162); the result is still exactly symmetric (the same two factors)."""
+    underflow (< ~1e-162); the result is still exactly symmetric (the same two factors). This is
+    reid25's common choice of W; its spectral radius is at most 1. adj (n, n) -> (n, n) csr_matrix.
+    O(n + E).
+
+        >>> import numpy as np
+        >>> from reference.graphs import adjacency, normalized_adjacency
+        >>> path = adjacency(np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]))
+        >>> np.round(normalized_adjacency(path).toarray()[1], 4).tolist()
+        [0.7071, 0.0, 0.7071]
+    """
     a = sp.csr_matrix(adj, dtype=np.float64, copy=True)
     d = weighted_degree(a)
     rows = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))

@@ -11,7 +11,15 @@ from reference.budget import check_dense_budget
 
 
 def causal_mask(n: int) -> np.ndarray:
-    """M_ij = 1 if j <= i else 0, shape (n, n); n an int >= 1."""
+    """M_ij = 1 if j <= i else 0, shape (n, n) float64; n an int >= 1 (choromanski22 Sec. 3.1).
+
+    Raises TypeError for a non-int n (4.0 and True included), ValueError for n < 1, MemoryError
+    over the dense budget. O(n^2).
+
+        >>> from reference.masks.sequence import causal_mask
+        >>> causal_mask(3).tolist()
+        [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    """
     n = integer("n", n)
     check_dense_budget(n, "causal mask")
     return np.tril(np.ones((n, n)))
@@ -20,8 +28,13 @@ def causal_mask(n: int) -> np.ndarray:
 def packing_mask(segment_ids: np.ndarray) -> np.ndarray:
     """M_ij = 1 if segment_ids[i] == segment_ids[j]: no attention across packed sequences.
 
-    segment_ids: (..., N) integers (any labels), N >= 1 -> (..., N, N). Float ids are refused
-    (TypeError; a NaN id would equal no id, not even its own), and so are bool ids.
+    segment_ids: (..., N) integers (any labels), N >= 1 -> (..., N, N) float64. Float ids are
+    refused (TypeError; a NaN id would equal no id, not even its own), and so are bool ids;
+    ValueError for N = 0 or a 0-d array; MemoryError over the dense budget. O(N^2) per slice.
+
+        >>> from reference.masks.sequence import packing_mask
+        >>> packing_mask([0, 0, 1]).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
     """
     s = np.asarray(segment_ids)
     if s.dtype.kind not in "iu":
@@ -38,6 +51,11 @@ def padding_mask(key_mask: np.ndarray) -> np.ndarray:
 
     key_mask must be boolean (True = a real key); 0/1 numbers are refused (TypeError) as in
     fast.PaddingMask, so that a float mask of weights is not silently read as "nonzero = real".
+    ValueError for N = 0 or a 0-d array; MemoryError over the dense budget. O(N^2) per slice.
+
+        >>> from reference.masks.sequence import padding_mask
+        >>> padding_mask([True, True, False]).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
     """
     km = np.asarray(key_mask)
     if km.dtype != np.bool_:

@@ -31,8 +31,14 @@ def _callable(name: str, f) -> None:
 
 
 def check_grid_shape(shape) -> tuple[int, ...]:
-    """A grid shape: a non-empty tuple of positive ints (a float side such as 2.5 or 2.0 is
-    refused with TypeError, never truncated)."""
+    """A grid shape (n_1, ..., n_d) as a tuple of Python ints: a non-empty sequence of positive ints
+    (a float side such as 2.5 or 2.0 is refused with TypeError, never truncated; a string or a
+    non-sequence too). ValueError, naming shape, for an empty shape or a side <= 0. O(d).
+
+        >>> from reference.masks.toeplitz import check_grid_shape
+        >>> check_grid_shape([2, 3])
+        (2, 3)
+    """
     try:
         if isinstance(shape, (str, bytes)):
             raise TypeError
@@ -46,7 +52,16 @@ def check_grid_shape(shape) -> tuple[int, ...]:
 
 
 def toeplitz_mask(coeffs: np.ndarray) -> np.ndarray:
-    """M_ij = xi(i - j) from coeffs (2N - 1,) over offsets -(N-1)..N-1 -> (N, N)."""
+    """M_ij = xi(i - j) from coeffs (2N - 1,) over offsets -(N-1)..N-1 -> (N, N) float64, a Toeplitz
+    matrix (choromanski22 Sec. 3.2; the fast side applies it by FFT).
+
+    Raises TypeError for complex or non-numeric coeffs, ValueError for non-finite coeffs or a shape
+    that is not (2N - 1,), MemoryError over the dense budget. O(N^2).
+
+        >>> from reference.masks.toeplitz import toeplitz_mask
+        >>> toeplitz_mask([0.0, 0.0, 1.0, 2.0, 3.0]).tolist()  # xi(-2..2): zero above: causal
+        [[1.0, 0.0, 0.0], [2.0, 1.0, 0.0], [3.0, 2.0, 1.0]]
+    """
     c = _finite("coeffs", coeffs)
     if c.ndim != 1 or c.size % 2 != 1:
         raise ValueError(f"coeffs must have shape (2N - 1,) for offsets -(N-1)..N-1, got {c.shape}")
@@ -57,8 +72,16 @@ def toeplitz_mask(coeffs: np.ndarray) -> np.ndarray:
 
 
 def symmetric_coefficients(f: Callable[[np.ndarray], np.ndarray], n: int) -> np.ndarray:
-    """coeffs (2n - 1,) of M_ij = f(|i - j|); f maps an int array of distances to finite real
-    numbers (one per distance, or a scalar); n an int >= 1."""
+    """coeffs (2n - 1,) float64 of M_ij = f(|i - j|), the input of ``toeplitz_mask``; f maps an int
+    array of distances to finite real numbers (one per distance, or a scalar); n an int >= 1.
+
+    Raises TypeError for a non-callable f, a non-int n or complex values; ValueError for n < 1, a
+    wrong number of values or NaN/inf, naming f. O(n) plus f's cost.
+
+        >>> from reference.masks.toeplitz import symmetric_coefficients
+        >>> symmetric_coefficients(lambda d: 0.5 ** d, 3).tolist()
+        [0.25, 0.5, 1.0, 0.5, 0.25]
+    """
     _callable("f", f)
     n = integer("n", n)
     d = np.abs(np.arange(-(n - 1), n))
@@ -66,21 +89,44 @@ def symmetric_coefficients(f: Callable[[np.ndarray], np.ndarray], n: int) -> np.
 
 
 def grid_offsets(shape: tuple[int, ...]) -> np.ndarray:
-    """Offset vectors of a table for ``shape``: (2 n_1 - 1, ..., 2 n_d - 1, d) ints."""
+    """Offset vectors delta of a table for ``shape``: (2 n_1 - 1, ..., 2 n_d - 1, d) ints, entry
+    [delta + (n - 1)] holding delta (the index order of the tables of ``block_toeplitz_mask``).
+
+    Raises as check_grid_shape. O(d prod(2 n_k - 1)).
+
+        >>> from reference.masks.toeplitz import grid_offsets
+        >>> grid_offsets((2,)).tolist(), grid_offsets((2, 3)).shape
+        ([[-1], [0], [1]], (3, 5, 2))
+    """
     shape = check_grid_shape(shape)
     axes = [np.arange(-(n - 1), n) for n in shape]
     return np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)
 
 
 def l1_table(f: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    """Table of M_xy = f(|x - y|_1) (the L1 grid distance) for ``shape``; f returns finite reals."""
+    """Table (2 n_1 - 1, ..., 2 n_d - 1) float64 of M_xy = f(|x - y|_1), the L1 grid distance, for
+    ``shape`` (choromanski22 Lemma 3.3's example); f maps an int array of distances to finite reals.
+
+    Raises TypeError for a non-callable f and as check_grid_shape; ValueError for a wrong number
+    of values or NaN/inf, naming f. O(d prod(2 n_k - 1)) plus f's cost.
+
+        >>> from reference.masks.toeplitz import l1_table
+        >>> l1_table(lambda d: d, (2, 2)).tolist()
+        [[2.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 2.0]]
+    """
     _callable("f", f)
     dist = np.abs(grid_offsets(shape)).sum(-1)
     return function_values("f", f(dist), dist.shape, "the L1 grid distances")
 
 
 def grid_coordinates(shape: tuple[int, ...]) -> np.ndarray:
-    """Row-major coordinates of the grid's nodes: (prod(shape), d) ints."""
+    """Row-major coordinates of the grid's nodes: (prod(shape), d) ints (node k at row k). Raises as
+    check_grid_shape. O(d prod(shape)).
+
+        >>> from reference.masks.toeplitz import grid_coordinates
+        >>> grid_coordinates((2, 2)).tolist()
+        [[0, 0], [0, 1], [1, 0], [1, 1]]
+    """
     shape = check_grid_shape(shape)
     return np.stack(np.unravel_index(np.arange(int(np.prod(shape))), shape), axis=-1)
 
@@ -92,6 +138,18 @@ def block_toeplitz_mask(shape: tuple[int, ...], table: np.ndarray, cls_token: bo
     table: (2 n_1 - 1, ..., 2 n_d - 1). cls_token=True prepends one token (index 0, the vision
     CLS token) that attends to and is attended by every token with weight 1: (N + 1, N + 1).
     n (optional): the expected matrix size; a shape whose product does not give it is refused.
+    In row-major order M is d-level block-Toeplitz (choromanski22 Lemma 3.3).
+
+    Raises TypeError for a non-bool cls_token, a non-int n, a bad shape or a complex table;
+    ValueError for a table of the wrong shape or with NaN/inf, an n that does not match;
+    MemoryError over the dense budget. O(d N^2).
+
+        >>> from reference.masks.toeplitz import block_toeplitz_mask, l1_table
+        >>> table = l1_table(lambda d: 0.5 ** d, (2, 2))
+        >>> block_toeplitz_mask((2, 2), table)[0].tolist()
+        [1.0, 0.5, 0.5, 0.25]
+        >>> block_toeplitz_mask((2, 2), table, cls_token=True).shape
+        (5, 5)
     """
     shape = check_grid_shape(shape)
     if not isinstance(cls_token, (bool, np.bool_)):
