@@ -13,7 +13,20 @@ _FLOATS = FLOAT_DTYPES
 
 
 def check_tensor(name: str, x: object, min_dim: int = 2, check_finite: bool = True) -> torch.Tensor:
-    """Check that ``x`` is a floating tensor with >= min_dim dims, non-empty last-two axes, finite."""
+    """``x`` itself when it is a floating tensor (..., N, c) with >= min_dim dims, N >= 1, c >= 1 and
+    (``check_finite``) no NaN or inf. TypeError naming ``name`` for a non-tensor or a non-floating
+    dtype; ValueError for too few dims, N = 0, c = 0 or non-finite entries. O(1) on metadata, one
+    pass over x with check_finite.
+
+        >>> import torch
+        >>> from fast.validation import check_tensor
+        >>> tuple(check_tensor("q", torch.ones(2, 3)).shape)
+        (2, 3)
+        >>> check_tensor("q", torch.ones(3))
+        Traceback (most recent call last):
+        ...
+        ValueError: q must have shape (..., N, features) with >= 2 dims, got (3,)
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _FLOATS:
@@ -32,9 +45,15 @@ def check_tensor(name: str, x: object, min_dim: int = 2, check_finite: bool = Tr
 def finite_flag(*tensors: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor, on the tensors' device: True when every entry of every tensor is finite.
 
-    One read pass per tensor (torch.aminmax: no temporary of the tensor's size, unlike
-    isfinite(x).all(), which is ~10x slower on CPU); NaN fails both comparisons. Nothing is
-    synchronised: the caller combines flags and reads them once (``bool``)."""
+    One read pass per tensor, O(numel) (torch.aminmax: no temporary of the tensor's size, unlike
+    isfinite(x).all()); NaN fails both comparisons. Nothing is synchronised: the caller combines
+    flags and reads them once (``bool``). Empty tensors pass.
+
+        >>> import torch
+        >>> from fast.validation import finite_flag
+        >>> bool(finite_flag(torch.ones(2))), bool(finite_flag(torch.ones(2), torch.tensor([1.0, float("nan")])))
+        (True, False)
+    """
     flag = torch.ones((), dtype=torch.bool, device=tensors[0].device)
     for t in tensors:
         if t.numel() == 0:  # an empty batch: nothing to check (aminmax refuses empty tensors)
@@ -49,14 +68,31 @@ def raise_if_non_finite(**tensors: torch.Tensor | None) -> None:
     """ValueError naming the first of the named tensors that holds NaN or inf (None entries are skipped).
 
     The drivers' rare path: they check finiteness on reductions they compute anyway, and only
-    when such a check fails do they come here to say which argument was at fault."""
+    when such a check fails do they come here to say which argument was at fault. O(numel).
+
+        >>> import torch
+        >>> from fast.validation import raise_if_non_finite
+        >>> raise_if_non_finite(q=torch.ones(2), k=None, v=torch.tensor([float("inf")]))
+        Traceback (most recent call last):
+        ...
+        ValueError: v contains non-finite values (NaN or inf)
+    """
     for name, t in tensors.items():
         if t is not None and not bool(torch.isfinite(t.detach()).all()):
             raise ValueError(f"{name} contains non-finite values (NaN or inf)")
 
 
 def check_floating(name: str, x: object) -> torch.Tensor:
-    """A floating torch.Tensor of any shape (the input of an elementwise feature map)."""
+    """``x`` itself when it is a floating torch.Tensor of any shape (the input of an elementwise
+    feature map); TypeError naming ``name`` otherwise. O(1).
+
+        >>> import torch
+        >>> from fast.validation import check_floating
+        >>> check_floating("x", torch.ones(2, dtype=torch.int64))
+        Traceback (most recent call last):
+        ...
+        TypeError: x must be a floating tensor (float16/bfloat16/float32/float64), got torch.int64
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _FLOATS:
@@ -69,7 +105,12 @@ NO_KEY_POLICIES = ("raise", "zero")
 
 
 def check_no_key(value: object) -> str:
-    """The no-key policy: "raise" or "zero", else ValueError naming no_key."""
+    """The no-key policy: "raise" or "zero" (fast.algebra.divide), else ValueError naming no_key. O(1).
+
+        >>> from fast.validation import check_no_key
+        >>> check_no_key("zero")
+        'zero'
+    """
     if not isinstance(value, str) or value not in NO_KEY_POLICIES:
         raise ValueError(f'no_key must be "raise" or "zero" (what a query that sees no key gets: '
                          f"DenominatorError, or an output of 0), got {value!r}")
@@ -77,7 +118,16 @@ def check_no_key(value: object) -> str:
 
 
 def check_tokens(name: str, x: object, n: int) -> torch.Tensor:
-    """A floating tensor (..., N, c) with N == n on axis -2 (the input of a mask's matmul)."""
+    """``x`` itself when it is a floating tensor (..., N, c) with N == n on axis -2 (the input of a
+    mask's matmul): check_tensor's errors, or ValueError naming ``name`` for another N. O(1).
+
+        >>> import torch
+        >>> from fast.validation import check_tokens
+        >>> check_tokens("x", torch.ones(4, 2), 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: x must have N=3 tokens on axis -2, got shape (4, 2)
+    """
     check_tensor(name, x, check_finite=False)
     if x.shape[-2] != n:
         raise ValueError(f"{name} must have N={n} tokens on axis -2, got shape {tuple(x.shape)}")
@@ -85,7 +135,13 @@ def check_tokens(name: str, x: object, n: int) -> torch.Tensor:
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:
-    """All tensors on one device, else ValueError listing them."""
+    """All tensors on one device, else ValueError listing them by name. O(1).
+
+        >>> import torch
+        >>> from fast.validation import check_same_device
+        >>> check_same_device(q=torch.ones(1), k=torch.ones(1)) is None
+        True
+    """
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         raise ValueError(f"tensors must be on one device, got {devices}")
@@ -149,12 +205,25 @@ def check_positive_int(name: str, value: object, what: str = "a positive integer
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half precisions accumulate in float32; float32/float64 compute as they are."""
+    """The dtype fast/ computes in for inputs of ``dtype``: half precisions accumulate in float32;
+    float32 and float64 compute as they are. O(1).
+
+        >>> import torch
+        >>> from fast.validation import compute_dtype
+        >>> compute_dtype(torch.bfloat16), compute_dtype(torch.float64)
+        (torch.float32, torch.float64)
+    """
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], what: str = "leading dims") -> tuple[int, ...]:
-    """NumPy broadcasting of two shapes (torch.broadcast_shapes lazily imports torch._refs: ~0.5 s)."""
+    """NumPy broadcasting of two shapes (torch.broadcast_shapes lazily imports torch._refs, slow at
+    its first call). ValueError naming ``what`` when they do not broadcast. O(len(shape)).
+
+        >>> from fast.validation import broadcast_shape
+        >>> broadcast_shape((2, 1), (3,))
+        (2, 3)
+    """
     out = []
     for i in range(1, max(len(a), len(b)) + 1):
         x = a[-i] if i <= len(a) else 1
@@ -168,7 +237,14 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], what: str = "leading
 def check_key_log_scale(c: object, phi_k: torch.Tensor, n: int) -> torch.Tensor:
     """key_log_scale (..., N, 1), a floating tensor whose leading dims broadcast to phi_k's, as a
     detached (*lead, N) tensor on phi_k's device and in its dtype (fast.operator, rescales_keys);
-    ValueError naming the expected shape otherwise. Shapes only: no host sync."""
+    ValueError naming key_log_scale and the expected shape otherwise. Shapes only: no host sync. O(1)
+    (an expanded view).
+
+        >>> import torch
+        >>> from fast.validation import check_key_log_scale
+        >>> tuple(check_key_log_scale(torch.zeros(1, 3, 1), torch.ones(2, 3, 4), 3).shape)
+        (2, 3)
+    """
     lead = tuple(phi_k.shape[:-2])
     ok = isinstance(c, torch.Tensor) and c.is_floating_point() and c.dim() >= 2 and tuple(c.shape[-2:]) == (n, 1)
     if ok:
@@ -188,7 +264,17 @@ def check_diffusion_time(lam: object, *, positive: bool = False) -> "float | tor
     array) -> float; a one-element real tensor of any shape -> itself (floating: kept as given, never
     a view, so a learnable lam is the leaf an optimiser updates; integer: converted to float).
     Callers reshape it where they use it. ValueError naming lam otherwise (DiffusionMask,
-    HypercubeDiffusionMask)."""
+    HypercubeDiffusionMask). O(1) (one host read for a tensor).
+
+        >>> import numpy as np
+        >>> from fast.validation import check_diffusion_time
+        >>> check_diffusion_time(np.float64(2)), check_diffusion_time(0.0)
+        (2.0, 0.0)
+        >>> check_diffusion_time(0.0, positive=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: lam must be a positive finite diffusion time, got 0.0
+    """
     scalar = "a positive real scalar" if positive else "a real scalar >= 0"
     time = "a positive finite diffusion time" if positive else "a finite diffusion time >= 0"
 
