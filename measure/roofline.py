@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 import fast
-from measure.timing import _Counted, cpu_clock_applies, measure
+from measure.timing import Counted, cpu_clock_applies, measure
 
 # ------------------------------------------------------------------------------ constants
 
@@ -211,7 +211,7 @@ def time_once(runner: Callable[[], Any], device="cpu", clock: str = "cpu") -> fl
     """Seconds per call of ``runner`` in one measurement (measure.timing.measure: calls repeated for
     at least MIN_MEASURE_S wall seconds): process CPU seconds per call on the "cpu" clock, wall
     seconds per call (synchronised) on the "wall" clock."""
-    counted = _Counted(runner)
+    counted = Counted(runner)
     c0 = time.process_time()
     wall = measure(counted, device)
     cpu = (time.process_time() - c0) / max(1, counted.calls)

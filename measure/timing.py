@@ -144,8 +144,14 @@ def cpu_clock_applies(device, threads: int | None) -> bool:
     return str(device).split(":")[0] == "cpu" and threads == 1
 
 
-class _Counted:
-    """``runner`` that counts its calls (CPU seconds per call = the CPU time of a measurement / calls)."""
+class Counted:
+    """``runner`` that counts its calls (CPU seconds per call = the CPU time of a measurement / calls).
+
+    >>> from measure.timing import Counted
+    >>> f = Counted(lambda: 2)
+    >>> f(), f(), f.calls
+    (2, 2, 2)
+    """
 
     __slots__ = ("runner", "calls")
 
@@ -407,7 +413,7 @@ def sweep(
                 if i > 0 and point_budget is not None and spent[j] >= point_budget:
                     continue  # this N has had its time; its later rounds stay NaN
                 try:
-                    counted = _Counted(runners[j])
+                    counted = Counted(runners[j])
                     c0, t0 = time.process_time(), time.perf_counter()
                     t = measure(counted, device)
                     spent[j] += time.perf_counter() - t0

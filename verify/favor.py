@@ -40,7 +40,7 @@ DenseMask = Callable[[Problem], np.ndarray]
 def favor_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), **extras) -> Problem:
     """Q, K (*batch, N, 16) of row norm 1, V (*batch, N, 16), an iid Gaussian projection W (16, 16);
     extras as given. With batch dims the (batch, head) slices differ by orders of magnitude
-    (``_batch_magnitudes``: values 1e-3 .. 1e3, one slice of keys >= ~125 below the others in
+    (``batch_magnitudes``: values 1e-3 .. 1e3, one slice of keys >= ~125 below the others in
     FAVOR+ exponent); unbatched problems are the plain draws (sweeps, scale)."""
     batch = tuple(int(b) for b in batch)
     if any(b < 1 for b in batch):
@@ -48,7 +48,7 @@ def favor_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), **extras) -
     q, k, v = qkv(n, D_QK, D_V, batch=batch, seed=seed)
     w = ref_features.gaussian_projection(M_FEATURES, D_QK, rng_for(seed, 10))
     if batch:
-        k, v = _batch_magnitudes(k, v, w, seed)
+        k, v = batch_magnitudes(k, v, w, seed)
     return Problem(n=n, seed=seed, q=q, k=k, v=v, projection=w, extras=extras)
 
 
@@ -69,7 +69,7 @@ def quiet_direction(w: np.ndarray) -> np.ndarray:
     return u / np.linalg.norm(u)
 
 
-def _batch_magnitudes(k: np.ndarray, v: np.ndarray, w: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def batch_magnitudes(k: np.ndarray, v: np.ndarray, w: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The magnitude profile of batched problems (issue 9): k, v (*batch, N, d) -> new k, v.
 
     - values: slice s (flat over the batch dims) is scaled by 10^e_s, e_s evenly spaced over
@@ -96,6 +96,14 @@ def _batch_magnitudes(k: np.ndarray, v: np.ndarray, w: np.ndarray, seed: int) ->
     sharpen the softmax kernel and cost float32 precision in q . k). The cost: the exponents'
     float32 round-off grows with |k|^2 / 8 = 128, so the quiet slice has the largest float32
     errors of every mechanism, ~4e-6 .. 1.1e-5, within equivalence's 1e-4 by 9x or more.
+
+    >>> import numpy as np
+    >>> from verify.favor import batch_magnitudes
+    >>> rng = np.random.default_rng(0)
+    >>> k, v = rng.standard_normal((2, 2, 5, 16)), rng.standard_normal((2, 2, 5, 16))
+    >>> k2, v2 = batch_magnitudes(k, v, rng.standard_normal((16, 16)), seed=0)
+    >>> k2.shape, bool(np.allclose(np.linalg.norm(k2[0, 1], axis=-1), 32.0))  # slice QUIET_SLICE = 1: quiet keys
+    ((2, 2, 5, 16), True)
     """
     lead = k.shape[:-2]
     s = int(np.prod(lead))
@@ -142,7 +150,7 @@ def favor_reference(problem: Problem, mask: np.ndarray | None) -> np.ndarray:
     """Dense float64 masked kernel attention (*batch, N, D_V) with FAVOR+ features of x / d^(1/4):
     out = (M ⊙ phi(Q) phi(K)^T) V / (M ⊙ phi(Q) phi(K)^T) 1, M (N, N), per-sample (B, 1, N, N)
     broadcasting over the heads, or None (all ones). Unstabilised: exact in float64 for the
-    exponents of _batch_magnitudes (the quiet keys' lie in [-140, -126] over 300 seeds, >> -745)."""
+    exponents of batch_magnitudes (the quiet keys' lie in [-140, -126] over 300 seeds, >> -745)."""
     s = problem.q.shape[-1] ** -0.25
     phi_q = ref_features.favor_plus(problem.q * s, problem.projection)
     phi_k = ref_features.favor_plus(problem.k * s, problem.projection)

@@ -12,7 +12,7 @@ whatever the errors); "stale cache" explains an updated call's error, which the 
 counts.
 
 Problems have batch and head dims (registry.EQUIVALENCE_BATCH = (2, 2)) whose slices differ by
-orders of magnitude (verify.favor._batch_magnitudes: values 1e-3 .. 1e3, one slice of quiet keys
+orders of magnitude (verify.favor.batch_magnitudes: values 1e-3 .. 1e3, one slice of quiet keys
 ~128 below the others in FAVOR+ exponent), and every (batch, head) slice is compared with the
 reference ON ITS OWN: the error of a variant is the worst slice's relative Frobenius error
 |fast_s - ref_s|_F / |ref_s|_F, so a small slice spoiled by a big one (a stabiliser or a causal

@@ -101,7 +101,7 @@ from reference.masks import grf as ref_grf
 from reference.masks import power_series as ref_power_series
 from reference.masks import rwgnk as ref_rwgnk
 from verify import problems
-from verify.favor import D_QK, _batch_magnitudes, favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
+from verify.favor import D_QK, batch_magnitudes, favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import Problem, qkv, rng_for
 from verify.registry import Roofline, Variant, register
 
@@ -333,7 +333,7 @@ def graph_problem(n: int, seed: int, adj: sp.csr_matrix, batch: tuple[int, ...],
     q, k, v = qkv(n, d, d, batch=batch, seed=seed)
     w = ref_features.gaussian_projection(d, d, rng_for(seed, 10))
     if batch:
-        k, v = _batch_magnitudes(k, v, w, seed)
+        k, v = batch_magnitudes(k, v, w, seed)
     return Problem(n=n, seed=seed, q=q, k=k, v=v, projection=w, extras=extras)
 
 

@@ -2,7 +2,7 @@
 patched into a COPY of a fast/ code path with monkeypatch (never left in the code), makes
 equivalence/<id> fail, and the real code passes the same check.
 
-Kind 1 (batch and head dims, verify.favor._batch_magnitudes): a key stabiliser taken across the
+Kind 1 (batch and head dims, verify.favor.batch_magnitudes): a key stabiliser taken across the
 batch (FAVOR+'s default, causal's running max, packing's, padding's) and a causal scan whose
 running state flows from one batch element into the next. Kind 2 (options and stateful paths): a packing mask that
 compares runs instead of ids, a padding stabiliser that looks at padded keys, a spectrum cache
