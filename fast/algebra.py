@@ -2,19 +2,11 @@
 
     out_i = phi_q_i^T D1_i / phi_q_i^T D2_i,   D1 = M [vec(phi_k_j v_j^T)]_j  (N x m d),   D2 = M phi_k
 
-for any mask operator M (fast.operator, whose public products check their input and output): the feature-blocked
-numerator ``blocked_numerator``, block sizing, the guarded division ``divide``, and
-``masked_products``, a custom autograd Function that keeps training memory linear.
-
-Memory under autograd. Plain autograd through the blocked numerator keeps every block's
-(N, block) intermediates (the columns phi_k_j v_j^T, their FFTs, the mixed columns) for backward:
-O(N m d) saved numbers. ``masked_products`` saves only phi_q, phi_k, v (O(N (m + d))) and
-RECOMPUTES the blocks in backward, one block at a time, so backward's extra memory is one block,
-O(N (m + d) + N block) as in forward. Two backward modes: with the mask's ``rmatmul`` (M^T @ x)
-and no parameter requiring grad, plain passes of M and M^T per block and no autograd graph
-(``_adjoint_backward``); otherwise autograd differentiates each recomputed block, and the mask's
-parameters() get their gradients from it. Forward numbers are those of the plain loop (same
-operations, same order).
+for any mask operator M (fast.operator): the feature-blocked numerator ``blocked_numerator``, block
+sizing, the guarded division ``divide``, the unmasked ``linear_products``, and ``masked_products``,
+whose backward recomputes the blocks so that training memory stays O(N (m + d) + N block), never
+O(N m d). Cost O((T_M(N) + N) m d) for a mask product costing T_M(N). The backward's derivation:
+docs/papers.md, "fast.algebra".
 """
 from __future__ import annotations
 
@@ -35,13 +27,24 @@ DEFAULT_BLOCK_BYTES = 256 * 2**20
 
 def default_block_cols(v: torch.Tensor) -> int:
     """Columns per block for values v (..., N, d): at most DEFAULT_BLOCK_COLS, one block within
-    DEFAULT_BLOCK_BYTES (64 columns at N = 2^20 in float32), at least d."""
+    DEFAULT_BLOCK_BYTES, at least d. O(1): reads v's shape and dtype only.
+
+    >>> import torch
+    >>> from fast.algebra import default_block_cols
+    >>> default_block_cols(torch.empty(16, 8)), default_block_cols(torch.empty(2**20, 64, device="meta"))
+    (256, 64)
+    """
     rows = max(1, v.numel() // v.shape[-1])  # batch x N (at least 1: an empty batch)
     return min(DEFAULT_BLOCK_COLS, max(v.shape[-1], DEFAULT_BLOCK_BYTES // (rows * v.element_size())))
 
 
 def features_per_block(block_cols: int, d: int) -> int:
-    """Features a of phi_k whose a * d columns phi_k[:, a] v^T form one block (at least 1)."""
+    """Features a of phi_k whose a * d columns phi_k[:, a] v^T form one block (at least 1).
+
+    >>> from fast.algebra import features_per_block
+    >>> features_per_block(256, 16), features_per_block(4, 8)
+    (16, 1)
+    """
     return max(1, block_cols // d)
 
 
@@ -54,8 +57,14 @@ def guard_flag(den: torch.Tensor, floor: torch.Tensor | None = None, *, positive
     when every den_i is finite, |den_i| >= finfo.tiny, |den_i| <= finfo.max and (with ``floor``)
     |den_i| > floor_i. ``positive``: den_i itself must be >= finfo.tiny (for nonnegative features
     and mask a negative den is impossible, so it is refused here and sorted out by ``divide``).
-    One read pass over den (aminmax: a bool tensor's .all() costs ~10x a float amin on CPU); NaN
-    fails every comparison. ``divide`` decides the failing cases."""
+    One read pass over den (aminmax: a bool tensor's .all() is slower than a float amin on CPU),
+    O(N); NaN fails every comparison. ``divide`` decides the failing cases.
+
+    >>> import torch
+    >>> from fast.algebra import guard_flag
+    >>> bool(guard_flag(torch.tensor([1., 0.5]))), bool(guard_flag(torch.tensor([1., 0.])))
+    (True, False)
+    """
     info = torch.finfo(den.dtype)
     if den.numel() == 0:  # an empty batch: nothing to refuse (aminmax refuses empty tensors)
         return torch.ones((), dtype=torch.bool, device=den.device)
@@ -91,8 +100,16 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
 
     ``verified=True``: the caller has already read ``guard_flag(den, floor)`` as True (in the one
     host read of its call, fast.attention), so divide only divides: no check, no host read.
-    Otherwise the common case is ``guard_flag`` (one host read), and the per-row analysis below
-    runs only when it fails.
+    Otherwise the common case is ``guard_flag`` (one host read), and the per-row analysis
+    (``refused_rows``) runs only when it fails. Raises DenominatorError for the refused rows.
+
+    >>> import torch
+    >>> from fast.algebra import divide
+    >>> divide(torch.ones(2, 3), torch.tensor([2., 4.]))[:, 0].tolist()
+    [0.5, 0.25]
+    >>> divide(torch.ones(1, 3), torch.zeros(1))
+    Traceback (most recent call last):
+    fast.errors.DenominatorError: attention denominator refused at 1 of 1 query positions: 1 zero or subnormal ...
     """
     if verified or den.numel() == 0:
         return quotient(num, den)
@@ -113,7 +130,15 @@ def refused_rows(den: torch.Tensor, *, floor: torch.Tensor | None = None,
     """``divide``'s per-row analysis of den (..., N), without the division (the caller has the
     quotient already, e.g. fast.favor_blockwise): raises DenominatorError as ``divide`` does, else
     returns the bool rows that see no key and get output 0 under policy "zero" (None when there
-    are none). Several host reads: for the rare path only."""
+    are none). O(N), with several host reads: for the rare path only.
+
+    >>> import torch
+    >>> from fast.algebra import refused_rows
+    >>> refused_rows(torch.tensor([1., 0.]), no_key=torch.tensor([False, True]), policy="zero").tolist()
+    [False, True]
+    >>> refused_rows(torch.tensor([1., 2.])) is None
+    True
+    """
     mag = den.abs()
     info = torch.finfo(den.dtype)
     bad = ~torch.isfinite(den) | (mag < info.tiny)
@@ -177,8 +202,16 @@ class _Quotient(torch.autograd.Function):
 
 
 def quotient(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """num (..., N, d) / den (..., N) (no guard): under autograd with a two-pass backward
-    (``_Quotient``), else the plain division."""
+    """num (..., N, d) / den (..., N) (no guard), O(N d): under autograd with a two-pass backward
+    (``_Quotient``), else the plain division.
+
+    >>> import torch
+    >>> from fast.algebra import quotient
+    >>> num, den = torch.ones(2, 3, requires_grad=True), torch.tensor([2., 4.], requires_grad=True)
+    >>> quotient(num, den).sum().backward()            # d/d den_i of sum_j 1 / den_i = -3 / den_i^2
+    >>> den.grad.tolist()
+    [-0.75, -0.1875]
+    """
     if torch.is_grad_enabled() and (num.requires_grad or den.requires_grad) and num.shape[:-1] == den.shape:
         return _Quotient.apply(num, den)
     return num / den.unsqueeze(-1)
@@ -235,8 +268,20 @@ class _LinearProducts(torch.autograd.Function):
 
 def linear_products(phi_q: torch.Tensor, phi_k: torch.Tensor,
                     v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(num (..., N_q, d), den (..., N_q), kv (..., m, d)) of unmasked linear attention, phi_q and
-    phi_k with the same leading dims, v with phi_k's; under autograd through ``_LinearProducts``."""
+    """(num (..., N_q, d), den (..., N_q), kv (..., m, d)) of unmasked linear attention
+    (choromanski22 Eq. 3): kv = phi_k^T v, num = phi_q kv, den = phi_q (phi_k^T 1), O(N m d).
+    phi_q and phi_k with the same leading dims, v with phi_k's (unchecked); under autograd
+    through ``_LinearProducts``.
+
+    >>> import torch
+    >>> from fast.algebra import linear_products
+    >>> g = torch.Generator().manual_seed(0)
+    >>> pq, pk, v = (torch.rand(5, 3, generator=g) for _ in range(3))
+    >>> num, den, kv = linear_products(pq, pk, v)
+    >>> a = pq @ pk.T                                  # the dense (N_q, N) kernel
+    >>> torch.allclose(num, a @ v), torch.allclose(den, a.sum(-1)), tuple(kv.shape)
+    (True, True, (3, 3))
+    """
     if torch.is_grad_enabled() and (phi_q.requires_grad or phi_k.requires_grad or v.requires_grad):
         return _LinearProducts.apply(phi_q, phi_k, v)
     kv = phi_k.transpose(-1, -2) @ v
@@ -249,8 +294,18 @@ def blocked_numerator(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
 
     phi_q, phi_k: (..., N, m); v: (..., N, d); matmul(x) = M @ x for x (..., N, c). Each block
     pushes ``features_per_block * d`` columns through the mask at once and contracts them with
-    phi_q immediately, so the O(N m d) matrix D1 never exists whole. Plain autograd through this
-    loop keeps every block: use ``masked_products`` when gradients are needed.
+    phi_q immediately, so the O(N m d) matrix D1 never exists whole: O((T_M(N) + N) m d) time,
+    O(N (m + d) + N block) extra memory. Plain autograd through this loop keeps every block:
+    use ``masked_products`` when gradients are needed.
+
+    >>> import torch
+    >>> from fast.algebra import blocked_numerator
+    >>> g = torch.Generator().manual_seed(0)
+    >>> pq, pk, v = torch.rand(6, 4, generator=g), torch.rand(6, 4, generator=g), torch.rand(6, 2, generator=g)
+    >>> m = torch.ones(6, 6).tril()                    # a causal mask
+    >>> num = blocked_numerator(pq, pk, v, lambda x: m @ x, features_per_block=3)
+    >>> torch.allclose(num, (m * (pq @ pk.T)) @ v)
+    True
     """
     m = phi_k.shape[-1]
     num = torch.zeros_like(v)
@@ -334,7 +389,15 @@ def gradient_inputs(op: MaskOperator, like: torch.Tensor) -> tuple[list[torch.Te
     ValueError says so. ``retain`` is True when the products reach those tensors through graph
     nodes that exist before the product (both probes meet them: e.g. parameters() lists b but
     matmul reads exp(b)); backward must then keep that graph between blocks.
-    ([], False) when grad mode is off.
+    ([], False) when grad mode is off. Two one-column products: O(T_M(N)).
+
+    >>> import torch
+    >>> from fast.algebra import gradient_inputs
+    >>> from fast.masks.explicit import DenseMask
+    >>> w = torch.ones(3, 3, requires_grad=True)       # a learnable dense mask
+    >>> params, retain = gradient_inputs(DenseMask(w), torch.ones(3, 2))
+    >>> [p is w for p in params], retain
+    ([True], False)
     """
     if not torch.is_grad_enabled():
         return [], False
@@ -516,7 +579,19 @@ def masked_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, o
     (see the module doc: one pass of M and one of M^T per block with ``rmatmul``, else
     autograd through each recomputed block; memory: one block either way). Gradients reach
     phi_q, phi_k, v and the tensors of ``gradient_inputs(op, phi_k)``. ``op``: a MaskOperator or
-    a duck-typed one (fast.operator.as_operator wraps it once).
+    a duck-typed one (fast.operator.as_operator wraps it once; TypeError / ValueError naming
+    ``mask`` otherwise). Cost O((T_M(N) + N) m d) (choromanski22 Lemma 3.1), forward and backward.
+
+    >>> import torch
+    >>> from fast.algebra import masked_products
+    >>> from fast.masks.explicit import DenseMask
+    >>> g = torch.Generator().manual_seed(0)
+    >>> pq, pk, v = torch.rand(6, 4, generator=g), torch.rand(6, 4, generator=g), torch.rand(6, 2, generator=g)
+    >>> m = torch.ones(6, 6).tril()
+    >>> num, den = masked_products(pq, pk, v, DenseMask(m), 2)
+    >>> a = m * (pq @ pk.T)                            # Algorithm 1 = Eq. 2 with the kernel phi_q phi_k^T
+    >>> torch.allclose(num, a @ v), torch.allclose(den, a.sum(-1))
+    (True, True)
     """
     op = as_operator(op)
     params, retain = gradient_inputs(op, phi_k)

@@ -18,4 +18,12 @@ class DenominatorError(ArithmeticError):
       default); the message says so and names ``no_key="zero"``, which outputs 0 there instead.
 
     The message says how many queries failed, which case, and what to do.
+
+    >>> import torch
+    >>> from fast import DenominatorError, linear_attention
+    >>> try:                                   # phi_q = 0: every denominator is 0
+    ...     linear_attention(torch.zeros(2, 3), torch.ones(2, 3), torch.ones(2, 1))
+    ... except DenominatorError as error:
+    ...     print(str(error).split(":")[0])
+    attention denominator refused at 2 of 2 query positions
     """

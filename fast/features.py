@@ -6,23 +6,11 @@ Softmax-kernel estimators (choromanski22 Sec. 2; wu22 Eq. 4, Lemma 1), rows w_k 
     TrigRFF:     exp(|x|^2/2) [cos W x, sin W x] / sqrt(m)  (unbiased, not positive)
 Deterministic: ReLU, EluPlusOne (ELU(x) + 1), Identity.
 
-Stabiliser (positive maps, ``stabilize=True``): exp(z - c) with c the per-row max of z for
-queries and, for keys, the max over all keys and features of ONE (batch, head) slice, or a
-mask's ``key_stabilizer(z)`` (max over the keys each query can see: real keys for padding, the
-own segment for packing) so that a key hidden by the mask cannot underflow the visible ones.
-All these constants cancel in the normalised output; a max across the batch would not (one
-sample's underflow would depend on another's inputs), so it is never taken. A mask whose queries
-see different key sets (causal prefixes) may return per-key constants that its ``attend`` undoes
-(``rescales_keys``, fast.operator); only fast.favor_attention uses them that way.
-``FavorPlus.exponentials`` gives the features without their 1/sqrt(m) (largest stabilised entry
-exactly 1), which fast.favor_attention feeds to its guard.
-Half-precision inputs are projected and exponentiated in float32 (features come out float32).
-
-Cost (issue 11): FAVOR+ is one GEMM and about one elementwise pass over the (N, m) exponents
-(``favor_exponentials``): the stabiliser is taken from the row maxima of the projection (the
-squared-norm term is constant along a row), and the shift and the exponential run in place on
-the GEMM's output. EluPlusOne is exp(min(x, 0)) + max(x, 0) with a backward that reads only its
-output (torch's ELU goes through a scalar expm1 on CPU: ~1.7x slower than the vectorised exp).
+Positive maps are stabilised (``stabilize=True``): exp(z - c), c the per-row max for queries and,
+for keys, one constant per (batch, head) slice or a mask's ``key_stabilizer`` (never a max across
+the batch); the constants cancel in attention (docs/papers.md Sec. 0, "Stabiliser").
+Half-precision inputs compute in float32. FAVOR+ costs one GEMM and about one elementwise pass:
+O(N m d). Derivations: docs/papers.md, "fast.features".
 """
 from __future__ import annotations
 
@@ -43,13 +31,21 @@ def gaussian_projection(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Draw W (m, d) with rows w_k ~ N(0, I_d) from an explicit generator.
+    """Draw W (m, d) with rows w_k ~ N(0, I_d) from an explicit generator (Performer).
 
     orthogonal=True: blocks of d orthonormal rows (QR of a Gaussian, Haar sign fix), each row
-    rescaled to an independent chi(d) norm (Performer's ORF), so marginals stay N(0, I_d).
+    rescaled to an independent chi(d) norm (Performer's ORF, Thm. 2), so marginals stay N(0, I_d).
     m, d: positive ints (NumPy integers too); generator: a torch.Generator or None (a fresh
     OS-seeded one; torch's global RNG is never read); dtype: float16/bfloat16/float32/float64.
-    TypeError names ``generator`` or ``dtype`` for anything else; ValueError names m or d.
+    O(m d), plus O(m d^2) for the QR of orthogonal=True. Raises TypeError naming ``generator`` or
+    ``dtype``, ValueError naming m or d.
+
+    >>> import torch
+    >>> from fast.features import gaussian_projection
+    >>> w = gaussian_projection(4, 4, orthogonal=True, generator=torch.Generator().manual_seed(0))
+    >>> gram = w @ w.T                                # orthogonal rows: a diagonal Gram matrix
+    >>> tuple(w.shape), torch.allclose(gram, torch.diag(gram.diagonal()), atol=1e-5)
+    ((4, 4), True)
     """
     m = check_positive_int("m", m)
     d = check_positive_int("d", d)
@@ -76,7 +72,13 @@ def gaussian_projection(
 
 
 def half_sq_norm(x: torch.Tensor, half: float) -> torch.Tensor:
-    """half * |x|^2 per row, (..., N, d) -> (..., N, 1): one read pass (vector_norm), no (N, d) temporary."""
+    """half * |x|^2 per row, (..., N, d) -> (..., N, 1), O(N d): one read pass, no (N, d) temporary.
+
+    >>> import torch
+    >>> from fast.features import half_sq_norm
+    >>> half_sq_norm(torch.tensor([[3., 4.], [1., 0.]]), 0.5).tolist()
+    [[12.5], [0.5]]
+    """
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     if x.requires_grad and torch.is_grad_enabled():
         return norm.square() * half  # vector_norm's backward reads its result: no in-place step
@@ -85,8 +87,14 @@ def half_sq_norm(x: torch.Tensor, half: float) -> torch.Tensor:
 
 def slice_max(rows: torch.Tensor) -> torch.Tensor:
     """The keys' default constant from their row maxima (..., N, 1): the max over ONE (batch, head)
-    slice, (..., 1, 1) (never across the batch: module doc). Shared with fast.favor_blockwise, which
-    calls it through this module, so both FAVOR+ paths take one rule."""
+    slice, (..., 1, 1), O(N) (never across the batch). fast.favor_blockwise calls it too, so both
+    FAVOR+ paths take one rule.
+
+    >>> import torch
+    >>> from fast.features import slice_max
+    >>> slice_max(torch.tensor([[[1.], [3.]], [[-2.], [0.]]])).flatten().tolist()
+    [3.0, 0.0]
+    """
     return rows.amax(-2, keepdim=True)
 
 
@@ -98,7 +106,7 @@ def favor_exponentials(
     x: torch.Tensor, w: torch.Tensor, half: float, *, is_query: bool, stabilize: bool = True,
     key_stabilizer=None, row_stabilizer=None, query_norm: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The stabilised FAVOR+ exponentials exp(x w^T - half |x|^2 - c) in one GEMM and ~one pass.
+    """The stabilised FAVOR+ exponentials exp(x w^T - half |x|^2 - c) (Performer Lemma 1), O(N m d).
 
     x: (..., N, d) and w: (m, d) in one compute dtype (a scale of x folds into w and ``half``:
     fast.favor_attention passes w = d^(-1/4) W and half = d^(-1/2) / 2). Returns
@@ -119,6 +127,15 @@ def favor_exponentials(
     - stabilize=False: exp(x w^T - half |x|^2).
     The in-place steps touch only the GEMM's fresh output (mm saves its inputs, not its output);
     exp_'s result is what autograd keeps, so the features must not be modified in place after.
+
+    >>> import torch
+    >>> from fast.features import favor_exponentials
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x, w = torch.randn(5, 3, generator=g), torch.randn(4, 3, generator=g)
+    >>> phi, c, n = favor_exponentials(x, w, 0.5, is_query=False)
+    >>> z = x @ w.T - 0.5 * (x * x).sum(-1, keepdim=True)       # keys: one constant, max z
+    >>> torch.allclose(phi, torch.exp(z - z.max())), tuple(c.shape), round(float(phi.max()), 4)
+    (True, (1, 1), 1.0)
     """
     p = x @ w.transpose(-1, -2)  # (..., N, m)
     if is_query and stabilize:
@@ -146,7 +163,17 @@ def favor_exponentials(
 class FeatureMap(nn.Module):
     """Base class: ``forward(x, is_query)`` maps (..., N, d) to (..., N, m).
 
-    ``is_query`` only matters for the stabiliser of the positive random feature maps.
+    ``is_query`` only matters for the stabiliser of the positive random feature maps; ``positive``
+    says that every feature is >= 0 (masked_linear_attention may then promise features_nonnegative).
+
+    >>> import torch
+    >>> from fast.features import FeatureMap
+    >>> class Square(FeatureMap):
+    ...     positive = True
+    ...     def forward(self, x, is_query=False):
+    ...         return x * x
+    >>> Square()(torch.tensor([[-2., 3.]])).tolist()
+    [[4.0, 9.0]]
     """
 
     positive: bool = False
@@ -196,7 +223,21 @@ class _Projected(FeatureMap):
 
 
 class FavorPlus(_Projected):
-    """FAVOR+ positive random features (wu22 Eq. 4), (..., N, d) -> (..., N, m)."""
+    """FAVOR+ positive random features (Performer Lemma 1; wu22 Eq. 4), (..., N, d) -> (..., N, m).
+
+    phi(x) = exp(W x - |x|^2/2) / sqrt(m) for projection W (m, d), stabilised by default (module
+    doc); E[phi(x).phi(y)] = exp(x.y). O(N m d). ValueError names ``projection`` (not (m, d)) or
+    ``x`` (wrong width d).
+
+    >>> import torch
+    >>> from fast.features import FavorPlus, gaussian_projection
+    >>> g = torch.Generator().manual_seed(0)
+    >>> w, x = gaussian_projection(8, 3, generator=g), torch.randn(5, 3, generator=g)
+    >>> phi = FavorPlus(w, stabilize=False)(x)
+    >>> dense = torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2) / 8 ** 0.5
+    >>> tuple(phi.shape), torch.allclose(phi, dense)
+    ((5, 8), True)
+    """
 
     positive = True
 
@@ -220,7 +261,19 @@ class FavorPlus(_Projected):
 
 
 class Hyperbolic(_Projected):
-    """Hyperbolic positive random features, (..., N, d) -> (..., N, 2m)."""
+    """Hyperbolic positive random features (Performer; docs/papers.md Sec. 0), (..., N, d) -> (..., N, 2m).
+
+    phi(x) = [exp(W x - |x|^2/2), exp(-W x - |x|^2/2)] / sqrt(2m), O(N m d); errors as FavorPlus.
+
+    >>> import torch
+    >>> from fast.features import Hyperbolic, gaussian_projection
+    >>> g = torch.Generator().manual_seed(0)
+    >>> w, x = gaussian_projection(4, 3, generator=g), torch.randn(5, 3, generator=g)
+    >>> half = (x * x).sum(-1, keepdim=True) / 2
+    >>> dense = torch.cat([torch.exp(x @ w.T - half), torch.exp(-x @ w.T - half)], -1) / 8 ** 0.5
+    >>> torch.allclose(Hyperbolic(w, stabilize=False)(x), dense)
+    True
+    """
 
     positive = True
 
@@ -233,9 +286,18 @@ class Hyperbolic(_Projected):
 
 
 class TrigRFF(_Projected):
-    """Trigonometric random Fourier features of exp(x.y), (..., N, d) -> (..., N, 2m).
+    """Trigonometric random Fourier features of exp(x.y) (Performer), (..., N, d) -> (..., N, 2m).
 
-    Not positive: the attention denominator can vanish or turn negative.
+    phi(x) = exp(|x|^2/2) [cos W x, sin W x] / sqrt(m), O(N m d); never stabilised. Not positive:
+    the attention denominator can vanish or turn negative. Errors as FavorPlus.
+
+    >>> import torch
+    >>> from fast.features import TrigRFF, gaussian_projection
+    >>> g = torch.Generator().manual_seed(0)
+    >>> w, x = gaussian_projection(4, 3, generator=g), torch.randn(5, 3, generator=g)
+    >>> scale = torch.exp((x * x).sum(-1, keepdim=True) / 2) / 4 ** 0.5
+    >>> torch.allclose(TrigRFF(w)(x), torch.cat([torch.cos(x @ w.T), torch.sin(x @ w.T)], -1) * scale)
+    True
     """
 
     def __init__(self, projection: torch.Tensor):
@@ -249,7 +311,14 @@ class TrigRFF(_Projected):
 
 
 class ReLU(FeatureMap):
-    """phi(x) = max(x, 0), m = d (reid25's choice). Rows of all-negative x give phi = 0."""
+    """phi(x) = max(x, 0), (..., N, d) -> (..., N, d), O(N d) (reid25's choice). Rows of all-negative
+    x give phi = 0. TypeError / ValueError name ``x`` (not a floating tensor).
+
+    >>> import torch
+    >>> from fast.features import ReLU
+    >>> ReLU()(torch.tensor([[-1., 2.]])).tolist()
+    [[0.0, 2.0]]
+    """
 
     def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
         check_floating("x", x)
@@ -294,20 +363,19 @@ def _compiled() -> object:
 
 
 class EluPlusOne(FeatureMap):
-    """phi(x) = ELU(x) + 1 >= 0 (> 0 where exp(x) does not underflow), m = d (Katharopoulos et al. 2020).
+    """phi(x) = ELU(x) + 1 >= 0, (..., N, d) -> (..., N, d), O(N d) (Katharopoulos et al. 2020).
 
-    Computed as exp(min(x, 0)) + max(x, 0) (the same function, equal to torch's elu(x) + 1 up to
-    round-off; exact exp(x) for x <= 0 where expm1(x) + 1 cancels), ~1.7x faster on CPU than
-    torch.nn.functional.elu(x) + 1, with a backward that keeps only the output.
+    Computed as exp(min(x, 0)) + max(x, 0), equal to torch's elu(x) + 1 up to round-off, with a
+    backward that keeps only exp(min(x, 0)) (docs/papers.md, "fast.features"). compiled=True
+    (opt-in): torch.compile of the map, one fused kernel; the first call compiles, and it needs
+    torch.compile's toolchain. TypeError names ``compiled`` (not a bool) or ``x``.
 
-    compiled=True (opt-in, never required): torch.compile of the map, one fused elementwise
-    kernel forward and backward. Measured (CPU, float32, one thread, CPU seconds, (4, 2^14, d),
-    median of 5): forward 2.6 vs 3.9 ms at d = 16 and 9.3 vs 15.7 ms at d = 64 against the eager
-    map above (inference); forward + backward no faster (8.3 vs 8.2 ms, 31 vs 28 ms). The first
-    call compiles (4-10 s here, once per process and shape family), and it needs torch.compile's
-    toolchain (a C++ compiler on CPU). (Compiling the FAVOR+ map gained 0-15% of the map, a GEMM
-    dominates it; compiling the causal scan took 13-200 s and ran 2.6-3x slower at N = 2^14:
-    neither is offered.)"""
+    >>> import torch
+    >>> from fast.features import EluPlusOne
+    >>> x = torch.linspace(-3, 3, 7)
+    >>> torch.allclose(EluPlusOne()(x), torch.nn.functional.elu(x) + 1), bool((EluPlusOne()(x) > 0).all())
+    (True, True)
+    """
 
     positive = True
 
@@ -325,7 +393,14 @@ class EluPlusOne(FeatureMap):
 
 
 class Identity(FeatureMap):
-    """phi(x) = x; the denominator may vanish."""
+    """phi(x) = x, (..., N, d) -> (..., N, d): signed features, so the denominator may vanish.
+
+    >>> import torch
+    >>> from fast.features import Identity
+    >>> x = torch.tensor([[-1., 2.]])
+    >>> torch.equal(Identity()(x), x)
+    True
+    """
 
     def forward(self, x: torch.Tensor, is_query: bool = False) -> torch.Tensor:
         check_floating("x", x)
