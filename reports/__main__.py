@@ -2,7 +2,7 @@
 
 The work is split in two. ``python -m measure --out FILE`` measures (timing sweeps, peak
 memory in child processes, the FAVOR+ experiment, the mask gallery, the checks) and writes one
-results JSON (verify/schema.py). ``python -m reports`` only draws: it reads that file and the asv
+results JSON (results/schema.py). ``python -m reports`` only draws: it reads that file and the asv
 results folder (re-read on every render) and, for the peers section, the peer suite's summary
 (``make bench-ops`` writes benchmarks/out/peers-summary.json; ``--peers-json`` names another) and,
 for the GPU section, the GPU run (``make gpu-check`` writes reports/out/gpu.json; ``--gpu-json``
