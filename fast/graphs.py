@@ -1,44 +1,32 @@
 """Graph: the one canonical undirected weighted graph every graph-kernel mask of fast/ reads.
 
-A Graph is an adjacency W (n, n) stored as CSR on torch (int64 indices, float64 weights):
+A Graph is an adjacency W (n, n) stored as CSR on torch: crow (n + 1,), col (E,) int64 (each
+row's columns sorted, no duplicates), weight (E,) float64 (> 0, finite); row (E,) (crow
+expanded), degree (n,) (stored neighbours; a self-loop counts once), weighted_degree (n,)
+(d_i = sum_j W_ij, docs/papers.md Sec. 3). E counts stored entries: an undirected edge {i, j},
+i != j, twice, a self-loop once. Immutable (``to`` returns a new one).
 
-    crow (n + 1,), col (E,), weight (E,)   with row i's neighbours col[crow[i]:crow[i + 1]],
-                                           sorted, without duplicates, weights > 0 and finite
-    row (E,)                               the row of each stored entry (crow expanded)
-    degree (n,)                            number of stored neighbours (a self-loop counts once)
-    weighted_degree (n,)                   row sums of W (d_i = sum_j W_ij, docs/papers.md Sec. 3)
+Conversion (``as_graph`` / ``Graph.from_any``), O(E log E) on the target device:
 
-E counts stored (directed) entries: an undirected edge {i, j}, i != j, is stored twice, a
-self-loop once. The graph is immutable (read-only properties; ``to`` returns a new one).
+- inputs: a Graph (passed through); a PyG ``edge_index`` (2, E) integer tensor or ndarray with
+  optional ``edge_weight`` (E,) (default 1; n defaults to max index + 1); a torch sparse COO or
+  CSR (n, n); any scipy.sparse (n, n); a networkx graph (nodes relabelled 0..n-1 in ``G.nodes``
+  order, attribute "weight", default 1; a DiGraph is an asymmetric input, a MultiGraph's parallel
+  edges are summed).
+- dense adjacency matrices are refused (unlike reference.graphs.adjacency: pass
+  ``scipy.sparse.csr_matrix(A)`` or ``A.to_sparse()``); an integer (2, 2) array is ambiguous and
+  refused unless ``n`` or ``edge_weight`` marks it as an edge_index.
+- duplicates are summed, then explicit zeros dropped; weights finite and >= 0; indices in
+  [0, n); n >= 1 (self-loops, isolated nodes and several components are fine).
+- W must equal W^T: entries that agree to a relative SYMMETRY_RTOL count as equal (round-off of
+  d_i^-1/2 w_ij d_j^-1/2 computed in another order) and the larger is stored, so the result is
+  exactly symmetric; otherwise ValueError naming one pair, unless ``symmetrize=True`` (max(W, W^T),
+  an entry missing on one side counting 0).
+- weights are data: a tensor requiring grad is detached (a learnable reweighting of the same
+  sparsity goes through ``csr(dtype, values=...)``).
 
-Conversion rules (``Graph.from_any`` / ``as_graph``):
-
-- accepted inputs: a Graph (passed through, moved to ``device``); a PyG-style ``edge_index``
-  (2, E) integer tensor or ndarray with optional ``edge_weight`` (E,) (default 1 per column; n
-  defaults to max index + 1); a torch sparse COO or CSR tensor (n, n) (other sparse layouts are
-  converted to COO); any ``scipy.sparse`` matrix or array (n, n); a ``networkx`` Graph (nodes
-  relabelled 0..n-1 in ``G.nodes`` order, edge attribute "weight", default 1; a DiGraph is an
-  asymmetric input; a MultiGraph's parallel edges are summed).
-- a plain (dense) tensor or ndarray is read as an edge_index (2, E) only: dense adjacency
-  matrices (n, n) are NOT accepted (unlike reference.graphs.adjacency); pass
-  ``scipy.sparse.csr_matrix(A)`` or ``A.to_sparse()``. An integer (2, 2) array is ambiguous (an
-  edge_index with two edges, or a 2 x 2 adjacency) and is refused with a ValueError unless ``n``
-  or ``edge_weight`` is given, which marks it as an edge_index.
-- duplicate entries are summed (as scipy's ``sum_duplicates``), then explicit zeros are dropped.
-- weights must be finite and >= 0 (every mask here needs W >= 0); indices integers in [0, n).
-- undirected is required: W must equal W^T. Entries that agree to a relative 1e-12 count as
-  equal (round-off of a product like d_i^-1/2 w_ij d_j^-1/2 computed in another order), and the
-  larger of the two is stored so the result is exactly symmetric. Otherwise ValueError naming
-  one offending pair, unless ``symmetrize=True``, which uses max(W, W^T) entrywise (an entry
-  missing on one side counts 0).
-- n = 0 is refused; n = 1, self-loops, isolated nodes and several components are fine.
-- the result lives on ``device`` (default: the input tensor's device, else CPU); the
-  canonicalisation runs there (O(E log E); ~2 s for a 1024 x 1024 grid on one CPU thread).
-- weights are data: a tensor requiring grad is detached. A learnable reweighting of the same
-  sparsity goes through ``csr(dtype, values=...)``.
-
-Errors are ValueError (bad values or shapes) or TypeError (a type that is not a graph), naming
-the argument (``name``), what was expected and what came.
+Errors are ValueError (bad values or shapes) or TypeError (not a graph), naming the argument
+(``name``), what was expected and what came.
 """
 from __future__ import annotations
 
@@ -166,7 +154,16 @@ class Graph:
     """Canonical undirected graph W (n, n) on torch, CSR with sorted unique columns (module docstring).
 
     Build with ``Graph.from_any(...)`` or ``as_graph(...)``; the constructor takes canonical
-    parts and trusts them (``check=True`` re-validates them).
+    parts and trusts them (``check=True`` re-validates them: ValueError / TypeError naming the
+    broken invariant). O(n + E) memory. The path 0 - 1 - 2:
+
+        >>> import torch
+        >>> from fast.graphs import Graph
+        >>> g = Graph.from_any(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]))
+        >>> g.n, g.num_edges, g.degree.tolist(), g.crow.tolist()
+        (3, 4, [1, 2, 1], [0, 1, 3, 4])
+        >>> g.csr().to_dense().tolist()
+        [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
     """
 
     __slots__ = ("_n", "_crow", "_col", "_weight", "_row", "_degree", "_wdeg", "_keys", "_csr", "cache")
@@ -314,7 +311,8 @@ class Graph:
         scipy.sparse (n, n) | networkx.Graph. n: node count (edge_index: default max index + 1;
         sparse inputs: must equal their size if given). edge_weight: (E,) weights of an
         edge_index's columns (default 1). symmetrize: use max(W, W^T) instead of refusing an
-        asymmetric W. device: where the Graph lives. name: the argument's name in errors."""
+        asymmetric W. device: where the Graph lives (default: the input tensor's device, else
+        CPU). name: the argument's name in errors."""
         if not isinstance(symmetrize, bool):
             raise TypeError(f"symmetrize must be a bool, got {type(symmetrize).__name__}")
         n = _check_n(n, name)
@@ -440,7 +438,19 @@ def _sparse_size(shape: tuple[int, ...], name: str, n: int | None) -> int:
 
 
 def as_graph(graph: Any, **kw: Any) -> Graph:
-    """A Graph passes through (moved to ``device`` if given); anything else goes to Graph.from_any."""
+    """A Graph passes through (moved to ``device`` if given); anything else goes to Graph.from_any
+    (module doc: accepted inputs, rules and errors; O(E log E)).
+
+        >>> import torch
+        >>> from fast.graphs import as_graph
+        >>> g = as_graph(torch.tensor([[0, 1], [1, 2]]), n=3, symmetrize=True)
+        >>> g.num_edges, g.edge_weight(torch.tensor(2), torch.tensor(1)).item()
+        (4, 1.0)
+        >>> as_graph(torch.tensor([[0], [1]]), n=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: graph is not symmetric (W[0, 1] = 1.0 but W[1, 0] = 0.0); pass symmetrize=True to use max(W, W^T)
+    """
     if isinstance(graph, Graph) and not kw:
         return graph
     return Graph.from_any(graph, **kw)
@@ -451,7 +461,17 @@ def normalized_adjacency(g: Graph) -> Graph:
 
     Computed as w_ij / (sqrt(d_i) sqrt(d_j)): the product d_i d_j would overflow for weights above
     ~1e154 and underflow below ~1e-162 (giving 0 or inf); the square roots keep every finite graph
-    in range. Same sparsity as g (isolated nodes have no entries, so no 0/0 arises)."""
+    in range. Same sparsity as g (isolated nodes have no entries, so no 0/0 arises). O(n + E).
+    TypeError for a g that is not a Graph.
+
+        >>> import torch
+        >>> from fast.graphs import as_graph, normalized_adjacency
+        >>> a = torch.tensor([[0.0, 1, 0], [1, 0, 3], [0, 3, 0]], dtype=torch.float64)
+        >>> d = a.sum(1).rsqrt()
+        >>> w = normalized_adjacency(as_graph(a.to_sparse())).csr().to_dense()
+        >>> bool(torch.allclose(w, d[:, None] * a * d[None, :]))
+        True
+    """
     if not isinstance(g, Graph):
         raise TypeError(f"g must be a Graph (use as_graph), got {type(g).__name__}")
     d = g.weighted_degree

@@ -9,28 +9,8 @@ u_L, L = length[w] hops, stored ragged:
     nodes (offsets[-1],) int64  nodes[offsets[w] + t] = u_t, t = 0..length[w]
     p_halt                      the halting probability used (0.0 for fixed-length walks)
 
-sample_walks semantics (the reference sampler follows the same rules with its own draws):
-
-- exactly one of ``p_halt`` in (0, 1) and ``fixed_length`` >= 0. With p_halt, before each hop the
-  walker halts with probability p_halt (so, uncapped, L ~ Geometric: P(L = k) = (1 - p)^k p,
-  E[L] = (1 - p) / p); ``i_max`` (int >= 0 or None) caps the hops (P(L = i_max) = (1 - p)^i_max).
-  With fixed_length every walk makes exactly that many hops (``i_max``, if given, caps it too).
-- a walker standing on a node without neighbours stops (an isolated start node: length 0).
-- choice "uniform": the next node is uniform over the stored neighbours (index crow[u] +
-  floor(U deg(u))), what the GRF loads W_uv deg(u) / (1 - p_halt) assume (reid25 Eq. 10);
-  "weighted": proportional to the edge weight (P = D^-1 W, RWGNK), by binary search of U in the
-  row's normalised cumulative weights.
-- antithetic (p_halt mode, even n_walkers): walkers 2r and 2r + 1 of a node use halting uniforms
-  u and (u + 1/2) mod 1 at every step where both are still walking (each marginal unchanged;
-  with p_halt <= 1/2 the two never halt at the same step).
-- repelling (uniform choice only): the walkers of one start node that stand on one node at one
-  step form a group of size g; with one uniform offset o ~ U{0..deg-1} per group, the walker of
-  rank k in the group (ordered by walker index) takes neighbour (o + k) mod deg. Each marginal
-  stays uniform, and the group takes g distinct neighbours whenever g <= deg.
-
-Randomness comes only from ``generator`` (a torch.Generator on the graph's device). None creates
-a fresh generator seeded from the OS (nondeterministic); global RNG state is never read or changed.
-The loop runs over hops only; the active walkers shrink as they halt; no per-node Python loop.
+``sample_walks`` draws them (its docstring: the rules, which the reference sampler follows with
+its own draws) from an explicit torch.Generator; global RNG state is never read or changed.
 """
 from __future__ import annotations
 
@@ -65,7 +45,15 @@ def _index_field(name: str, value: Any, device) -> torch.Tensor:
 class Walks:
     """Ragged walks of n_walkers walkers per node (module docstring: layout). Tensors int64 on one device.
 
-    Build with ``sample_walks`` or ``Walks.from_arrays`` (validated)."""
+    Build with ``sample_walks`` or ``Walks.from_arrays`` (validated: ValueError / TypeError naming
+    the field). O(W + total walk length) memory. Node 0 walks to 1, node 1 stays:
+
+        >>> from fast.walks import Walks
+        >>> w = Walks.from_arrays(n_nodes=2, n_walkers=1, p_halt=0.5, length=[1, 0], offsets=[0, 2, 3],
+        ...                       nodes=[0, 1, 1])
+        >>> w.num_walks, [t.tolist() for t in w.hops()]
+        (2, [[0], [1]])
+    """
 
     n_nodes: int
     n_walkers: int
@@ -217,11 +205,38 @@ def _weighted_keys(g: Graph) -> torch.Tensor:
 def sample_walks(graph: Any, n_walkers: int, *, p_halt: float | None = None, i_max: int | None = None,
                  fixed_length: int | None = None, choice: str = "uniform", antithetic: bool = False,
                  repelling: bool = False, generator: torch.Generator | None = None) -> Walks:
-    """n_walkers walks from every node of ``graph`` (a Graph or anything ``as_graph`` accepts).
+    """n_walkers walks from every node of ``graph`` (a Graph or anything ``as_graph`` accepts):
+    Walks with W = n * n_walkers walks, node-major, on the graph's device (choromanski22 Sec. 4.2;
+    reid25 Eq. 10).
 
-    Returns Walks with W = n * n_walkers walks, node-major, on the graph's device (module
-    docstring: semantics). Cost O(W * (E[L] + 1)) work in ~max L vectorised steps (plus O(E)
-    for choice="weighted" and O(active log active) per step for repelling)."""
+    - exactly one of ``p_halt`` in (0, 1) and ``fixed_length`` >= 0. With p_halt the walker halts
+      with probability p_halt before each hop (uncapped, P(L = k) = (1 - p)^k p); ``i_max`` (int
+      >= 0 or None) caps the hops. With fixed_length every walk makes that many hops (``i_max``
+      caps it too). A walker on a node without neighbours stops.
+    - choice "uniform": the next node is uniform over the stored neighbours, what the GRF loads
+      W_uv deg(u) / (1 - p_halt) assume (reid25 Eq. 10); "weighted": proportional to the edge
+      weight (P = D^-1 W, RWGNK).
+    - antithetic (p_halt, even n_walkers): walkers 2r and 2r + 1 of a node use halting uniforms u
+      and (u + 1/2) mod 1 (each marginal unchanged). repelling (uniform choice): walkers of one
+      start node meeting on a node take distinct neighbours (o + rank) mod deg, one uniform offset
+      o per group (each marginal unchanged).
+    - randomness only from ``generator`` (a torch.Generator on the graph's device; None: a fresh
+      OS-seeded one, nondeterministic).
+
+    O(W (E[L] + 1)) work in max L vectorised steps (plus O(E) for "weighted" and a sort of the
+    active walkers per step for repelling). ValueError / TypeError naming the argument for a bad
+    count, probability, length, choice, flag or generator (on another device).
+
+        >>> import torch
+        >>> from fast.graphs import as_graph
+        >>> from fast.walks import sample_walks
+        >>> g = as_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]))
+        >>> walks = sample_walks(g, 2, fixed_length=3, generator=torch.Generator().manual_seed(0))
+        >>> walks.num_walks, walks.length.tolist()
+        (6, [3, 3, 3, 3, 3, 3])
+        >>> walks.validate(g) is None  # every hop follows an edge
+        True
+    """
     n_walkers, p_halt, i_max, fixed_length = _check_args(n_walkers, p_halt, i_max, fixed_length, choice,
                                                          antithetic, repelling)
     g = as_graph(graph)
