@@ -1,29 +1,11 @@
 """Graph random features (GRF), dense: reid25 Algorithm 1 / Eq. 10, and asymmetric GRFs (App. D).
 
-The mask is a power series of a weighted adjacency W, M_alpha = sum_k alpha_k W^k. If f is a
-deconvolution of alpha (sum_p f_p f_{k-p} = alpha_k) then M_alpha = Phi Phi^T with
-Phi = sum_k f_k W^k, and Phi is estimated row by row from random walks (Eq. 10):
-
-    phi_hat(v_i) = (1/n) sum_{walks w of node i} sum_{prefixes u_0..u_t of w, t <= len(f) - 1}
-                   f_t load_t e_{u_t},
-    load_t = prod_{s < t} W[u_s, u_{s+1}] deg(u_s) / (1 - p_halt)     (load_0 = 1),
-
-deg(u) the number of stored neighbours of u (the walker picks one uniformly) and p_halt the
-halting probability (0 for fixed-length walks). The load is w~(prefix) / p(prefix): the product
-of the edge weights over the probability that a walk has that prefix, so E[phi_hat] = Phi capped
-at the longest possible walk (``grf_expected_features``). With G the (N, N) matrix of rows
-phi_hat(v_i), M_hat = G_q G_k^T is unbiased for independent query and key ensembles; with one
-shared ensemble (G_q = G_k) the diagonal is biased upwards by the variance of each row.
-
-Asymmetric GRFs (App. D): the key side is one-hot (f^(2) = e_0), so M_hat = Phi1 = G with
-f^(1) = alpha (Eq. 24); masked attention is Eq. 26 / Algorithm 2. Algorithm 2 as printed
-normalises by S_i x n; its numerator and S_i carry the same 1/n (none), so the correctly
-normalised output is f_i / S_i and the printed one is that divided by n (an erratum;
-``grf_asym_attention_printed`` computes it as printed, ``grf_asym_attention`` correctly).
-
-Walks are data (docs/papers.md Sec. 3): any object with the fields of reference.walks.Walks
-(n_nodes, n_walkers, p_halt, length, offsets, nodes) or a dict of them; walker w = i * n_walkers
-+ r is the r-th walker of node i and nodes[offsets[w] + t] = u_t.
+The features G (N, N) (row i is phi_hat(v_i) of Eq. 10) estimate Phi = sum_k f_k W^k from random
+walks, so that G_q G_k^T estimates the power-series mask M_alpha = Phi Phi^T
+(reference.masks.power_series); ``grf_expected_*`` are the exact targets, and Algorithm 2 of
+App. D is kept as printed and as corrected (docs/papers.md Sec. 3, its erratum). Walks are data:
+a reference.walks.Walks or a dict of its fields. Readable loops over the walks, O(N n_walkers L)
+for L hops per walk, and dense (N, N) results (products O(N^3)).
 """
 from __future__ import annotations
 
@@ -42,7 +24,17 @@ def walk_arrays(walks, n: int, name: str = "walks") -> dict:
     """The fields of ``walks`` (a Walks object or a dict of its fields) as plain NumPy/Python values,
     checked against a graph of n nodes: n_nodes == n, n_walkers >= 1, 0 <= p_halt < 1, length (W,),
     offsets (W + 1,) consistent with length, nodes (offsets[-1],) in [0, n), walk w starting at
-    node w // n_walkers. Raises TypeError/ValueError naming ``name`` and the field."""
+    node w // n_walkers. Raises TypeError/ValueError naming ``name`` and the field. O(N n_walkers L).
+
+        >>> import numpy as np
+        >>> from reference.walks import sample_walks
+        >>> edge = np.array([[0.0, 1.0], [1.0, 0.0]])  # one edge: every 1-hop walk crosses it
+        >>> walks = sample_walks(edge, 2, np.random.default_rng(0), fixed_length=1)
+        >>> from reference.masks.grf import walk_arrays
+        >>> fields = walk_arrays(walks, 2)
+        >>> fields["n_walkers"], fields["offsets"].tolist()
+        (2, [0, 2, 4, 6, 8])
+    """
     get = (lambda k: walks[k]) if isinstance(walks, Mapping) else (lambda k: getattr(walks, k))
     try:
         raw = {k: get(k) for k in _WALK_FIELDS}
@@ -80,7 +72,13 @@ def walk_arrays(walks, n: int, name: str = "walks") -> dict:
 
 
 def modulation(name: str, f) -> np.ndarray:
-    """f (or alpha) as a non-empty, finite 1-D float64 array (f_0, ..., f_K)."""
+    """f (or alpha) as a non-empty, finite 1-D float64 array (f_0, ..., f_K) (K + 1,): TypeError for
+    complex or non-numeric input, ValueError for another shape or NaN/inf, naming ``name``. O(K).
+
+        >>> from reference.masks.grf import modulation
+        >>> modulation("f", [1, 0.5]).tolist()
+        [1.0, 0.5]
+    """
     a = real_array(name, f)
     if a.ndim != 1 or a.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-D sequence (f_0, ..., f_K), got shape {a.shape}")
@@ -101,7 +99,21 @@ def grf_features(adj, walks, f) -> np.ndarray:
 
     adj: the weighted adjacency W (scipy.sparse or dense (N, N), symmetric, >= 0); walks: sampled
     on it with uniform neighbour choice; f: (K + 1,) modulation, prefixes longer than K hops are
-    not counted. Entry (i, u_t) gains f_t load_t / n_walkers for every prefix of every walk of i.
+    not counted. Entry (i, u_t) gains f_t load_t / n_walkers for every prefix of every walk of i,
+    load_t = prod_{s < t} W[u_s, u_{s+1}] deg(u_s) / (1 - p_halt) (load_0 = 1): the prefix's weight
+    over its probability, so E[G] = ``grf_expected_features``.
+
+    Raises as walk_arrays, modulation and reference.graphs.adjacency; ValueError when a walk steps
+    off the graph's edges; MemoryError over the dense budget. O(N n_walkers min(L, K)) plus an
+    (N, N) array.
+
+        >>> import numpy as np
+        >>> from reference.walks import sample_walks
+        >>> edge = np.array([[0.0, 1.0], [1.0, 0.0]])  # one edge: every 1-hop walk crosses it
+        >>> walks = sample_walks(edge, 2, np.random.default_rng(0), fixed_length=1)
+        >>> from reference.masks.grf import grf_features
+        >>> grf_features(edge, walks, [1.0, 0.5]).tolist()  # = I + 0.5 W: no variance on one edge
+        [[1.0, 0.5], [0.5, 1.0]]
     """
     adj = adjacency(adj)
     n = adj.shape[0]
@@ -126,21 +138,54 @@ def grf_features(adj, walks, f) -> np.ndarray:
 def grf_mask(adj, walks_q, walks_k, f) -> np.ndarray:
     """M_hat = G_q G_k^T (N, N) (Eq. 10 and Sec. 3.2): unbiased for M_alpha = Phi Phi^T when the
     query-side and key-side ensembles are independent. walks_k=None uses walks_q on both sides
-    (one shared ensemble: the diagonal is biased upwards by the variance of each row)."""
+    (one shared ensemble: the diagonal is biased upwards by the variance of each row).
+
+    Raises as grf_features. O(N n_walkers L) for the features and O(N^3) for the dense product.
+
+        >>> import numpy as np
+        >>> from reference.walks import sample_walks
+        >>> edge = np.array([[0.0, 1.0], [1.0, 0.0]])  # one edge: every 1-hop walk crosses it
+        >>> walks = sample_walks(edge, 2, np.random.default_rng(0), fixed_length=1)
+        >>> from reference.masks.grf import grf_mask
+        >>> grf_mask(edge, walks, None, [1.0, 0.5]).tolist()
+        [[1.25, 1.0], [1.0, 1.25]]
+    """
     gq = grf_features(adj, walks_q, f)
     gk = gq if walks_k is None else grf_features(adj, walks_k, f)
     return gq @ gk.T
 
 
 def grf_asym_mask(adj, walks, alpha) -> np.ndarray:
-    """M_hat = Phi1 = G with f^(1) = alpha (App. D, Eq. 24): the key side is one-hot."""
+    """M_hat = Phi1 = G (N, N) with f^(1) = alpha (App. D, Eq. 24): the key side is one-hot. Raises
+    as grf_features. O(N n_walkers L).
+
+        >>> import numpy as np
+        >>> from reference.walks import sample_walks
+        >>> edge = np.array([[0.0, 1.0], [1.0, 0.0]])  # one edge: every 1-hop walk crosses it
+        >>> walks = sample_walks(edge, 2, np.random.default_rng(0), fixed_length=1)
+        >>> from reference.masks.grf import grf_asym_mask
+        >>> grf_asym_mask(edge, walks, [1.0, 2.0]).tolist()
+        [[1.0, 2.0], [2.0, 1.0]]
+    """
     return grf_features(adj, walks, alpha)
 
 
 def grf_expected_features(adj, f, i_max: int | None = None) -> np.ndarray:
     """E[G] = sum_{k <= K'} f_k W^k (N, N) with K' = len(f) - 1, capped at i_max when given (the
     longest walk: a p_halt walk's cap, or a fixed length). The exact target of ``grf_features``:
-    each prefix's load is its weight over its probability, so the expectation is the capped series."""
+    each prefix's load is its weight over its probability, so the expectation is the capped series.
+
+    Raises as modulation and reference.graphs.adjacency; for an i_max that is not an int >= 0;
+    MemoryError over the dense budget. O(K N^3).
+
+        >>> import numpy as np
+        >>> from reference.masks.grf import grf_expected_features
+        >>> path = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+        >>> grf_expected_features(path, [1.0, 0.5, 0.25])[0].tolist()  # I + W / 2 + W^2 / 4
+        [1.25, 0.5, 0.25]
+        >>> grf_expected_features(path, [1.0, 0.5, 0.25], i_max=1)[0].tolist()
+        [1.0, 0.5, 0.0]
+    """
     adj = adjacency(adj)
     f = modulation("f", f)
     top = f.size - 1 if i_max is None else min(f.size - 1, integer("i_max", i_max, minimum=0))
@@ -154,7 +199,17 @@ def grf_expected_features(adj, f, i_max: int | None = None) -> np.ndarray:
 
 
 def grf_expected_mask(adj, f, i_max: int | None = None) -> np.ndarray:
-    """E[G_q] E[G_k]^T: the expectation of ``grf_mask`` with independent ensembles (Eq. 10)."""
+    """E[G_q] E[G_k]^T (N, N): the expectation of ``grf_mask`` with independent ensembles (Eq. 10),
+    that is M_alpha with alpha = convolve(f) when nothing is capped. Raises as
+    grf_expected_features. O(K N^3).
+
+        >>> import numpy as np
+        >>> from reference.masks.grf import grf_expected_mask
+        >>> from reference.masks.power_series import convolve, power_series_mask
+        >>> path = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+        >>> bool(np.allclose(grf_expected_mask(path, [1.0, 0.5]), power_series_mask(path, convolve([1.0, 0.5]))))
+        True
+    """
     phi = grf_expected_features(adj, f, i_max)
     return phi @ phi.T
 
@@ -195,12 +250,41 @@ def grf_asym_attention_printed(adj, walks, alpha, phi_q, phi_k, v) -> np.ndarray
 
     f_i = sum over node i's walks and prefixes t of (phi_q_i . phi_k_{u_t}) alpha_t load_t v_{u_t},
     S_i the same without v. Off by the factor 1/n (the erratum): compare ``grf_asym_attention``.
-    phi_q, phi_k: (N, m) feature maps; v: (N, d)."""
+    phi_q, phi_k: (N, m) feature maps; v: (N, d).
+
+    Raises as grf_features; ValueError for non-finite or mis-shaped phi_q, phi_k, v;
+    ZeroDivisionError when S_i = 0. O(N n_walkers min(L, K) (m + d)).
+
+        >>> import numpy as np
+        >>> from reference.walks import sample_walks
+        >>> edge = np.array([[0.0, 1.0], [1.0, 0.0]])  # one edge: every 1-hop walk crosses it
+        >>> walks = sample_walks(edge, 2, np.random.default_rng(0), fixed_length=1)
+        >>> from reference.masks.grf import grf_asym_attention, grf_asym_attention_printed
+        >>> phi, v = np.ones((2, 1)), np.array([[1.0], [3.0]])
+        >>> printed = grf_asym_attention_printed(edge, walks, [1.0, 1.0], phi, phi, v)
+        >>> bool(np.allclose(printed * 2, grf_asym_attention(edge, walks, [1.0, 1.0], phi, phi, v)))  # n = 2
+        True
+    """
     return _algorithm2(adj, walks, alpha, phi_q, phi_k, v, printed=True)
 
 
 def grf_asym_attention(adj, walks, alpha, phi_q, phi_k, v) -> np.ndarray:
     """Algorithm 2 correctly normalised, out_i = f_i / S_i (N, d): equal to the masked linear
     attention sum_j M_ij (phi_q_i . phi_k_j) v_j / sum_j M_ij (phi_q_i . phi_k_j) with
-    M = ``grf_asym_mask`` (the 1/n of Eq. 10 cancels between numerator and S_i)."""
+    M = ``grf_asym_mask`` (the 1/n of Eq. 10 cancels between numerator and S_i). phi_q, phi_k:
+    (N, m); v: (N, d) -> (N, d).
+
+    Raises as grf_asym_attention_printed. O(N n_walkers min(L, K) (m + d)).
+
+        >>> import numpy as np
+        >>> from reference.walks import sample_walks
+        >>> edge = np.array([[0.0, 1.0], [1.0, 0.0]])  # one edge: every 1-hop walk crosses it
+        >>> walks = sample_walks(edge, 2, np.random.default_rng(0), fixed_length=1)
+        >>> from reference import masked_kernel_attention
+        >>> from reference.masks.grf import grf_asym_attention, grf_asym_mask
+        >>> phi, v = np.ones((2, 1)), np.array([[1.0], [3.0]])
+        >>> out = grf_asym_attention(edge, walks, [1.0, 1.0], phi, phi, v)
+        >>> out.tolist(), bool(np.allclose(out, masked_kernel_attention(phi, phi, v, grf_asym_mask(edge, walks, [1.0, 1.0]))))
+        ([[2.0], [2.0]], True)
+    """
     return _algorithm2(adj, walks, alpha, phi_q, phi_k, v, printed=False)
