@@ -1,10 +1,11 @@
-"""Sequence masks as operators: causal, packing, padding (choromanski22 Sec. 3.1).
+"""Sequence masks as operators: causal, packing, padding (choromanski22 Sec. 3.1; docs/papers.md
+Sec. 0, "Cheap masks").
 
-All act on x: (..., N, c) and never build N x N. The ``attend`` of causal and padding are
-autograd Functions that save only phi_q, phi_k, v (and, for padding, the (..., N, 1) key
-weights; for the causal scan with key constants, those (..., N, 1) constants) and form their
-O(N C) / O(N m d / C) intermediates again in backward, so training memory is O(N (m + d))
-whatever the chunk C and the widths m, d.
+All act on x (..., N, c) in O(N c) (causal ``attend``: O(N C (m + d) + N m d)) and never build
+N x N. The ``attend`` of causal and padding are autograd Functions that save only phi_q, phi_k, v
+(and small (..., N, 1) key weights or constants) and form their intermediates again in backward,
+so training memory is O(N (m + d)). The causal scan's derivation (chunks, key constants, the
+chunk rule) is in docs/papers.md, fast.masks.sequence.
 """
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ from fast.validation import broadcast_shape, check_key_log_scale, check_positive
 
 def check_mask_batch(name: str, mask_shape: tuple, x: torch.Tensor, what: str) -> tuple[int, ...]:
     """The batching rule of per-token mask data (segment_ids, key_mask) of shape (..., N) against an
-    input x (..., N, c): the mask is unbatched (N,), or it has exactly as many leading dims as x
-    and they broadcast (e.g. (B, 1, N) for x (B, H, N, c)). Returns the broadcast leading dims.
+    input x (..., N, c): the mask is unbatched (N,), or it has exactly as many leading dims as x and
+    they broadcast (e.g. (B, 1, N) for x (B, H, N, c)). Returns the broadcast leading dims. O(ndim).
 
-    A (B, N) mask against (B, H, N, c) inputs would broadcast B against H (silently per head when
-    B == H), and a (B, N) mask against unbatched (N, c) inputs would make B outputs of one input:
-    both are refused (ValueError naming the mask's argument, the shapes and the fix).
+    Raises ValueError naming the mask's argument (``name``), both shapes and the fix for a (B, N)
+    mask against (B, H, N, c) inputs (it would broadcast B against H) or against unbatched (N, c)
+    inputs, and for leading dims that do not broadcast.
+
+    >>> import torch
+    >>> from fast.masks.sequence import check_mask_batch
+    >>> check_mask_batch("key_mask", (2, 1, 5), torch.ones(2, 3, 5, 4), "input x")
+    (2, 3)
     """
     mask_lead, x_lead = tuple(mask_shape[:-1]), tuple(x.shape[:-2])
     if mask_lead and len(mask_lead) != len(x_lead):
@@ -43,61 +49,25 @@ def check_mask_batch(name: str, mask_shape: tuple, x: torch.Tensor, what: str) -
 
 
 class CausalMask(MaskOperator):
-    """M_ij = 1 if j <= i. ``matmul`` is a prefix sum; ``attend`` is the chunked scan.
+    """M_ij = 1 if j <= i (choromanski22 Sec. 3.1): causal linear attention.
 
-    Chunked scan with chunk C: split N into N/C chunks; inside a chunk the C x C block of
-    phi_q phi_k^T is masked lower-triangular and applied densely (a GEMM); across chunks each
-    chunk's queries read the running state S = sum over earlier chunks of phi_k^T v (m x d) and
-    z = sum phi_k (m). The states of all chunks are formed at once by a prefix sum over the
-    N/C chunk totals, so the work is O(N C (m + d) + N m d) in GEMMs rather than the memory-bound
-    cumsum of N outer products (~100x slower on CPU, docs/methods.md).
+    n: the number of tokens N; chunk: None (chosen per call by ``chunk_for``) or the chunk C of the
+    scan; ValueError naming n or chunk unless each is a positive int. ``matmul`` is a prefix sum,
+    ``rmatmul`` a suffix sum: x (..., N, c) -> (..., N, c), O(N c). ``attend(phi_q, phi_k, v)``
+    (phi (..., N, m), v (..., N, d)) -> (num (..., N, d), den (..., N)) is the chunked scan:
+    O(N C (m + d) + N m d) work in GEMMs, O(N (m + d)) memory kept for backward, double backward
+    supported. ``key_stabilizer`` returns per-key running maxima (``rescales_keys``) that
+    ``attend(..., key_log_scale=c)`` undoes exactly, so no FAVOR+ key underflows the early keys the
+    early queries see; ``attend_optimistic`` / ``attend_exact`` are the driver's routes to it
+    (fast.operator). Derivations and the chunk rule: docs/papers.md, fast.masks.sequence.
 
-    Under autograd the scan saves phi_q, phi_k, v only; backward forms the chunk blocks and
-    states again (its transient memory is the forward's: O(N C + N m d / C)) and applies the
-    transposed scan (a reverse prefix sum over chunks), so nothing of size N C or N m d / C is
-    kept between forward and backward. Backward is itself differentiable (double backward).
-
-    Key constants (``rescales_keys``): each query sees a different prefix of the keys, so one
-    stabiliser constant for all keys (the per-slice max) lets a late key with a far larger FAVOR+
-    exponent underflow the early keys that the early queries see (in float32 from exponents ~87
-    apart). ``key_stabilizer`` therefore returns the running max c_j = max_{j' <= j} max_a z_j'a
-    (online softmax's running max), and fast.favor_attention passes it back to
-    ``attend(..., key_log_scale=c)``, which undoes it exactly: every query's (num, den) comes out
-    in units of its own running max, with every factor exp of a non-positive number (see
-    ``attend``). A key is then lost to underflow only where it is below 2^-126 (float32) of the
-    largest key its query sees, i.e. where it is negligible for that query; the supported range
-    of FAVOR+ exponents is the dtype's whole range rather than ~87 (float32) or ~708 (float64)
-    units across the sequence. Cost: the C x C weights exp(c_j - r_i) (N C exponentials) and a
-    decayed scan over the chunk states in place of a prefix sum.
-
-    Narrow constants: where every slice's running max spans at most T = ``factor_range(dtype)``
-    (log(max) / 8: 11.1 in float32), the weights factor through one reference per slice, R = r_N:
-    exp(c_j - r_i) = exp(c_j - R) exp(R - r_i), so the scan is the plain one on keys times
-    exp(c_j - R) <= 1, its (num, den) times exp(R - r_i) in [1, exp(T)] (no C x C exponentials,
-    no decayed scan; FAVOR+ causal ~20% faster forward and ~15-20% forward + backward at
-    N = 2^12 and 2^14, d = m = 16 and 64, 2 threads, issue 11). There a key is lost
-    to underflow only where its weight for the query is below exp(T) times the dtype's smallest
-    normal number (float32: ~1e-33 rather than ~1e-38 of the largest key the query sees); wider
-    constants (e.g. a key far louder than earlier ones) take the scan above. ``attend`` decides
-    with the host read it makes anyway (finiteness); fast.favor_attention, which reads the device
-    once per call, uses ``attend_optimistic``: the narrow route is tried and its condition
-    joins the driver's one combined flag; a failure redoes the call's products with the scan
-    above (and this mask instance keeps to it afterwards, ``_wide``: exact either way, and a
-    wide call then costs one scan, not the narrow try and the scan).
-
-    The scans over chunks (prefix sums of the N/C chunk states, m x d each) are in-place
-    two-level loops over slices (``_scan_into``; torch.cumsum for small ones): torch.cumsum along the chunk axis of a
-    (..., N/C, m, d) tensor is strided and was ~30% of the causal ELU+1 forward at N = 2^14,
-    m = d = 64 (issue 11).
-
-    The chunk C: ``chunk=None`` (the default) picks it per call from the feature width m and the
-    value width d (``chunk_for``): C = sqrt(m d) rounded to a power of two, within [16, 64].
-    The intra-chunk work grows as N C (m + d) and the state traffic as N m d / C; measured
-    (causal ELU+1 and FAVOR+, float32, N = 2^12 and 2^14, one thread, CPU seconds, forward and
-    forward + backward, C in {8, ..., 128}): the fastest C was 16 at m = d = 16 (C = 64 took
-    1.4-1.6x as long), 16-32 at m = d = 32, 32-64 at 64, 64 at 128 and at (m, d) = (256, 64),
-    32 at (64, 16) and (16, 64); the rule is within 5% of the fastest in each case. An explicit
-    ``chunk`` (a positive int) is used as given.
+    >>> import torch
+    >>> from fast import CausalMask, masked_linear_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = torch.rand(3, 6, 2, generator=g, dtype=torch.float64).unbind(0)
+    >>> a = torch.ones(6, 6, dtype=torch.float64).tril() * (q @ k.T)   # M o (phi_q phi_k^T), dense
+    >>> torch.allclose(masked_linear_attention(q, k, v, CausalMask(6)), a @ v / a.sum(-1, keepdim=True))
+    True
     """
 
     #: M_ij = 1 or 0 (the guard of fast/ relies on it).
@@ -155,21 +125,13 @@ class CausalMask(MaskOperator):
                key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of causal linear attention by the chunked scan.
 
-        phi_q, phi_k: (..., N, m); v: (..., N, d), with the same leading dims (as the driver passes them).
-
-        key_log_scale: None, or c (..., N, 1) (broadcastable to phi_k's leading dims; detached:
-        no gradient reaches it) saying that the key features passed in are
-        phi_k_j = phi_true_j exp(-c_j). Then, with r_i = max_{j <= i} c_j (= c_i for the running
-        max of ``key_stabilizer``), the result is
-            num_i = sum_{j <= i} (phi_q_i . phi_k_j) exp(c_j - r_i) v_j,   den_i likewise,
-        i.e. the true products times exp(-r_i), one positive factor per query that cancels in
-        num / den. In the scan every factor is exp of a non-positive number, so nothing
-        overflows and a key is only lost to underflow when it is negligible for every query
-        that sees it: inside a chunk the C x C block is weighted by exp(c_j - r_i) <= 1; chunk
-        t's total is formed in units of E_t (r at its last token) with weights exp(c_j - E_t);
-        the states S_t = exp(E_{t-1} - E_t) S_{t-1} + total_t come from the decayed scan over
-        the chunks (``_decayed_scan``: ~3 sqrt(N/C) slice updates); query i of chunk t reads S_{t-1} times
-        exp(E_{t-1} - r_i). Backward is the transposed scan with the same factors.
+        phi_q, phi_k: (..., N, m); v: (..., N, d), with the same leading dims (as the driver passes
+        them); ValueError naming the argument otherwise. key_log_scale: None, or c (..., N, 1)
+        (broadcastable to phi_k's leading dims; detached) saying that the key features passed in are
+        phi_k_j = phi_true_j exp(-c_j). Then num_i = sum_{j <= i} (phi_q_i . phi_k_j) exp(c_j - r_i) v_j
+        with r_i = max_{j <= i} c_j (den_i likewise): the true products times exp(-r_i), which cancels
+        in num / den, with every factor exp of a non-positive number (docs/papers.md,
+        fast.masks.sequence). ValueError for non-finite key_log_scale. Backward is the transposed scan.
         """
         self._check_attend_inputs(phi_q, phi_k, v)
         if key_log_scale is None:
@@ -187,12 +149,11 @@ class CausalMask(MaskOperator):
 
     def attend_optimistic(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                           key_log_scale: torch.Tensor) -> tuple[object, torch.Tensor | None]:
-        """((num, den), narrow) for fast.favor_attention, without a host read (the contract's
-        optimistic attend, fast.operator): unless this instance has met wide constants (``_wide``),
-        the one-reference route is taken without checking, and narrow (0-dim bool, ``_narrow``)
-        says whether it was exact; where it is False the driver calls ``attend_exact``. narrow is
-        None where the decayed scan was taken (always exact). A subclass that overrides ``attend``
-        gets the contract's default (its own attend with key_log_scale), never these routes."""
+        """((num, den), narrow) for fast.favor_attention without a host read (the contract's optimistic
+        attend, fast.operator): the one-reference route unless this instance has met wide constants;
+        narrow (0-dim bool) says whether it was exact, None where the exact scan ran. A subclass that
+        overrides ``attend`` gets the contract's default instead.
+        """
         if type(self).attend is not CausalMask.attend:
             return super().attend_optimistic(phi_q, phi_k, v, key_log_scale)
         if self._wide:
@@ -203,9 +164,9 @@ class CausalMask(MaskOperator):
 
     def attend_exact(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                      key_log_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num, den) by the decayed scan after ``attend_optimistic``'s narrow read False: this
-        instance keeps to the decayed scan afterwards (``_wide``: exact either way, and a wide call
-        then costs one scan, not the narrow try and the scan)."""
+        """(num, den) by the decayed scan after ``attend_optimistic``'s narrow read False; this instance
+        keeps to the decayed scan afterwards (exact either way, and cheaper for a wide call).
+        """
         if type(self).attend is not CausalMask.attend:
             return super().attend_exact(phi_q, phi_k, v, key_log_scale)
         self._wide = True
@@ -223,9 +184,9 @@ class CausalMask(MaskOperator):
 
     def _attend_scaled(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                        key_log_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """attend(phi_q, phi_k, v, key_log_scale=c) without its host read of c's finiteness: for
-        fast.favor_attention, which checks its inputs once per call (a non-finite c comes from a
-        non-finite k, which its check names; here it would only make num and den NaN)."""
+        """attend(phi_q, phi_k, v, key_log_scale=c) without its host read of c's finiteness (the driver
+        checks its inputs once per call).
+        """
         self._check_attend_inputs(phi_q, phi_k, v)
         return _StableCausalScan.apply(phi_q, phi_k, v, self._check_log_scale(key_log_scale, phi_k), self, False)
 
@@ -277,13 +238,9 @@ class CausalMask(MaskOperator):
         return num, den
 
     def _scan_backward(self, phi_q, phi_k, v, g_num, g_den):
-        """Gradients of (num, den) = _scan(phi_q, phi_k, v) for upstream (g_num (..., N, d), g_den (..., N)).
-
-        Per chunk, with A = tril(Q K^T), S = exclusive prefix of K^T V, z = exclusive prefix of K^T 1:
-            dA = tril(G V^T + g 1^T),  dQ = dA K + G S^T + g z^T,
-            dK = dA^T Q + V dT^T + 1 dt^T,  dV = A^T G + K dT,
-        where dT, dt are the exclusive SUFFIX sums over chunks of Q^T G and Q^T g. Without double
-        backward, A and dA are formed in place and one at a time (one (N, C) block alive).
+        """Gradients (dq, dk, dv) of (num, den) = _scan(phi_q, phi_k, v) for (g_num (..., N, d),
+        g_den (..., N)): the transposed scan (docs/papers.md, fast.masks.sequence). Without double
+        backward the C x C blocks are formed in place, one alive at a time.
         """
         n = self.n
         c, (q, k, vv, gn) = self._chunks(phi_q, phi_k, v, g_num, chunk=self.chunk_for(phi_q.shape[-1], v.shape[-1]))
@@ -317,13 +274,10 @@ class CausalMask(MaskOperator):
     # ----------------------------------------------------------- the scan with key constants
 
     def _stable_parts(self, phi_q, phi_k, v, c):
-        """Chunked views and the scale factors of the scan with key constants c (..., N).
-
-        Returns C, (q, k, vb, cj, r, E, E_prev): q, k (..., nc, C, m); vb = [v, 1] (..., nc, C, d + 1)
-        (the denominator is the numerator's extra column); cj the key constants and r = their
-        running max (the queries' reference) (..., nc, C); E (..., nc) r at each chunk's last
-        token; E_prev (..., nc): E of the previous chunk (r at the first token for chunk 0).
-        Padded tokens repeat the last constant (their keys are zero, their queries are cut off).
+        """Chunked views and scale factors of the scan with key constants c (..., N): C, (q, k, vb, cj, r,
+        E, E_prev) with q, k (..., nc, C, m), vb = [v, 1] (..., nc, C, d + 1) (the denominator is the
+        numerator's extra column), cj and their running max r (..., nc, C), E (..., nc) r at each
+        chunk's last token and E_prev E of the previous chunk. Padded tokens repeat the last constant.
         """
         n = self.n
         r = torch.cummax(c, dim=-1).values
@@ -371,18 +325,9 @@ class CausalMask(MaskOperator):
         return out[..., :d], out[..., d]
 
     def _stable_scan_backward(self, phi_q, phi_k, v, c, g_num, g_den, narrow: bool = False):
-        """Gradients of (num, den) = _stable_scan(phi_q, phi_k, v, c) for (g_num, g_den); c is a constant.
-
-        num_i = sum_{j <= i} w_ij (q_i . k_j) v_j with w_ij = exp(c_j - r_i), so with G_i = [g_i, gd_i]
-        and vb_j = [v_j, 1]:
-            dq_i = sum_{j <= i} w_ij (G_i . vb_j) k_j      (the forward scan with G for q, vb for k, k for v)
-            dk_j = sum_{i >= j} w_ij (G_i . vb_j) q_i,   dv_j = sum_{i >= j} w_ij (q_i . k_j) g_i
-        Inside a chunk: A = (Q K^T) o W, dA = (G Vb^T) o W, dQ = dA K, dK = dA^T Q, dV = A^T G.
-        Across chunks: dq_i += exp(E_{t-1} - r_i) S_{t-1} G_i (the forward states); for keys the
-        reverse states R_t = sum_{i in chunks > t} exp(E_t - r_i) q_i G_i^T from the reverse
-        decayed scan of the chunk totals U_s = sum_{i in s} exp(E_{s-1} - r_i) q_i G_i^T (levels
-        E_{s-1}), read as dk_j += exp(c_j - E_t) R_t vb_j, dv_j += exp(c_j - E_t) (k_j^T R_t)[:d].
-        Every factor is exp of a non-positive number, as in forward.
+        """Gradients (dq, dk, dv) of _stable_scan(phi_q, phi_k, v, c) for (g_num, g_den); c is a constant.
+        The transposed scan with the forward's factors, every one exp of a non-positive number
+        (docs/papers.md, fast.masks.sequence: dq, dk, dv and the reverse decayed states R_t).
         """
         n, d = self.n, v.shape[-1]
         if narrow:  # the plain scan's gradients on the rescaled keys and upstream gradients
@@ -461,22 +406,23 @@ class _StableCausalScan(torch.autograd.Function):
 
 
 def factor_range(dtype: torch.dtype) -> float:
-    """T = log(largest finite value of dtype) / 8 (float32: 11.1, float64: 88.7, float16: 1.39): the
-    widest span of key constants per slice for which CausalMask's scan factors its weights through
-    one reference (its query factors, up to exp(T) = max^(1/8), stay far from overflow)."""
+    """T = log(largest finite value of dtype) / 8: the widest span of key constants per slice for
+    which CausalMask's scan factors its weights through one reference (its query factors, up to
+    exp(T), stay far from overflow). O(1).
+
+    >>> import torch
+    >>> from fast.masks.sequence import factor_range
+    >>> round(factor_range(torch.float32), 1), round(factor_range(torch.float64), 1)
+    (11.1, 88.7)
+    """
     return math.log(torch.finfo(dtype).max) / 8
 
 
 def _decayed_scan(x: torch.Tensor, level: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """Inclusive scan with exponential decay along axis -3, in O(n) work; a new tensor.
-
-    x: (..., n, a, b); level: (..., n), non-decreasing along its last axis. Returns
-        S_t = sum_{t' <= t} exp(level_t' - level_t) x_t'          (reverse=False)
-        S_t = sum_{t' >= t} exp(level_t - level_t') x_t'          (reverse=True)
-    i.e. S_t = exp(level_{t-1} - level_t) S_{t-1} + x_t (resp. S_t = x_t + exp(level_t - level_{t+1}) S_{t+1}):
-    every factor is exp of a non-positive number. Without grad mode: ``_scan_into`` (two levels
-    of loops over contiguous slices, written into a new tensor: about two passes). Under grad mode
-    (double backward) the differentiable pairwise recursion ``_decayed_scan_pairwise``.
+    """Inclusive scan with exponential decay along axis -3 of x (..., n, a, b), in O(n) work; a new
+    tensor. level (..., n) is non-decreasing; S_t = sum_{t' <= t} exp(level_t' - level_t) x_t'
+    (reverse: sum_{t' >= t} exp(level_t - level_t') x_t'), every factor <= 1. Without grad mode
+    ``_scan_into``; under grad mode (double backward) ``_decayed_scan_pairwise``.
     """
     if torch.is_grad_enabled() and (x.requires_grad or level.requires_grad):
         return _decayed_scan_pairwise(x, level, reverse)
@@ -485,10 +431,9 @@ def _decayed_scan(x: torch.Tensor, level: torch.Tensor, reverse: bool = False) -
 
 
 def _decayed_scan_pairwise(x: torch.Tensor, level: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """``_decayed_scan`` by a pairwise (Blelloch-style) recursion, differentiable: combine
-    neighbours (2s, 2s + 1) into one element at the level of the one that is later in the scan
-    direction, scan the half-length sequence, then fill in the other element of each pair.
-    log2(n) levels of tensor operations, no loop over the elements."""
+    """``_decayed_scan`` by a differentiable pairwise (Blelloch-style) recursion: log2(n) levels of
+    tensor operations, no loop over the elements (docs/papers.md, fast.masks.sequence).
+    """
     n = x.shape[-3]
     if n == 1:
         return x
@@ -512,11 +457,9 @@ def _decayed_scan_pairwise(x: torch.Tensor, level: torch.Tensor, reverse: bool =
 
 
 def _decayed_exclusive(x: torch.Tensor, e_prev: torch.Tensor, e: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """The exclusive decayed scans of the stable causal scan over chunk totals x (..., nc, a, b).
-
-    Forward (x_t in units of E_t = e_t): S_{t-1} = sum_{s < t} exp(E_s - E_{t-1}) x_s, in units of
-    E_{t-1} = e_prev_t (0 for t = 0). Reverse (x_t in units of e_prev_t): R_t = sum_{s > t}
-    exp(E_t - e_prev_s) x_s, in units of E_t. The inclusive ``_decayed_scan``, then a shift by one chunk.
+    """The exclusive decayed scans of the stable causal scan over chunk totals x (..., nc, a, b):
+    forward S_{t-1} in units of E_{t-1} = e_prev_t, reverse R_t in units of E_t = e_t. The
+    inclusive ``_decayed_scan`` shifted by one chunk.
     """
     if reverse:
         back = _decayed_scan(x, e_prev, reverse=True)
@@ -540,10 +483,9 @@ def _scan_into(x: torch.Tensor, out: torch.Tensor, reverse: bool = False,
     f = 1 without ``level``, else exp(level_{t-1} - level_t) (reverse: exp(level_t - level_{t+1}))
     for a non-decreasing level (..., n), every factor exp of a non-positive number. Two levels of
     Python loops over slices (~3 sqrt(n) slice operations, about two passes over out): inside
-    blocks of b = isqrt(n) elements, then each block's carry from its finished neighbour.
-    torch.cumsum along a middle axis of a large tensor is strided and ~10x slower on CPU (80 ms vs
-    4.5 ms for one add over (4, 256, 4096) float32, one thread). No autograd (callers run it
-    without grad mode); returns out.
+    blocks of b = isqrt(n) elements, then each block's carry from its finished neighbour
+    (torch.cumsum along a middle axis of a large tensor is strided and much slower on CPU). No
+    autograd (callers run it without grad mode); returns out.
     """
     n = x.shape[-3]
     if n == 0:
@@ -616,8 +558,8 @@ def _exclusive_sum(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     sum_{s > t}); a new tensor. Without grad mode the inclusive scan of x_0..x_{n-2} written
     straight into S_1..S_{n-1} (``_scan_into``: no shifted copy, no subtraction); under grad mode
     (double backward), and for tensors of at most SMALL_SCAN entries (where torch.cumsum beats the
-    loops' Python overhead: 0.4 vs 2.6 ms at (4, 4096, 16, 1), a tie at 2^20 entries, 2 threads),
-    torch.cumsum and a shift."""
+    loops' Python overhead), torch.cumsum and a shift.
+    """
     if (torch.is_grad_enabled() and x.requires_grad) or x.numel() <= SMALL_SCAN:
         if reverse:
             return _exclusive_cumsum(x.flip(-3), dim=-3).flip(-3)
@@ -636,10 +578,18 @@ def _exclusive_sum(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
 class PackingMask(SymmetricMaskOperator):
     """M_ij = 1 if segment_ids[i] == segment_ids[j]: packed sequences never attend to each other.
 
-    segment_ids: (N,) or (..., N) integer labels (any values; need not be contiguous). Batched ids
-    have one leading dim per leading dim of the inputs, 1 where shared: (B, 1, N) for inputs
-    (B, H, N, c) (``check_mask_batch``: a (B, N) tensor there is refused, not broadcast B against
-    H). M @ x is a segment sum followed by a gather, O(N c).
+    segment_ids: (N,) or (..., N) integer labels (any values; need not be contiguous); batched ids
+    have one leading dim per leading dim of the inputs, 1 where shared ((B, 1, N) for inputs
+    (B, H, N, c); ``check_mask_batch``). TypeError for non-integer ids, ValueError for N = 0.
+    ``matmul`` (= ``rmatmul``, M symmetric) is a segment sum and a gather, x (..., N, c) ->
+    (..., N, c) in O(N c); ``key_stabilizer`` takes the max per segment.
+
+    >>> import torch
+    >>> from fast import PackingMask
+    >>> ids = torch.tensor([7, 7, 3, 3, 3, 9])
+    >>> x = torch.arange(12.).reshape(6, 2)
+    >>> torch.equal(PackingMask(ids).matmul(x), (ids[:, None] == ids[None, :]).float() @ x)
+    True
     """
 
     #: M_ij = 1 or 0.
@@ -698,11 +648,21 @@ class PackingMask(SymmetricMaskOperator):
 class PaddingMask(MaskOperator):
     """M_ij = 1 if key j is real (``key_mask[..., j]`` True): padded keys are excluded after phi.
 
-    key_mask: (N,) or (..., N) bool; a batched key_mask has one leading dim per leading dim of the
-    inputs, 1 where shared ((B, 1, N) for inputs (B, H, N, c); ``check_mask_batch``). Outputs at real
-    queries do not depend on padded tokens; padded queries get an output too (attending to the
-    real keys, or 0 if their features vanish) which callers ignore. A sample with no real key makes the denominator vanish,
-    which masked_linear_attention reports.
+    key_mask: (N,) or (..., N) bool (TypeError otherwise, ValueError for N = 0); a batched key_mask
+    has one leading dim per leading dim of the inputs, 1 where shared ((B, 1, N) for inputs
+    (B, H, N, c); ``check_mask_batch``). ``matmul`` gives every row the sum of x over real keys,
+    x (..., N, c) -> (..., N, c) in O(N c); ``attend`` zeroes padded keys' features and runs two
+    GEMMs. Outputs at real queries do not depend on padded tokens; padded queries get an output too,
+    which callers ignore. A sample with no real key makes the denominator vanish, which
+    masked_linear_attention reports.
+
+    >>> import torch
+    >>> from fast import PaddingMask
+    >>> mask = PaddingMask.from_lengths(torch.tensor([2, 3]), 3)   # two samples, 3 tokens
+    >>> mask.key_mask.tolist()
+    [[True, True, False], [True, True, True]]
+    >>> mask.matmul(torch.ones(2, 3, 1)).flatten().tolist()
+    [2.0, 2.0, 2.0, 3.0, 3.0, 3.0]
     """
 
     #: M_ij = 1 or 0.
@@ -718,7 +678,9 @@ class PaddingMask(MaskOperator):
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor, n: int) -> "PaddingMask":
-        """Right-padded batch: sample b has ``lengths[b]`` real tokens out of n. lengths: (B,)."""
+        """Right-padded batch: sample b has ``lengths[b]`` real tokens out of n. lengths: (B,) integers
+        in [0, n] (TypeError for another dtype or shape, ValueError out of range); n a positive int.
+        """
         check_positive_int("n", n)
         lengths = torch.as_tensor(lengths)
         if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool or lengths.dim() != 1:

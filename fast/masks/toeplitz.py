@@ -1,46 +1,14 @@
 """Relative-position masks as FFT operators: 1-D Toeplitz and d-D block-Toeplitz (choromanski22
-Sec. 3.2, Lemma 3.3, Cor. 3.4; Luo et al. 2021).
+Sec. 3.2, Lemma 3.3, Cor. 3.4; Luo et al. 2021; docs/papers.md Sec. 1).
 
-Offsets run query minus key: M_xy = f(x - y). On an n_1 x ... x n_d grid in row-major order
-(d = 1 is a sequence) the offset table has shape (2 n_1 - 1, ..., 2 n_d - 1) with
-``table[delta + (n - 1)] = f(delta)``; in 1-D that is coeffs[k] = xi(k - (N - 1)), offsets
--(N-1)..N-1.
-
-M @ x is a d-D linear convolution of x (on the grid) with the table. It is computed as a
-circular convolution on a grid of n_fft_k >= 2 n_k - 1 points per axis, with n_fft_k the
-smallest 5-smooth number (2^a 3^b 5^c) at least 2 n_k - 1: 2N - 1 itself can be prime, and
-prime-length transforms are ~3x slower (docs/methods.md). The circulant's first column is the table
-rolled so that offset delta sits at delta mod n_fft; its spectrum (rfftn, always computed in
-float64) is recomputed on every product (one column's transform: a share 1/(2c + 1) of a product
-with c columns), so an in-place change of the table, through ``.data`` or under
-torch.inference_mode included, can never leave a stale spectrum. All columns of x go through one
-batched rfftn/irfftn (in chunks that bound the complex buffer to ``max_chunk_bytes``). Cost
-O(c prod(n_fft) log prod(n_fft)) = O(c N log N) for c columns, since prod(n_fft) <= 2^d N up to
-the 5-smooth rounding. M^T @ x (rmatmul) uses the conjugate spectrum: the circulant of the
-reversed table.
-
-Precision. An FFT's round-off is normwise: the error of every output entry is of the order of
-u log2(n_fft) |table|_1 |x_col|_2 (``roundoff_bound``), however small the entry itself. In
-float32 (u = 6e-8) that swamps the small denominators of FAVOR+ attention at realistic
-magnitudes (q, k entries of std 2 to 3 at d = 64: a query whose neighbourhood holds only keys
-far below the largest one). The transforms therefore run in ``transform_dtype`` = float64 by
-default for float32 and half inputs too (the result is cast back once, a relative error of the
-input dtype per entry); that puts the normwise error at ~1e-14 of the column's scale. Cost,
-measured on one CPU thread (float32 inputs, m = d = 64, CPU time): a product's transforms take
-~2.2x the float32 ones, an ``attend`` call ~1.15x (N = 4096: 1.47 s against 1.26-1.40 s) to
-~1.3x (N = 65536: 28.5-28.7 s against 21.3-22.7 s), the rest of attend being the columns
-phi_k v^T and their contraction. transform_dtype=torch.float32 restores the float32 transforms for float32 inputs
-(with their bound, and the refusals it brings at those magnitudes): worth it only where float64
-is slow, as on GPUs with a reduced float64 rate.
-
-Positivity: attention needs M >= 0 (weights of an average). A table with negative entries is
-accepted (the papers' learned RPE tables can be), but then a denominator can vanish or change
-sign; ``nonnegative`` (computed from the table on every read), ``abs_matmul`` (the product with
-|table|) and ``roundoff_bound`` give the driver's denominator guard (fast.masked_linear_attention)
-what it needs to refuse such a denominator rather than divide by it. Tables built in log space
-(``from_log_table``, M = exp(b)) are positive by construction and are the safe choice. Rows
-that see no key (every table entry they reach is 0, e.g. row 0 of a strictly causal table)
-come out exactly 0, not FFT noise, so the driver's ``no_key`` policy recognises them.
+Offsets run query minus key: M_xy = f(x - y). On an n_1 x ... x n_d grid in row-major order (d = 1
+is a sequence) the table has shape (2 n_1 - 1, ..., 2 n_d - 1) with ``table[delta + (n - 1)] =
+f(delta)``; in 1-D, coeffs (2N - 1,) over offsets -(N-1)..N-1. M @ x is a circular convolution of
+a 5-smooth size by batched FFTs, x (..., N, c) -> (..., N, c) in O(c N log N). The transforms run
+in float64 by default (``transform_dtype``): an FFT's round-off is normwise, which float32 would
+let swamp small FAVOR+ denominators. A table with negative entries is accepted; ``nonnegative``,
+``abs_matmul`` and ``roundoff_bound`` let the driver's guard refuse a vanishing denominator.
+Derivation, precision and the round-off bound: docs/papers.md, fast.masks.toeplitz.
 """
 from __future__ import annotations
 
@@ -60,7 +28,7 @@ DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20
 #: Real dtype of the transforms for float32 and half inputs (float64 inputs always use float64).
 DEFAULT_TRANSFORM_DTYPE = torch.float64
 #: Constant of the first-order FFT-convolution bound |err| <= C u log2(n_fft) |table|_1 |x_col|_2
-#: (``BlockToeplitzMask.roundoff_bound`` derives it: 3 transforms x 6.7 u per level + 3 u, rounded up).
+#: (docs/papers.md, fast.masks.toeplitz derives it: 3 transforms x 6.7 u per level + 4 u, rounded up).
 _ROUNDOFF_C = 24.0
 #: Most axes handed to one torch.fft call: MKL refuses transforms of 8 or more axes, so a grid of
 #: more axes is transformed in groups of this many (the d-D DFT is separable).
@@ -134,7 +102,15 @@ def _values_of(f: Callable, arg: torch.Tensor, what: str, dtype: torch.dtype) ->
 
 
 def grid_offsets(shape: Sequence[int], device=None) -> torch.Tensor:
-    """Offset vectors of a table for ``shape``: (2 n_1 - 1, ..., 2 n_d - 1, d) int64."""
+    """Offset vectors of a table for ``shape`` (n_1, ..., n_d): (2 n_1 - 1, ..., 2 n_d - 1, d) int64,
+    entry [i_1, ..., i_d] = (i_1 - (n_1 - 1), ..., i_d - (n_d - 1)). O(prod(2 n_k) d). TypeError or
+    ValueError naming shape unless it is a non-empty tuple of positive ints.
+
+    >>> from fast.masks.toeplitz import grid_offsets
+    >>> off = grid_offsets((2, 3))
+    >>> tuple(off.shape), off[0, 0].tolist(), off[1, 2].tolist()
+    ((3, 5, 2), [-1, -2], [0, 0])
+    """
     shape = _check_shape(shape)
     axes = [torch.arange(-(n - 1), n, device=device) for n in shape]
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
@@ -186,17 +162,28 @@ def _window_counts(table: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
 
 
 class BlockToeplitzMask(MaskOperator):
-    """M_xy = table[x - y + (n - 1)] for nodes x, y of an n_1 x ... x n_d grid (row-major order).
+    """M_xy = table[x - y + (n - 1)] for nodes x, y of an n_1 x ... x n_d grid in row-major order
+    (choromanski22 Lemma 3.3): relative-position masks on images (d = 2) and video (d = 3).
 
-    shape: (n_1, ..., n_d), any d >= 1 and any sides (Python or NumPy ints); table:
-    (2 n_1 - 1, ..., 2 n_d - 1) floating (may require grad: a learnable per-offset table).
-    cls_token=True prepends one token (index 0, the vision CLS token) that attends to and is
-    attended by every token with weight 1; then N = prod(shape) + 1. transform_dtype: the real
-    dtype of the FFTs for float32 / half inputs, torch.float64 (default: round-off ~1e-14 of the
-    column's scale, about 2x the float32 transforms' time) or torch.float32 (the float32
-    transforms; float64 inputs always transform in float64). ``matmul`` takes x (..., N, c).
-    Construction validates and is O(prod(n_fft)); nothing about the table is cached, so products
-    always use its current values.
+    shape: (n_1, ..., n_d), any d >= 1 and sides; table: (2 n_1 - 1, ..., 2 n_d - 1) floating, may
+    require grad (a learnable per-offset table; never cached, so products use its current values).
+    cls_token=True prepends one token (index 0) that attends to and is attended by every token with
+    weight 1: N = prod(shape) + 1. transform_dtype: the real dtype of the FFTs for float32 / half
+    inputs, torch.float64 (default) or torch.float32. ``matmul`` / ``rmatmul`` / ``abs_matmul``:
+    x (..., N, c) -> (..., N, c) in O(c N log N); construction O(prod(n_fft)). Raises TypeError for
+    a shape, table or transform_dtype of the wrong type, ValueError for a table of the wrong shape or
+    with NaN / inf, and for an ``n`` that disagrees with the grid.
+
+    >>> import torch
+    >>> from fast import BlockToeplitzMask
+    >>> g = torch.Generator().manual_seed(0)
+    >>> table = torch.rand(3, 5, generator=g, dtype=torch.float64)       # grid (2, 3)
+    >>> pos = torch.cartesian_prod(torch.arange(2), torch.arange(3))     # node coordinates, row-major
+    >>> off = pos[:, None] - pos[None] + torch.tensor([1, 2])            # x - y + (n - 1)
+    >>> dense = table[off[..., 0], off[..., 1]]                          # (6, 6)
+    >>> x = torch.rand(6, 2, generator=g, dtype=torch.float64)
+    >>> torch.allclose(BlockToeplitzMask((2, 3), table).matmul(x), dense @ x)
+    True
     """
 
     _TABLE_NAME = "table"  # the argument named in errors
@@ -227,8 +214,9 @@ class BlockToeplitzMask(MaskOperator):
     @classmethod
     def from_distance(cls, shape: Sequence[int], f: Callable[[torch.Tensor], torch.Tensor], *,
                       dtype: torch.dtype = torch.float32, device=None, **kw) -> "BlockToeplitzMask":
-        """M_xy = f(|x - y|_1), f mapping a ``dtype`` tensor of L1 grid distances (the table's shape)
-        to values of that shape (or a scalar); they must be real and finite."""
+        """M_xy = f(|x - y|_1): f maps a ``dtype`` tensor of L1 grid distances (the table's shape) to
+        values of that shape (or a scalar), real and finite (TypeError / ValueError naming f otherwise).
+        """
         _check_float_dtype("dtype", dtype)
         dist = grid_offsets(shape, device).abs().sum(-1).to(dtype)
         return cls(shape, _values_of(f, dist, "L1 grid distances", dtype), **kw)
@@ -265,8 +253,9 @@ class BlockToeplitzMask(MaskOperator):
 
     def spectrum(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """rfftn of the circulant embedding of the current table: (n_fft_1, ..., n_fft_d // 2 + 1),
-        complex64 for dtype float32, else complex128. Computed in float64 (then cast) on every
-        call: one column's transform; it carries the table's gradient if the table requires grad."""
+        complex64 for dtype float32, else complex128, computed in float64 on every call (one column's
+        transform); it carries the table's gradient if the table requires grad.
+        """
         return self._spectrum_of(self.table, device, dtype)
 
     def _grid_product(self, x: torch.Tensor, spec: torch.Tensor, work: torch.dtype,
@@ -381,29 +370,10 @@ class BlockToeplitzMask(MaskOperator):
                                  transform_dtype=self.transform_dtype)
 
     def _roundoff_bound(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-column bound on |fl(M x) - M x| (entrywise): C u log2(prod n_fft) |table|_1 |x_col|_2.
-
-        x: (..., N, c) -> (..., c), in fast.validation.compute_dtype(x.dtype) (what the driver
-        passes: the dtype the product is computed in); u is the unit round-off of the transforms
-        (float64 by default, see ``transform_dtype``). Derivation (first order, Higham, Accuracy and
-        Stability of Numerical Algorithms, Thm. 24.2: a computed FFT of v has a 2-norm error
-        <= eta log2(n) |F v|_2 with eta ~ 6.7 u): with F the unnormalised DFT of size
-        n = prod(n_fft), y = F^-1 (F t . F x). The error of F x, times the spectrum F t, is
-        <= |F t|_inf eta log2(n) sqrt(n) |x|_2; that of the spectrum F t (computed in float64 and
-        rounded to the transforms' dtype) is entrywise <= eta log2(n) |t|_1 + u |F t|_inf, times
-        |F x|_2 = sqrt(n) |x|_2; the inverse adds eta log2(n) |F t|_inf |x|_2 and the spectral
-        product 3 u. The inverse's 1/n sqrt(n) brings all back to |y_err|_2 <= (3 eta log2 n + 4 u)
-        |t|_1 |x|_2, using |F t|_inf <= |t|_1 (equal for a nonnegative table), and the 2-norm bounds
-        every entry. C = 24 >= 3 x 6.7 + 4 covers it; mixed-radix passes (3, 5) count as log2 3,
-        log2 5 levels. The bound is rigorous to first order and normwise: it cannot be made relative
-        to the entry (the FFT spreads the error of the large entries over every output). A CLS token
-        adds the pairwise-summation error of the column sum, (log2 N + 32) u |x_col|_1. The final
-        cast to x's dtype (float32 after float64 transforms) is a relative error of that dtype per
-        entry, which does not cancel for nonnegative tables and features and is the driver's
-        relative floor's business otherwise; it is not included. The norms are taken in float64
-        (a float32 sum of squares of features above ~1.8e19 would overflow) and the bound is
-        returned in the compute dtype: it is C u log2(n) sqrt(N) <= 1e-8 (float64 transforms) times
-        the largest |t|_1 max|x| a product entry can reach, so it overflows only where that does.
+        """Per-column bound (..., c) on |fl(M x) - M x| for x (..., N, c): C u log2(prod n_fft) |table|_1
+        |x_col|_2 (plus a CLS token's column-sum error), in fast.validation.compute_dtype(x.dtype); u is
+        the unit round-off of the transforms. First-order and normwise; derivation in docs/papers.md,
+        fast.masks.toeplitz.
         """
         xd = x.detach()
         u = torch.finfo(self._work_dtype(x.dtype)).eps / 2
@@ -415,15 +385,13 @@ class BlockToeplitzMask(MaskOperator):
         return bound.to(compute_dtype(x.dtype))
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1: D1 = M [vec(phi_k v^T)], D2 = M phi_k.
+        """(num (..., N, d), den (..., N)) of Algorithm 1: D1 = M [vec(phi_k v^T)], D2 = M phi_k, for
+        phi_q, phi_k (..., N, m) and v (..., N, d), O(m d N log N).
 
         The m d + m columns go through batched transforms in feature blocks of about
-        ``max_chunk_bytes`` of token-domain data (in the transforms' dtype) each (the whole of D1
-        at once would be O(N m d) memory: 1.1 GiB at N = 2^20, m = d = 16 in float32, times the
-        copies), through fast.algebra.masked_products: under autograd only phi_q, phi_k, v are
-        saved and the blocks are transformed again in backward, one at a time; a learnable table
-        gets its gradient. The denominators are guarded by the driver (fast.masked_linear_attention),
-        which reads ``nonnegative``, ``abs_matmul`` and ``roundoff_bound``.
+        ``max_chunk_bytes`` of token-domain data each, through fast.algebra.masked_products: under
+        autograd only phi_q, phi_k, v are saved and a learnable table gets its gradient. The
+        denominators are guarded by the driver (fast.masked_linear_attention).
         """
         work_size = torch.empty((), dtype=self._work_dtype(v.dtype)).element_size()
         per_feature = math.prod(v.shape) * work_size  # one feature's d columns over all tokens
@@ -431,10 +399,20 @@ class BlockToeplitzMask(MaskOperator):
 
 
 class ToeplitzMask(BlockToeplitzMask):
-    """1-D relative-position mask M_ij = xi(i - j): coeffs (2N - 1,) over offsets -(N-1)..N-1.
+    """1-D relative-position mask M_ij = xi(i - j) (choromanski22 Sec. 3.2): coeffs (2N - 1,) over
+    offsets -(N-1)..N-1; ValueError naming coeffs unless it is 1-D of odd length.
 
     Asymmetric xi allowed; xi = 0 on negative offsets (keys after the query) is a causal RPE.
-    Keywords as BlockToeplitzMask (cls_token, n, max_chunk_bytes, transform_dtype).
+    Keywords as BlockToeplitzMask (cls_token, n, max_chunk_bytes, transform_dtype). ``matmul``:
+    x (..., N, c) -> (..., N, c) in O(c N log N).
+
+    >>> import torch
+    >>> from fast import ToeplitzMask
+    >>> op = ToeplitzMask.from_function(lambda dist: 0.5 ** dist, 4, dtype=torch.float64)
+    >>> i = torch.arange(4, dtype=torch.float64)
+    >>> x = torch.rand(4, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> torch.allclose(op.matmul(x), 0.5 ** (i[:, None] - i[None]).abs() @ x), tuple(op.coeffs.shape)
+    (True, (7,))
     """
 
     _TABLE_NAME = "coeffs"
@@ -447,13 +425,16 @@ class ToeplitzMask(BlockToeplitzMask):
 
     @property
     def coeffs(self) -> torch.Tensor:
+        """The coefficients (2N - 1,) over offsets -(N-1)..N-1 (the table itself)."""
         return self.table
 
     @classmethod
     def from_function(cls, f: Callable[[torch.Tensor], torch.Tensor], n: int, *, causal: bool = False,
                       dtype: torch.dtype = torch.float32, device=None, **kw) -> "ToeplitzMask":
-        """M_ij = f(|i - j|): f maps a ``dtype`` tensor of the 2n - 1 distances |offset| to values of
-        that shape (or a scalar), real and finite; causal=True zeroes keys j > i. n: a positive int."""
+        """M_ij = f(|i - j|): f maps a ``dtype`` tensor of the 2n - 1 distances |offset| to values of that
+        shape (or a scalar), real and finite; causal=True zeroes keys j > i. ValueError naming n unless
+        it is a positive int.
+        """
         n = check_positive_int("n", n)
         _check_float_dtype("dtype", dtype)
         offsets = torch.arange(-(n - 1), n, device=device)
