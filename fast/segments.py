@@ -1,70 +1,29 @@
 """Segment sums with the same bits on every run, on every device: the one place fast/ adds rows
-into groups (issue 21).
+into groups (issue 21; docs/papers.md, "fast.segments", says why and how).
 
-Why not index_add_: a floating ``index_add_``, ``scatter_add``, ``index_put_(accumulate=True)`` or
+A floating ``index_add_``, ``scatter_add``, ``index_put_(accumulate=True)`` or
 ``scatter_reduce(reduce="sum")`` adds with atomics on CUDA, in whatever order the threads
-arrive, so the same inputs give different bits from run to run; so does the backward of
-``index_select`` and ``gather``, which is an ``index_add``. torch.use_deterministic_algorithms's
-documentation lists them as nondeterministic on CUDA. Library code must not flip that global
-flag, so fast/ calls them on floating data nowhere but in this module's CPU backend: every
-grouped sum goes through ``Segments`` (tests/fast/test_deterministic.py makes them raise and runs
-the mechanisms on the CUDA backend).
+arrive, so the same inputs give other bits at every run; so does the backward of
+``index_select`` and ``gather``. fast/ calls them on floating data nowhere but in this module's
+CPU backend (tests/fast/test_deterministic.py makes them raise and runs the mechanisms on the
+CUDA backend):
 
-``Segments(index, num_segments)``: P rows grouped into S segments, row p in segment index[p]
-(any order; rows of a segment need not be contiguous). Planned once, reused:
+    Segments(index (P,), S).sum(x (..., P, ...), dim)    -> (..., S, ...)  out_s = sum_{index[p] = s} x_p
+    Segments(index (P,), S).expand(y (..., S, ...), dim) -> (..., P, ...)  row p = y[index[p]]
+    segment_max(x, index, S, dim), Segments.max          -> (..., S, ...)  -inf for an empty segment
+    SortedSegments(index, S).outer(a (..., P, m), b (..., P, d))        -> (..., S, m, d)
+    SortedSegments(index, S).apply(x (..., P, m), state (..., S, m, d)) -> (..., P, d)
+    IndexAdd(index).add_into / .take, add_into, index_sum   in place into a long-lived tensor; one-off
 
-    sum(x (..., P, ...), dim)     -> (..., S, ...)   out_s = sum_{p: index[p] = s} x_p (0 if empty)
-    expand(y (..., S, ...), dim)  -> (..., P, ...)   row p = y[index[p]] (the adjoint of sum)
-
-Each is the other's backward (autograd Functions, so double backward works too), and neither
-calls an atomic operation on CUDA, forward or backward. The backend is chosen here, in one place
-(``backend``):
-
-- CPU: ``index_add_`` itself. On CPU it adds the rows of each output in index order (torch
-  documents index_add as nondeterministic only on CUDA), and overall it was the fastest option
-  measured (P = 2^16 rows, one thread): a CSR x dense product (MKL) was faster for narrow x
-  (C <= 32 columns) but 1.7-12x slower for C >= 64 (the driver's column blocks), and
-  torch.segment_reduce 2-50x slower.
-- CUDA (any other device): ``torch.segment_reduce(..., "sum", offsets=...)`` over the rows sorted
-  by segment (a stable sort, planned once): one thread per (segment, column) adds its rows in
-  order, with no atomics (``expand`` is an index_select, a plain gather). cuSPARSE's SpMM, which torch calls
-  with CUSPARSE_SPMM_CSR_ALG2, is not used: cuSPARSE documents bitwise-reproducible SpMM only for
-  COO_ALG2 and CSR_ALG3 (jax-ml/jax#10255 quotes it). One thread per segment would serialise a
-  long segment, so segments longer than SPLIT_ABOVE rows are summed in two passes: pieces of
-  ceil(sqrt(L)) rows (L the longest segment), then the pieces of each segment, both in a fixed
-  order.
-
-Leading dims (before ``dim``) are summed as independent copies, trailing dims as columns: x
-(B, H, P, c) with dim=-2 is summed as B H P rows of c columns in B H S segments (a block-diagonal
-plan, built once per leading size), with no copy of x when it is contiguous. Half and bfloat16
-are summed in float32 and cast back. Work O(P C) per call after an O(P log P) plan.
-
-``segment_max(x, index, num_segments, dim)`` (and ``Segments.max``): per-segment maxima by one
-scatter amax (-inf for an empty segment). A max is exact in any order, so torch's scatter needs no
-deterministic twin; it is differentiable as torch's amax scatter (callers use it for detached
-stabilising constants).
-
-``SortedSegments``: segments of contiguous rows (a sorted index, the PyG batch vector's layout),
-which add the products that need the segment boundaries on the host:
-
-    outer(a (..., P, m), b (..., P, d)) -> (..., S, m, d)   sum_{p in s} a_p b_p^T
-    apply(x (..., P, m), state (..., S, m, d)) -> (..., P, d)   row p = x_p^T state[index[p]]
-
-Few large or many small segments (``few_segments``, the ONE dispatch of fast/): up to FEW_SEGMENTS
-segments, a Python loop over the contiguous slices with one dense op each (GEMMs on whole
-segments: no gather, no scatter, torch's own blocked sums); more, vectorised segment operations
-(blocks of rows with their segments' sums or gathered states, padded views in fast.latent.nodeformer),
-where a loop would be dominated by per-call overhead. The rule depends on the count only, so every
-user (SortedSegments, fast.latent.nodeformer's layouts, fast.latent.simple_attention's folded path)
-takes the same side for the same batch; tests set FEW_SEGMENTS to 0 to run the many-small side.
-
-``IndexAdd(index)``: the same sums added IN PLACE into a large tensor that lives across many calls
-(an accumulator filled in chunks, a level of a tree updated in place), ``add_into``, and the
-adjoint gather ``take``, planned once per index (``add_into`` below plans at every call).
-
-Host reads: none on CPU. On CUDA the plan reads the longest segment once per device (none when
-the segments were given by host pointers, ``from_pointers``, or ``longest`` was given); an
-IndexAdd's plan reads its number of distinct rows once per device.
+``sum`` and ``expand`` are each other's backward (twice differentiable), with no atomic add on
+CUDA either way. ``backend`` chooses, in one place, index_add_ on CPU (deterministic there) and
+torch.segment_reduce over the rows sorted by segment elsewhere (segments longer than
+SPLIT_ABOVE rows in two passes). ``few_segments`` is the one "few large vs many small" dispatch
+of fast/: up to FEW_SEGMENTS segments, a loop over contiguous slices with one dense op each;
+more, vectorised segment operations over row blocks (OUTER_BLOCK_ELEMENTS). Leading dims before
+``dim`` are independent copies (a block-diagonal plan), trailing dims columns; half precisions
+are summed in float32. Work O(P C) per call after an O(P log P) plan. Host reads: none on CPU;
+on CUDA one per plan and device (none with ``from_pointers`` or ``longest`` given).
 """
 from __future__ import annotations
 
@@ -112,10 +71,8 @@ def segment_max(x: torch.Tensor, index: torch.Tensor, num_segments: int, dim: in
 
         >>> import torch
         >>> from fast.segments import segment_max
-        >>> segment_max(torch.tensor([[1.0], [5.0], [2.0]]), torch.tensor([1, 0, 1]), 3, dim=0)
-        tensor([[5.],
-                [2.],
-                [-inf]])
+        >>> segment_max(torch.tensor([[1.0], [5.0], [2.0]]), torch.tensor([1, 0, 1]), 3, dim=0).flatten().tolist()
+        [5.0, 2.0, -inf]
     """
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise TypeError(f"index must be an integer tensor of segment ids, got dtype {index.dtype}")
@@ -149,13 +106,10 @@ class Segments:
         >>> import torch
         >>> from fast.segments import Segments
         >>> seg = Segments(torch.tensor([1, 0, 1]), 2)
-        >>> seg.sum(torch.tensor([[1.0], [2.0], [4.0]]), dim=0)
-        tensor([[2.],
-                [5.]])
-        >>> seg.expand(torch.tensor([[2.0], [5.0]]), dim=0)
-        tensor([[5.],
-                [2.],
-                [5.]])
+        >>> seg.sum(torch.tensor([[1.0], [2.0], [4.0]]), dim=0).flatten().tolist()
+        [2.0, 5.0]
+        >>> seg.expand(torch.tensor([[2.0], [5.0]]), dim=0).flatten().tolist()
+        [5.0, 2.0, 5.0]
     """
 
     __slots__ = ("index", "num_segments", "n", "_sorted", "_longest", "_plans", "_tiles")

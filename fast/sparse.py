@@ -11,7 +11,7 @@ fast.graphs build and multiply their CSR matrices here.
     block_diagonal_index(crow, col, n, S)   -> the pattern of S diagonal copies (S n, S n)
     csr_matmul(a, x, a_t)                   -> a @ x, differentiable in x (CSRProduct)
 
-Why int32 indices: torch's CSR x dense kernels run 6-9x faster than COO with them (docs/methods.md);
+Why int32 indices: torch's CSR x dense kernels are much faster with them than COO (docs/methods.md);
 ``index_dtype`` keeps int64 once a size reaches 2^31. Why a hand-written backward
 (``CSRProduct``): autograd's own backward of ``a @ x`` for a sparse ``a`` would transpose ``a`` at
 every call; the masks build A^T once and pass it. Work O(nnz c) per product of x (n, c).
@@ -50,8 +50,8 @@ def row_pointers(rows: torch.Tensor, n: int) -> torch.Tensor:
 
         >>> import torch
         >>> from fast.sparse import row_pointers
-        >>> row_pointers(torch.tensor([0, 0, 2]), 3)
-        tensor([0, 2, 2, 3])
+        >>> row_pointers(torch.tensor([0, 0, 2]), 3).tolist()
+        [0, 2, 2, 3]
     """
     counts = torch.bincount(rows, minlength=n)
     crow = torch.zeros(n + 1, dtype=torch.int64, device=rows.device)
@@ -103,9 +103,8 @@ def csr_matrix(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size
         >>> import torch
         >>> from fast.sparse import csr_matrix
         >>> a = csr_matrix(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([2.0, 3.0]), 2)
-        >>> a.to_dense()
-        tensor([[0., 2.],
-                [3., 0.]])
+        >>> a.to_dense().tolist()
+        [[0.0, 2.0], [3.0, 0.0]]
     """
     shape = (size, size) if isinstance(size, int) else tuple(size)
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the CSR x dense kernel is stable

@@ -35,8 +35,8 @@ def log_scale_of(key_log_scale: object, phi_k: torch.Tensor, n: int) -> torch.Te
 
         >>> import torch
         >>> from fast.stabilizers import log_scale_of
-        >>> log_scale_of(torch.zeros(2, 3, 1), torch.ones(2, 3, 4), 3).shape
-        torch.Size([2, 3])
+        >>> tuple(log_scale_of(torch.zeros(2, 3, 1), torch.ones(2, 3, 4), 3).shape)
+        (2, 3)
     """
     return check_key_log_scale(key_log_scale, phi_k, n).reshape(-1, n)
 
@@ -71,8 +71,8 @@ def stabilised_inputs(n: int, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch
         >>> from fast.stabilizers import stabilised_inputs
         >>> q, k, v, c = stabilised_inputs(3, torch.ones(3, 2, dtype=torch.float16), torch.ones(3, 2),
         ...                                torch.ones(3, 1), torch.zeros(3, 1))
-        >>> q.dtype, c.shape
-        (torch.float32, torch.Size([1, 3]))
+        >>> q.dtype, tuple(c.shape)
+        (torch.float32, (1, 3))
     """
     work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
     phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
