@@ -381,9 +381,9 @@ def _requiring_grad(items: object) -> list[torch.Tensor]:
 def gradient_inputs(op: MaskOperator, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
     """(the tensors whose gradients the recomputing backward returns for mask ``op``, retain).
 
-    Starts from ``op.parameters()`` (its tensors requiring grad, each once); drops a declared tensor computed from another declared one
-    (its gradient reaches that one through autograd's own graph; returning both would count it
-    twice, e.g. LowRankMask(a, a.T)). Then two one-column probes M @ like[..., :1] (whose saved
+    Starts from ``op.parameters()`` (its tensors requiring grad, each once); drops a declared
+    tensor computed from another declared one (its gradient reaches that one through autograd's
+    own graph; returning both would count it twice, e.g. LowRankMask(a, a.T)). Then two one-column probes M @ like[..., :1] (whose saved
     tensors are discarded at once) check that every tensor requiring grad that the product
     depends on lies behind one of them: otherwise its gradient would silently be lost, and
     ValueError says so. ``retain`` is True when the products reach those tensors through graph
@@ -576,7 +576,7 @@ def masked_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, o
     phi_q, phi_k: (..., N, m); v: (..., N, d), one compute dtype; ``fpb`` features per block.
     num = phi_q_i^T devec(D1_i) by ``blocked_numerator``, den = phi_q_i^T (M phi_k)_i. Under
     autograd only phi_q, phi_k, v are saved; backward recomputes M phi_k and then each block
-    (see the module doc: one pass of M and one of M^T per block with ``rmatmul``, else
+    (docs/papers.md, "fast.algebra": one pass of M and one of M^T per block with ``rmatmul``, else
     autograd through each recomputed block; memory: one block either way). Gradients reach
     phi_q, phi_k, v and the tensors of ``gradient_inputs(op, phi_k)``. ``op``: a MaskOperator or
     a duck-typed one (fast.operator.as_operator wraps it once; TypeError / ValueError naming

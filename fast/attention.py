@@ -1,76 +1,20 @@
-"""Attention drivers: dense softmax, linear (choromanski22 Eq. 3) and masked linear (Algorithm 1).
+"""Attention drivers: dense softmax (choromanski22 Def. 2.1), linear (Eq. 3), masked linear
+(Algorithm 1) and FAVOR+ (Performer) on top of them.
 
-Shapes: q, k (..., N, d_qk); v (..., N, d); features phi_q, phi_k (..., N, m); leading dims are
-batch and heads and must agree between the arguments. The building blocks of Algorithm 1 (the
-blocked numerator, block sizing, the guarded division, the memory-saving autograd Function) live
-in fast.algebra, below the masks; the mask contract in fast.operator (the driver names no concrete
-mask: what a mask offers it reads off the contract).
+Shapes: q, k (..., N, d_qk); v (..., N, d); features phi_q, phi_k (..., N, m); the leading
+(batch, head) dims must agree between the arguments. Cost: softmax_attention O(N^2 d);
+linear_attention O(N m d); masked_linear_attention O((T_M(N) + N) m d) for a mask whose product
+costs T_M(N) (Lemma 3.1); favor_attention adds the features, O(N m d_qk). The blocks of
+Algorithm 1 live in fast.algebra and the mask contract in fast.operator: the driver names no
+concrete mask.
 
-The denominator guard (every driver of Algorithm 1). den_i = phi_q_i . sum_j M_ij phi_k_j is
-refused (DenominatorError, never divided by) where it is not finite, where |den_i| is below the
-dtype's smallest normal number (zero or subnormal: its precision is gone), and where it lies
-within round-off of zero relative to the terms it sums (fast.algebra.divide):
-
-- phi_q >= 0, phi_k >= 0 and a nonnegative mask (``nonnegative``, fast.operator; no mask is
-  all ones): no term can cancel another, den_i is accurate to a few units of round-off
-  relative, and the floor is only the mask's ``roundoff_bound`` contribution
-  |phi_q_i| . roundoff_bound(phi_k) (an FFT's normwise error), if it offers one. This costs no
-  extra mask product: O(N) elementwise on den (plus the sign test of the features, below).
-- otherwise (signed features, a signed mask, or a mask of unknown sign) the floor is
-  8 u sqrt(N m) S_i plus that contribution, with u the unit round-off of the compute dtype and
-  S_i = |phi_q_i| . (B |phi_k|)_i the sum of the absolute terms, B = M for a nonnegative mask,
-  B = the mask's ``abs_matmul`` bound (>= |M| entrywise) if it offers one, else
-  S_i = |phi_q_i| . |(M phi_k)_i| (which sees cancellation in the final contraction only: a
-  mask of unknown sign without abs_matmul whose row sums cancel to round-off can still pass).
-  8 u sqrt(N m) S_i is a probabilistic bound (random round-off errors add like a random walk;
-  the worst case is u N m S_i): a den_i below it may be pure round-off, so no digit of the
-  output is trusted. One extra product with m columns (an extra 1/(d + 1) of the mask's work).
-
-Rows that see no key (every M_ij = 0: a fully padded sample) have an undefined output; the
-``no_key`` argument says what they get ("raise", the default: DenominatorError saying so;
-"zero": exactly 0, with gradient 0). They are detected only when some denominator fails the
-guard (rows with (M 1)_i == 0 for a nonnegative mask, (B 1)_i == 0 with abs_matmul; a mask of
-unknown sign without abs_matmul reports them as a vanished denominator).
-
-The sign of the features (``features_nonnegative`` of masked_linear_attention and
-linear_attention). None (default): tested, by amin over phi_q and phi_k (a read pass each, no
-temporary; on masked paths phi_k's is shared with its finiteness check), folded into the call's
-one host read below; signed features then take the rare path, which computes the floor above and
-divides as before. True: the caller promises phi_q >= 0 and phi_k >= 0 entrywise, which
-EluPlusOne, ReLU, FavorPlus and Hyperbolic guarantee (pass their outputs unmodified), and the
-test is skipped. A broken promise is detected only when it shows: a negative, zero, subnormal or
-non-finite denominator sends the call to the rare path, which tests the sign and raises
-ValueError naming features_nonnegative; signed features whose every denominator stays positive
-and normal are NOT detected, and a denominator that cancelled to round-off is then divided by
-(the promise is exactly what lets the guard skip that floor). The promise matters only with a
-nonnegative mask (or none): with a signed mask the floor is computed from |phi| whatever it says
-(equal to phi when it holds), so a broken promise there is caught like signed features. False:
-signed features (the floor is computed, no test). favor_attention passes True itself: its
-features are exponentials.
-
-What is checked when (issue 11: validation never makes an extra pass over the data on the fast
-path). Before anything is computed: metadata only (types, dtypes, shapes, devices, the mask's N,
-the keywords). On the way, from reductions the call forms anyway or from one allocation-free read
-pass (torch.aminmax), into 0-dim device flags:
-- every driver of Algorithm 1: den (guard_flag: finite, normal, above the floor; a NaN or inf in
-  phi_q reaches den_i through phi_q_i . (M phi_k)_i in every form);
-- no mask: the m x d state kv = phi_k^T v (a NaN or inf anywhere in phi_k or v reaches it; den
-  sees phi_k as well);
-- a mask (attend or generic path): one aminmax pass over phi_k (a key hidden from every query,
-  e.g. a zero column of a SparseMask, reaches no product) and one over v (v reaches no den);
-- the sign test (features_nonnegative None): amin of phi_q and phi_k;
-- favor_attention / favor_features: the keys' squared norms |k_j|^2 (N numbers, formed for the
-  features anyway), the projection (m d numbers) and, for favor_features, the queries' squared
-  norms; favor_attention's queries reach den.
-softmax_attention: the output (one read pass; any NaN or inf in q, k or v reaches it).
-The flags are combined on the device and read ONCE per call (one host sync on CUDA; a
-CausalMask's attend with key constants gets no read of its own from favor_attention), after
-the products are queued. Only when that read fails (the rare path) are the arguments scanned
-(isfinite) to raise ValueError naming the first non-finite one ("q contains non-finite values
-(NaN or inf)"), then the sign retested and fast.algebra.divide's per-row analysis run (more host
-reads: DenominatorError with its cases, or the no-key policy). Finite inputs whose denominator
-overflows are not a ValueError: it is refused (DenominatorError, "not finite"); a numerator that
-overflows (values near the dtype's maximum) returns inf in those rows.
+Every denominator den_i = phi_q_i . sum_j M_ij phi_k_j is guarded: refused (DenominatorError,
+never divided by) where it is not finite, zero or subnormal, or, for signed features or masks,
+within round-off of zero relative to the terms it sums. Validation makes no extra pass over the
+data on the fast path: metadata is checked first, finiteness and the guard are folded into 0-dim
+flags read once per call, and only a failed read scans the arguments to raise ValueError naming
+the non-finite one. The guard's derivation, ``no_key``, ``features_nonnegative`` and what is
+checked when: docs/papers.md, "fast.attention".
 """
 from __future__ import annotations
 
@@ -121,11 +65,22 @@ def softmax_attention(
 ) -> torch.Tensor:
     """Dense softmax attention D^-1 exp(logits_mask + Q K^T / sqrt(d_qk)) V (choromanski22 Def. 2.1).
 
-    q: (..., N_q, d_qk); k: (..., N, d_qk); v: (..., N, d), leading dims broadcasting together;
-    logits_mask: additive, floating, broadcastable to (..., N_q, N), -inf excludes a pair (NaN and
-    +inf are refused). O(N^2): the quadratic baseline. Uses torch's scaled_dot_product_attention.
-    A query whose logits_mask row is all -inf sees no key: no_key="raise" (default) raises
-    DenominatorError; no_key="zero" gives it output 0 (gradient 0), as torch's SDPA does on CPU.
+    q: (..., N_q, d_qk); k: (..., N, d_qk); v: (..., N, d) -> (..., N_q, d), leading dims
+    broadcasting together; logits_mask: additive, floating, broadcastable to (..., N_q, N), -inf
+    excludes a pair (NaN and +inf are refused). O(N^2 d): the quadratic baseline, through torch's
+    scaled_dot_product_attention. A query whose logits_mask row is all -inf sees no key:
+    no_key="raise" (default) raises DenominatorError; no_key="zero" gives it output 0 (gradient 0).
+    TypeError / ValueError name the argument (NaN or inf in q, k or v: "<name> contains non-finite
+    values").
+
+    >>> import torch
+    >>> from fast import softmax_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(6, 4, generator=g) for _ in range(3))
+    >>> causal = torch.zeros(6, 6).masked_fill(torch.ones(6, 6).triu(1).bool(), -torch.inf)
+    >>> dense = torch.softmax(q @ k.T / 4 ** 0.5 + causal, dim=-1) @ v
+    >>> torch.allclose(softmax_attention(q, k, v, causal), dense, atol=1e-6)
+    True
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, check_finite=False)
@@ -175,7 +130,8 @@ def _finite_output(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 
 
 def _check_features(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> None:
-    """Shapes, dtypes and devices only (metadata): finiteness is checked on the way (module doc)."""
+    """Shapes, dtypes and devices only (metadata): finiteness is checked on the way (docs/papers.md,
+    "fast.attention")."""
     check_tensor("phi_q", phi_q, check_finite=False)
     check_tensor("phi_k", phi_k, check_finite=False)
     check_tensor("v", v, check_finite=False)
@@ -205,48 +161,46 @@ def masked_linear_attention(
     no_key: str = "raise",
     features_nonnegative: bool | None = None,
 ) -> torch.Tensor:
-    """Masked linear attention, choromanski22 Algorithm 1.
+    """Masked linear attention, choromanski22 Algorithm 1 (= Eq. 2 with the kernel phi_q phi_k^T).
 
         out_i = phi_q_i^T sum_j M_ij phi_k_j v_j^T / phi_q_i^T sum_j M_ij phi_k_j
 
-    phi_q: (..., N_q, m); phi_k: (..., N, m); v: (..., N, d) -> (..., N_q, d), input dtype.
+    phi_q: (..., N_q, m); phi_k: (..., N, m); v: (..., N, d) -> (..., N_q, d), input dtype
+    (float16/bfloat16 accumulate in float32 and are cast back).
 
     mask: None, or anything ``fast.as_mask_operator`` accepts (a MaskOperator, a dense (N, N) or
-    (..., N, N) tensor or NumPy array, a torch sparse tensor, a scipy.sparse matrix).
+    (..., N, N) tensor or NumPy array, a torch sparse tensor, a scipy.sparse matrix), for N_q = N.
     mask=None: unmasked linear attention (Eq. 3), two GEMMs, O(N m d); N_q may differ from N.
     An operator whose ``attend`` is not None: that specialised form (e.g. the chunked causal scan).
-    Otherwise the generic path (fast.algebra.masked_products): D1 = M [vec(phi_k_j v_j^T)] is
-    applied to column blocks of about ``block_cols`` columns and contracted with phi_q at once, so
-    peak extra memory is O(N (m + d) + N block_cols), never O(N m d); D2 = M phi_k gives the
-    denominator. Cost O((T_M(N) + N) m d) (Lemma 3.1). block_cols=None picks it from N: at most
-    DEFAULT_BLOCK_COLS, and one block within DEFAULT_BLOCK_BYTES (64 columns at N = 2^20 in
-    float32), at least d. Under autograd the generic path saves only phi_q, phi_k, v and
-    recomputes the blocks in backward, one at a time (training memory O(N (m + d)) as well);
+    Otherwise the generic path (fast.algebra.masked_products): D1 = M [vec(phi_k_j v_j^T)] in column
+    blocks of about ``block_cols`` columns (None: fast.algebra.default_block_cols), each contracted
+    with phi_q at once, and D2 = M phi_k for the denominator: O((T_M(N) + N) m d) time (Lemma 3.1),
+    O(N (m + d) + N block_cols) extra memory, in training too (backward recomputes the blocks);
     gradients reach the mask's parameters().
 
-    The denominators are guarded (module doc): refused where not finite, zero or subnormal, or
-    within round-off of zero relative to the terms summed (signed features or masks).
-    no_key: what a query that sees no key (its mask row is all zero) gets: "raise" (default,
-    DenominatorError) or "zero" (output 0, gradient 0); anything else is a ValueError.
-
-    features_nonnegative: what the guard may assume about the features' sign (module doc, "The
-    sign of the features"). None (default): tested, by a read pass over phi_q (and over phi_k
-    without a mask) folded into the call's one check. True: the caller promises that every entry
-    of phi_q and phi_k is >= 0 (as EluPlusOne, ReLU, FavorPlus and Hyperbolic return them), and
-    the test is skipped; a broken promise is caught when it makes some denominator negative,
-    zero, subnormal or not finite (ValueError naming features_nonnegative), but NOT when every
-    denominator stays positive: then denominators that cancelled to round-off are divided by
-    (with a nonnegative mask or none; a signed mask's floor is computed from |phi| regardless).
-    False: the features are signed (the relative floor is computed, no test). Anything else is a
-    ValueError naming features_nonnegative.
-
-    float16/bfloat16 inputs accumulate in float32 and are cast back.
+    no_key: what a query that sees no key (its mask row is all zero) gets: "raise" (default) or
+    "zero" (output 0, gradient 0). features_nonnegative: None (default: the features' sign is
+    tested), True (the caller promises phi_q, phi_k >= 0, as EluPlusOne, ReLU, FavorPlus and
+    Hyperbolic return them: the test is skipped) or False (signed: the guard's relative floor is
+    computed). docs/papers.md, "fast.attention", says what each choice costs and detects.
 
     Raises:
-        DenominatorError: a denominator refused by the guard (reported, never divided by), or a
-            query that sees no key with no_key="raise".
-        TypeError / ValueError: bad inputs, naming the argument (``mask`` for the mask; NaN or
-            inf in phi_q, phi_k or v: "<name> contains non-finite values").
+        DenominatorError: a denominator refused by the guard (never divided by), or a query that
+            sees no key with no_key="raise".
+        TypeError / ValueError: bad inputs, naming the argument (``mask`` for the mask; NaN or inf
+            in phi_q, phi_k or v: "<name> contains non-finite values"; a broken
+            features_nonnegative=True promise, when it shows in a denominator).
+
+    >>> import torch
+    >>> from fast import EluPlusOne, masked_linear_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(6, 4, generator=g) for _ in range(3))
+    >>> phi_q, phi_k = EluPlusOne()(q), EluPlusOne()(k)
+    >>> mask = torch.ones(6, 6).tril()                        # causal
+    >>> a = mask * (phi_q @ phi_k.T)                          # the dense masked kernel (Eq. 2)
+    >>> out = masked_linear_attention(phi_q, phi_k, v, mask)
+    >>> tuple(out.shape), torch.allclose(out, a @ v / a.sum(-1, keepdim=True), atol=1e-6)
+    ((6, 4), True)
     """
     _check_features(phi_q, phi_k, v)
     if block_cols is not None:
@@ -286,8 +240,8 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
     features_nonnegative: None (tested), True (promised, or known: FAVOR+), False (signed).
     flags: the caller's 0-dim bool checks (finite reductions of its own inputs), combined with
     this function's into the one host read of the call; ``diagnose()`` is called only when that
-    read fails, and raises ValueError naming a non-finite argument (module doc, "What is checked
-    when").
+    read fails, and raises ValueError naming a non-finite argument (docs/papers.md,
+    "fast.attention", "What is checked when").
     """
     out_dtype = v.dtype
     work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
@@ -354,8 +308,9 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
 
 def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: MaskOperator | None, features_nonnegative: bool,
                  mask_nonnegative: bool) -> torch.Tensor | None:
-    """The guard's floor (..., N_q) on |den| (module doc), or None when only the dtype's normal range
-    applies (nonnegative features and mask, no roundoff_bound): then nothing is computed.
+    """The guard's floor (..., N_q) on |den| (docs/papers.md, "fast.attention"), or None when only the
+    dtype's normal range applies (nonnegative features and mask, no roundoff_bound): then nothing
+    is computed.
     features_nonnegative False means "not known to be": |phi| is formed (equal to phi when it is
     >= 0, so the floor is the same either way; only an abs pass is saved by knowing)."""
     with torch.no_grad():
@@ -376,7 +331,7 @@ def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: MaskOperator | No
         elif op.has_abs_matmul:
             apk = apk if apk is not None else pk.abs()
             scale = (apq * op.abs_matmul(apk)).sum(-1)
-        else:  # sign unknown, no entrywise bound: cancellation in the final contraction only (module doc)
+        else:  # sign unknown, no entrywise bound: cancellation in the final contraction only (docs/papers.md)
             scale = (apq * op.matmul(pk).abs()).sum(-1)
         u = torch.finfo(pk.dtype).eps / 2
         floor = (8.0 * u * math.sqrt(pk.shape[-2] * pk.shape[-1])) * scale
@@ -424,8 +379,19 @@ def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, 
                      features_nonnegative: bool | None = None) -> torch.Tensor:
     """Unmasked linear attention D^-1 (Q' (K'^T V)) (choromanski22 Eq. 3), O(N m d).
 
-    Every query sees every key (no ``no_key`` argument); the denominators are guarded as in
-    masked_linear_attention (module doc), features_nonnegative as there."""
+    phi_q: (..., N_q, m); phi_k: (..., N, m); v: (..., N, d) -> (..., N_q, d). Every query sees every
+    key (no ``no_key`` argument); the denominators are guarded and features_nonnegative means what
+    it means for masked_linear_attention, which raises the same errors.
+
+    >>> import torch
+    >>> from fast import EluPlusOne, linear_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> phi_q, phi_k = (EluPlusOne()(torch.randn(6, 4, generator=g)) for _ in range(2))
+    >>> v = torch.randn(6, 2, generator=g)
+    >>> a = phi_q @ phi_k.T
+    >>> torch.allclose(linear_attention(phi_q, phi_k, v), a @ v / a.sum(-1, keepdim=True), atol=1e-6)
+    True
+    """
     return masked_linear_attention(phi_q, phi_k, v, mask=None, features_nonnegative=features_nonnegative)
 
 
@@ -437,29 +403,27 @@ def favor_features(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stabilised FAVOR+ features (phi_q, phi_k) for masked_linear_attention(phi_q, phi_k, v, mask).
 
-    Stabilised FAVOR+ (fast.FavorPlus(projection, stabilize=True)) of q / d_qk^(1/4) and
-    k / d_qk^(1/4), so that phi_q_i . phi_k_j estimates exp(q_i . k_j / sqrt(d_qk)) up to
-    constants that cancel in the masked attention ratio: a per-query one, and the keys' ones
-    from the mask operator's ``key_stabilizer`` (fast.operator: the per-(batch, head) max by
-    default; padding and packing override it so that keys the mask hides never set the scale);
-    mask=None: FavorPlus's own per-(batch, head) max. The mask is only read for its stabiliser
-    here (the masking is masked_linear_attention's), and must be for q's and k's N. The scale
-    d_qk^(-1/4) is folded into the (m, d_qk) projection and the squared-norm term (in the compute
-    dtype: float32 for half precisions), so q and k are never rescaled (fast.features.favor_exponentials).
+    FavorPlus(projection, stabilize=True) of q / d_qk^(1/4) and k / d_qk^(1/4) (Performer Lemma 1),
+    so that phi_q_i . phi_k_j estimates exp(q_i . k_j / sqrt(d_qk)) up to constants that cancel in
+    the masked attention ratio: one per query, and the keys' from the mask operator's
+    ``key_stabilizer`` (mask=None: one per (batch, head) slice; an operator with ``rescales_keys``
+    gets that default too). The mask is only read for its stabiliser here, and must be for q's and
+    k's N. q: (..., N_q, d_qk); k: (..., N, d_qk); projection W: (m, d_qk) -> phi_q (..., N_q, m),
+    phi_k (..., N, m), in q's / k's dtype (float32 for half precisions), differentiable in q and k.
+    O(N m d_qk). NaN or inf in q, k or projection: ValueError naming it; a mask for another N:
+    ValueError naming ``mask``. docs/papers.md, "fast.attention", relates these features to
+    favor_attention's.
 
-    An operator with ``rescales_keys`` (CausalMask: a running max per key) gets the default
-    per-(batch, head) max here instead of its own stabiliser: its per-key constants cancel only
-    inside its ``attend`` given ``key_log_scale``, which masked_linear_attention never passes, so
-    these features keep favor_features + masked_linear_attention exact. favor_attention itself
-    uses the operator's stabiliser (and so reaches magnitudes these features may not: a key far
-    larger than the earlier ones underflows them here).
-
-    q: (..., N_q, d_qk); k: (..., N, d_qk); projection W: (m, d_qk); mask: None or anything
-    ``fast.as_mask_operator`` accepts -> phi_q (..., N_q, m), phi_k (..., N, m), in q's / k's
-    dtype (float32 for half precisions). Differentiable in q and k. favor_attention computes the
-    same features times sqrt(m) (the factor cancels in attention; module doc of fast.attention).
-    NaN or inf in q, k or projection: ValueError naming it (found from the rows' squared norms and
-    the projection, both small: module doc).
+    >>> import torch
+    >>> from fast import favor_attention, favor_features, gaussian_projection, masked_linear_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(8, 4, generator=g) / 2 for _ in range(3))
+    >>> w = gaussian_projection(16, 4, generator=g)
+    >>> mask = torch.ones(8, 8).tril()
+    >>> phi_q, phi_k = favor_features(q, k, w, mask)
+    >>> out = masked_linear_attention(phi_q, phi_k, v, mask)
+    >>> tuple(phi_q.shape), torch.allclose(out, favor_attention(q, k, v, w, mask), atol=1e-5)
+    ((8, 16), True)
     """
     check_favor_inputs(q, k, projection)
     op = None if mask is None else as_mask_operator(mask)
@@ -539,38 +503,33 @@ def favor_attention(
     *,
     no_key: str = "raise",
 ) -> torch.Tensor:
-    """Performer softmax-kernel attention with an optional mask operator.
+    """Performer softmax-kernel attention (FAVOR+) with an optional mask operator.
 
     Algorithm 1 (masked_linear_attention) on stabilised FAVOR+ features of q / d_qk^(1/4) and
-    k / d_qk^(1/4) with W = ``projection`` (m, d_qk), so the estimated kernel is
-    exp(q.k / sqrt(d_qk)). mask: None or anything ``fast.as_mask_operator`` accepts, for q's and
-    k's N (checked before anything is computed). The keys' stabiliser is the operator's
-    ``key_stabilizer`` (fast.operator: the per-(batch, head) max by default; padding and
-    packing override it so that keys the mask hides never set the scale; an operator with
-    ``rescales_keys``, CausalMask, returns per-key constants, here a running max, and its
-    ``attend`` undoes them given ``key_log_scale``, so a key far larger than the earlier ones
-    never underflows them).
+    k / d_qk^(1/4) with W = ``projection`` (m, d_qk), so the estimated kernel is exp(q.k / sqrt(d_qk))
+    (Performer Lemma 1: unbiased, variance O(1/m)). q, k: (..., N, d_qk); v: (..., N, d) ->
+    (..., N, d). mask: None or anything ``fast.as_mask_operator`` accepts, for q's and k's N; the
+    keys' stabiliser is the operator's ``key_stabilizer``, and an operator with ``rescales_keys``
+    (CausalMask) undoes its per-key constants in its ``attend``. no_key: as in
+    masked_linear_attention.
 
-    The features are favor_features' times sqrt(m) (the factor cancels in the ratio): the
-    largest stabilised entries are 1, so a denominator is measured relative to its row's largest
-    query feature times the largest visible key feature, and the guard (module doc) refuses
-    only what falls out of the dtype's normal range relative to those, or is not finite. For an
-    operator without rescales_keys this equals masked_linear_attention(*favor_features(q, k,
-    projection, mask), v, mask) up to round-off (bit for bit when m is a power of 4 and, without a
-    mask, the keys fit one block). The features cost one GEMM and about one elementwise pass each
-    (fast.features.favor_exponentials).
+    Cost O(N m (d_qk + d)) plus the mask's products, O((T_M(N) + N) m d). mask=None: the features
+    are formed a block of rows at a time, forward and backward (fast.favor_blockwise), so no (N, m)
+    feature matrix exists; with a mask they are formed whole. For an operator without rescales_keys
+    this equals masked_linear_attention(*favor_features(q, k, projection, mask), v, mask) up to
+    round-off (docs/papers.md, "fast.attention").
 
-    mask=None: the features are formed a block of rows at a time, in forward and in backward
-    (fast.favor_blockwise: the keys reduce to S = sum_j phi_k_j v_j^T and z = sum_j phi_k_j under a
-    running max, the queries are formed per block against them), so neither (N, m) feature matrix
-    exists: the extra memory is the output plus one block (about 0.6-0.75 of
-    masked_linear_attention's with the features given, forward and training), and autograd saves
-    only q, k, v, W and O(N + m d) numbers per (batch, head) slice. With a mask the features are
-    formed whole, as the mask's products need them along N.
+    Raises DenominatorError as masked_linear_attention; TypeError / ValueError naming the argument
+    (NaN or inf in q, k, v or projection: "<name> contains non-finite values"; ``mask`` for the mask).
 
-    q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d). no_key: as in masked_linear_attention
-    ("raise" or "zero", for queries whose mask row is all zero, e.g. a fully padded sample).
-    NaN or inf in q, k, v or projection: ValueError naming it (module doc, "What is checked when").
+    >>> import torch
+    >>> from fast import favor_attention, gaussian_projection, softmax_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(8, 4, generator=g) / 2 for _ in range(3))
+    >>> w = gaussian_projection(256, 4, generator=g)
+    >>> out = favor_attention(q, k, v, w)                     # estimates softmax attention
+    >>> tuple(out.shape), bool((out - softmax_attention(q, k, v)).abs().max() < 0.1)
+    ((8, 4), True)
     """
     check_favor_inputs(q, k, projection)  # once: favor_features would check them again
     check_tensor("v", v, check_finite=False)

@@ -242,7 +242,8 @@ class FavorPlus(_Projected):
     positive = True
 
     def forward(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
-        """x (..., N, d) -> (..., N, m); key_stabilizer(z) -> per-key constants (see module doc)."""
+        """x (..., N, d) -> (..., N, m); key_stabilizer(z) -> per-key constants (docs/papers.md
+        Sec. 0, "Stabiliser")."""
         return self.exponentials(x, is_query, key_stabilizer) / math.sqrt(self.m)
 
     def exponentials(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
