@@ -1,18 +1,11 @@
 """NodeFormer (wu22) the obvious way: dense float64 NumPy, N x N matrices (twin of fast/latent/nodeformer.py).
 
-Shapes: q, k (..., N, d_qk); v (..., N, d); w the (m, d_qk) projection. Kernel scaling as in
-fast/: FAVOR+ features (wu22 Eq. 4, reference.features.favor_plus) of x = q d_qk^(-1/4) / sqrt(tau),
-so phi(q) . phi(k) estimates exp(q.k / (sqrt(d_qk) tau)). The kernel matrix is formed in log
-space, log A_uv = LSE_f(z_uf + z_vf) - log m with z = w.x - |x|^2/2, so that small tau does not
-overflow here either: A = exp(log A) itself is never formed unshifted. A batch vector ``batch``
-(N,) (sorted graph ids, PyG convention) masks A to the block diagonal same[u, v] = batch[u] == batch[v].
-
-Gumbel noise (Eqs. 6-7, 14-17): noise (K, *k.shape[:-1]), one standard Gumbel per sample, leading
-slice and key node; sample s weights key v by exp(g_sv / tau) (added to log A); the output is the
-mean over samples of the normalised outputs. Relational bias (Eq. 8): sum_r sigmoid(b_r) A~_r v
-with A_r the 0/1 pattern of A^r, A~_r = D_r^-1/2 A_r D_r^-1/2 (normalize="sym") or A_r (None).
-Edge loss (Eqs. 10, 12): l_u = mean over the stored entries (u, v) of row u of log pi_uv (0 for an
-isolated node), loss = -mean over nodes and leading dims.
+Shapes: q, k (..., N, d_qk); v (..., N, d); w the (m, d_qk) projection; batch None or (N,) sorted
+graph ids (PyG convention), masking A to the block diagonal same[u, v] = batch[u] == batch[v].
+Kernel scaling as in fast/ (docs/papers.md Sec. 4): FAVOR+ features (wu22 Eq. 4) of
+x = q d_qk^(-1/4) / sqrt(tau), so phi(q) . phi(k) estimates exp(q.k / (sqrt(d_qk) tau)). The kernel
+matrix A is formed in log space, log A_uv = LSE_f(z_uf + z_vf) - log m with z = w.x - |x|^2/2, so
+that a small tau does not overflow: O(N^2 m) time and O(N^2) memory per leading slice.
 """
 from __future__ import annotations
 
@@ -37,7 +30,14 @@ def _tau(tau) -> float:
 
 
 def batch_mask(batch, n: int) -> np.ndarray:
-    """same (N, N) float64: 1 where batch[u] == batch[v] (all ones for batch None)."""
+    """same (N, N) float64: 1 where batch[u] == batch[v] (all ones for batch None). batch (N,):
+    integer labels >= 0, sorted (TypeError for a non-integer batch, ValueError naming batch for a
+    wrong shape, a negative label or an unsorted batch); n an int >= 1. O(N^2).
+
+        >>> from reference.nodeformer import batch_mask
+        >>> batch_mask([0, 0, 1], 3).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    """
     n = integer("n", n)
     if batch is None:
         return np.ones((n, n))
@@ -54,7 +54,17 @@ def batch_mask(batch, n: int) -> np.ndarray:
 
 
 def gumbel_noise(shape, rng: np.random.Generator) -> np.ndarray:
-    """Standard Gumbel noise -log(-log U) of ``shape``, U uniform on (0, 1) (clamped into [tiny, 1 - eps/2])."""
+    """Standard Gumbel noise -log(-log U) of ``shape``, U uniform on (0, 1) (clamped into [tiny, 1 - eps/2]),
+    float64, finite. For the Gumbel-softmax the shape is (K, *k.shape[:-1]): one value per sample,
+    leading slice and key node (wu22 Eqs. 6-7). TypeError unless rng is a numpy.random.Generator.
+    O(prod(shape)).
+
+        >>> import numpy as np
+        >>> from reference.nodeformer import gumbel_noise
+        >>> g = gumbel_noise((2, 5), np.random.default_rng(0))
+        >>> g.shape, bool(np.isfinite(g).all())
+        ((2, 5), True)
+    """
     rng = generator("rng", rng)
     u = np.clip(rng.random(shape), np.finfo(float).tiny, 1.0 - np.finfo(float).eps / 2)
     return -np.log(-np.log(u))
@@ -94,20 +104,55 @@ def _normalise(log_a: np.ndarray, same: np.ndarray) -> np.ndarray:
 
 
 def attention_weights(q, k, w, *, tau: float = 1.0, batch=None) -> np.ndarray:
-    """pi (..., N, N): pi_uv = phi(q_u).phi(k_v) / sum_{w in graph(u)} phi(q_u).phi(k_w) (Eq. 5's weights)."""
+    """pi (..., N, N): pi_uv = phi(q_u).phi(k_v) / sum_{w in graph(u)} phi(q_u).phi(k_w) (Eq. 5's weights).
+
+    Raises TypeError for complex input, ValueError for non-finite input or a tau that is not a
+    finite number > 0, as batch_mask, and MemoryError over the dense budget. O(N^2 m).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
+        >>> from reference.nodeformer import attention_weights
+        >>> pi = attention_weights(q, k, w, batch=np.array([0, 0, 1, 1]))
+        >>> pi.shape, bool(np.allclose(pi.sum(-1), 1.0)), float(pi[0, 2])
+        ((4, 4), True, 0.0)
+    """
     tau = _tau(tau)
     log_a = _log_kernel(q, k, w, tau)
     return _normalise(log_a, batch_mask(batch, log_a.shape[-1]))
 
 
 def kernelized_softmax(q, k, v, w, *, tau: float = 1.0, batch=None) -> np.ndarray:
-    """wu22 Eq. 5 (at the 1/sqrt(tau) scaling): pi v, dense. (..., N, d)."""
+    """wu22 Eq. 5 (at the 1/sqrt(tau) scaling): pi v, dense, (..., N, d). Raises as
+    attention_weights. O(N^2 (m + d)).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
+        >>> from reference.nodeformer import attention_weights, kernelized_softmax
+        >>> z = kernelized_softmax(q, k, v, w, tau=0.5)
+        >>> z.shape, bool(np.allclose(z, attention_weights(q, k, w, tau=0.5) @ v))
+        ((4, 3), True)
+    """
     v = real_array("v", v, finite=True)
     return attention_weights(q, k, w, tau=tau, batch=batch) @ v
 
 
 def kernelized_gumbel_softmax(q, k, v, w, noise, *, tau: float, batch=None) -> np.ndarray:
-    """wu22 Eqs. 7, 14-17: mean over samples s of normalise(A * exp(g_s / tau) per key) v, dense."""
+    """wu22 Eqs. 7, 14-17: mean over samples s of normalise(A * exp(g_s / tau) per key) v, dense,
+    (..., N, d). noise (K, *k.shape[:-1]): one standard Gumbel per sample, leading slice and key
+    node (``gumbel_noise``); g_s / tau is added to log A, never exponentiated alone.
+
+    Raises as attention_weights (naming noise too). O(K N^2 (m + d)).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
+        >>> from reference.nodeformer import kernelized_gumbel_softmax, kernelized_softmax
+        >>> z = kernelized_gumbel_softmax(q, k, v, w, np.zeros((3, 4)), tau=0.5)  # no noise: Eq. 5
+        >>> bool(np.allclose(z, kernelized_softmax(q, k, v, w, tau=0.5)))
+        True
+    """
     tau = _tau(tau)
     v = real_array("v", v, finite=True)
     noise = real_array("noise", noise, finite=True)
@@ -120,7 +165,18 @@ def kernelized_gumbel_softmax(q, k, v, w, noise, *, tau: float, batch=None) -> n
 def exact_gumbel_softmax(q, k, v, noise=None, *, tau: float, batch=None) -> np.ndarray:
     """wu22 Eq. 6 with the exact kernel: mean over samples of softmax_v((q_u.k_v / sqrt(d) + g_sv) / tau) v.
 
-    noise None: the plain softmax at temperature tau (no samples)."""
+    noise None: the plain softmax at temperature tau (no samples); noise (K, *k.shape[:-1]) as in
+    kernelized_gumbel_softmax. q, k (..., N, d_qk), v (..., N, d) -> (..., N, d). Raises as
+    attention_weights. O(K N^2 (d_qk + d)).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
+        >>> from reference import softmax_attention
+        >>> from reference.nodeformer import exact_gumbel_softmax
+        >>> bool(np.allclose(exact_gumbel_softmax(q, k, v, tau=1.0), softmax_attention(q, k, v)))
+        True
+    """
     tau = _tau(tau)
     q, k, v = real_array("q", q, finite=True), real_array("k", k, finite=True), real_array("v", v, finite=True)
     logits = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
@@ -132,7 +188,16 @@ def exact_gumbel_softmax(q, k, v, noise=None, *, tau: float, batch=None) -> np.n
 
 
 def adjacency_orders(adj, order: int) -> list[sp.csr_matrix]:
-    """[A_1, ..., A_order]: the 0/1 patterns of A^r (A = the pattern of adj), as scipy csr, via dense powers."""
+    """[A_1, ..., A_order]: the 0/1 patterns (N, N) of A^r (A = the pattern of adj: pairs joined by a
+    walk of exactly r hops), as scipy csr, via dense powers. order an int >= 1; raises as
+    reference.graphs.adjacency. O(order N^3).
+
+        >>> import numpy as np
+        >>> from reference.nodeformer import adjacency_orders
+        >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+        >>> [a.toarray()[0].tolist() for a in adjacency_orders(path, 2)]
+        [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0]]
+    """
     order = integer("order", order)
     a = (adjacency(adj).toarray() != 0).astype(np.float64)
     out, p = [], np.eye(a.shape[0])
@@ -143,7 +208,19 @@ def adjacency_orders(adj, order: int) -> list[sp.csr_matrix]:
 
 
 def relational_bias(v, adj, b, *, order: int = 1, normalize: str | None = "sym") -> np.ndarray:
-    """wu22 Eq. 8's bias term sum_r sigmoid(b_r) A~_r v, dense. b: a number or a (order,) array."""
+    """wu22 Eq. 8's bias term sum_r sigmoid(b_r) A~_r v, dense, (..., N, d). b: a number or an
+    (order,) array; A_r the 0/1 pattern of A^r (``adjacency_orders``), A~_r = D_r^-1/2 A_r D_r^-1/2
+    (normalize="sym", the authors' code) or A_r (None, Eq. 8 as printed).
+
+    Raises ValueError for another normalize, non-finite v or b, a b that does not broadcast to
+    (order,); TypeError/ValueError for an order that is not an int >= 1. O(order N^3).
+
+        >>> import numpy as np
+        >>> from reference.nodeformer import relational_bias
+        >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+        >>> relational_bias(np.ones((4, 1)), path, 0.0, normalize=None).ravel().tolist()  # sigmoid(0) * degree
+        [0.5, 1.0, 1.0, 0.5]
+    """
     v = real_array("v", v, finite=True)
     order = integer("order", order)
     if normalize not in ("sym", None):
@@ -164,7 +241,20 @@ def nodeformer_attention(q, k, v, w, *, graph=None, adj=None, b=None, order: int
                          normalize: str | None = "sym", tau: float = 0.25, noise=None, batch=None) -> np.ndarray:
     """wu22 Eq. 8: kernelized Gumbel-softmax (noise given) or kernelized softmax (noise None: evaluation)
     plus the relational bias when ``graph`` (an adjacency reference.graphs.adjacency accepts; ``adj``
-    is another name for it) is given."""
+    is another name for it) is given. Shapes as kernelized_softmax, (..., N, d).
+
+    Raises ValueError when both graph and adj are given, and what kernelized_softmax,
+    kernelized_gumbel_softmax and relational_bias raise. O(K N^2 (m + d) + order N^3).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
+        >>> from reference.nodeformer import kernelized_softmax, nodeformer_attention, relational_bias
+        >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+        >>> z = nodeformer_attention(q, k, v, w, graph=path, b=0.0)
+        >>> bool(np.allclose(z, kernelized_softmax(q, k, v, w, tau=0.25) + relational_bias(v, path, 0.0)))
+        True
+    """
     if adj is not None:
         if graph is not None:
             raise ValueError("give the adjacency as graph or as adj, not both")
@@ -182,7 +272,20 @@ def edge_log_likelihood(q, k, w, adj, *, tau: float = 1.0, batch=None) -> np.nda
     """l_u = (1/d_u) sum_{(u,v) stored in adj} log pi_uv (..., N), 0 for an isolated node (wu22 Eq. 10).
 
     log pi_uv = log A_uv - LSE_{w in graph(u)} log A_uw, formed in log space (never the log of an
-    exponentiated pi, which underflows to -inf at std 8, d 128, tau 0.25)."""
+    exponentiated pi, which underflows to -inf at std 8, d 128, tau 0.25).
+
+    Raises ValueError when adj does not have N nodes, and as attention_weights and
+    reference.graphs.adjacency. O(N^2 m).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
+        >>> from reference.nodeformer import edge_log_likelihood
+        >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+        >>> l = edge_log_likelihood(q, k, w, path)
+        >>> l.shape, bool((l < 0).all())
+        ((4,), True)
+    """
     tau = _tau(tau)
     log_a = _log_kernel(q, k, w, tau)
     log_pi = _log_normalise(log_a, batch_mask(batch, log_a.shape[-1]))  # log pi itself: finite on the graph
@@ -195,5 +298,16 @@ def edge_log_likelihood(q, k, w, adj, *, tau: float = 1.0, batch=None) -> np.nda
 
 
 def edge_loss(q, k, w, adj, *, tau: float = 1.0, batch=None) -> float:
-    """-(1/N) sum_u l_u averaged over the leading dims (wu22 Eq. 10, one layer)."""
+    """-(1/N) sum_u l_u averaged over the leading dims (wu22 Eq. 10, one layer), a float >= 0. Raises
+    as edge_log_likelihood. O(N^2 m).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
+        >>> from reference.nodeformer import edge_log_likelihood, edge_loss
+        >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+        >>> loss = edge_loss(q, k, w, path)
+        >>> loss > 0, bool(np.isclose(loss, -edge_log_likelihood(q, k, w, path).mean()))
+        (True, True)
+    """
     return float(-np.mean(edge_log_likelihood(q, k, w, adj, tau=tau, batch=batch)))

@@ -2,23 +2,10 @@
 
 Shapes: q, k (..., N, d_qk); v (..., N, d) -> (..., N, d); leading dims (batch, heads) equal in
 q, k and v. batch: None (one graph) or an integer array (N,), sorted nondecreasing (PyG
-convention), labels >= 0; the block-diagonal mask same[u, w] = batch[u] == batch[w].
-
-The formulas (the tutorial "DIFFormer: simplified attention computation", docs/papers.md; the
-SGFormer paper), written as dense attention with the N x N score matrix
-S = 1 + q~ k~^T masked to each graph, M = same * S:
-
-    DIFFormer:  z_u = sum_w M_uw v_w / sum_w M_uw
-    SGFormer:   z_u = (N_g v_u + sum_w same_uw (q~_u . k~_w) v_w) / sum_w M_uw
-
-with q~ = Q_g / ||Q_g||_F, k~ = K_g / ||K_g||_F per graph g (frobenius_normalize): the norm over
-the graph's nodes and features, and over the head axis -3 too when that axis holds heads:
-joint_heads=None (default) when ndim >= 4 ((*batch, H, N, c)); joint_heads=True when ndim >= 3
-(a 3-D (H, N, c) read as heads); joint_heads=False never (per leading slice). A 3-D input with
-the default is (B, N, c): one norm per sample, samples never share a norm. A graph whose x is all zero normalises to 0 (the
-limit the fast path uses). A denominator that is zero to float64 round-off (a one-node graph
-whose q is a negative multiple of its k; otherwise den >= N_g - sqrt(N_g) > 0) raises
-reference.DenominatorError. O(N^2 d): the obviously right form the fast O(N d^2) path must equal.
+convention), labels >= 0; the block-diagonal mask same[u, w] = batch[u] == batch[w]. Both are
+dense attention with the masked score matrix M = same * (1 + q~ k~^T) (docs/papers.md Sec. 4),
+q~ and k~ normalised per graph by ``frobenius_normalize``: O(N^2 d), the obviously right form
+the fast O(N d^2) path must equal.
 """
 from __future__ import annotations
 
@@ -69,8 +56,22 @@ def _joint(ndim: int, joint_heads) -> bool:
 
 
 def frobenius_normalize(x, *, batch=None, joint_heads: bool | None = None) -> np.ndarray:
-    """x / ||x_g||_F per graph g; x (..., N, c) -> the same shape, float64. A zero graph gives 0.
-    joint_heads: None (ndim >= 4: axis -3 is heads), True (ndim >= 3), False (module doc)."""
+    """x / ||x_g||_F per graph g; x (..., N, c) -> the same shape, float64. A graph whose x is all
+    zero gives 0 (the limit the fast path uses).
+
+    The norm runs over the graph's nodes and features, and over the head axis -3 too when that
+    axis holds heads: joint_heads=None (default) when ndim >= 4 ((*batch, H, N, c)); True when
+    ndim >= 3 (a 3-D (H, N, c) read as heads); False never (per leading slice). A 3-D input with
+    the default is (B, N, c): one norm per sample, samples never share a norm.
+
+    Raises TypeError for complex input or a joint_heads that is not None or a bool, ValueError
+    for non-finite input or an empty N or c, and as the batch checks (module doc). O(N c) per slice.
+
+        >>> import numpy as np
+        >>> from reference.simple_attention import frobenius_normalize
+        >>> frobenius_normalize(np.array([[3.0], [4.0], [0.0]]), batch=np.array([0, 0, 1])).ravel().tolist()
+        [0.6, 0.8, 0.0]
+    """
     x = _array("x", x)
     b = _batch(batch, x.shape[-2])
     joint = _joint(x.ndim, joint_heads)
@@ -114,10 +115,37 @@ def _simple(q, k, v, batch, joint_heads, own_value: bool, what: str) -> np.ndarr
 
 
 def difformer_attention(q, k, v, *, batch=None, joint_heads: bool | None = None) -> np.ndarray:
-    """z_u = (sum_{w in g} v_w + q~_u . sum_{w in g} k~_w v_w^T) / (N_g + q~_u . sum_{w in g} k~_w), dense."""
+    """z_u = (sum_{w in g} v_w + q~_u . sum_{w in g} k~_w v_w^T) / (N_g + q~_u . sum_{w in g} k~_w), dense
+    (the tutorial's DIFFormer formula): sum_w M_uw v_w / sum_w M_uw, (..., N, d).
+
+    Raises TypeError/ValueError for bad inputs (as frobenius_normalize; q and k of different
+    shapes, a v whose leading dims and N differ); reference.DenominatorError when a denominator is
+    zero to float64 round-off (only a one-node graph whose q is a negative multiple of its k:
+    otherwise den >= N_g - sqrt(N_g) > 0); MemoryError over the dense budget. O(N^2 (d_qk + d)).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3))
+        >>> from reference.simple_attention import difformer_attention
+        >>> z = difformer_attention(q, k, v, batch=np.array([0, 0, 0, 1]))
+        >>> z.shape, bool(np.allclose(z[3], v[3]))  # a one-node graph attends to itself
+        ((4, 3), True)
+    """
     return _simple(q, k, v, batch, joint_heads, own_value=False, what="difformer_attention")
 
 
 def sgformer_attention(q, k, v, *, batch=None, joint_heads: bool | None = None) -> np.ndarray:
-    """z_u = (N_g v_u + q~_u . sum_{w in g} k~_w v_w^T) / (N_g + q~_u . sum_{w in g} k~_w), dense."""
+    """z_u = (N_g v_u + q~_u . sum_{w in g} k~_w v_w^T) / (N_g + q~_u . sum_{w in g} k~_w), dense
+    (SGFormer: the constant term is the node's own value), (..., N, d).
+
+    Raises as difformer_attention. O(N^2 (d_qk + d)).
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3))
+        >>> from reference.simple_attention import sgformer_attention
+        >>> z = sgformer_attention(q, np.zeros((4, 2)), v)  # k~ = 0: no score term, z = v
+        >>> z.shape, bool(np.allclose(z, v))
+        ((4, 3), True)
+    """
     return _simple(q, k, v, batch, joint_heads, own_value=True, what="sgformer_attention")

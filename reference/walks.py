@@ -1,26 +1,11 @@
 """Random walks on an adjacency, one readable loop (NumPy; the twin of fast/walks.py).
 
-Layout ("walks are data", the same fields as fast.walks.Walks): walker w = i * n_walkers + r is
-the r-th walker of start node i; its walk u_0 = i, u_1, ..., u_L (L = length[w] hops) is stored
-at nodes[offsets[w] : offsets[w] + L + 1], offsets = [0, cumsum(length + 1)].
-
-Semantics of sample_walks (docs/papers.md Sec. 3, reid25 Eq. 10 and its variance reduction):
-
-- exactly one of ``p_halt`` in (0, 1) and ``fixed_length`` >= 0. With p_halt, before each hop a
-  walker halts with probability p_halt; ``i_max`` (>= 0 or None) caps the hops, and caps
-  fixed_length too when both are given.
-- a walker on a node without neighbours stops (an isolated start node gives length 0).
-- choice "uniform": next node uniform over the stored neighbours; "weighted": with probability
-  W_uv / d_u (the RWGNK transition matrix P = D^-1 W).
-- antithetic (p_halt mode, even n_walkers): walkers 2r and 2r + 1 draw one uniform u per step
-  and halt when u < p_halt and (u + 1/2) mod 1 < p_halt respectively.
-- repelling (uniform only): the walkers of one start node standing on node v at one step take
-  neighbours (o + k) mod deg(v), k their rank (by walker index) among them, o uniform on
-  {0, ..., deg(v) - 1}, one o per such group.
-
-The draws differ from fast/'s (another generator, another order): the two samplers agree in
-distribution, and verify/ feeds the SAME walks (these arrays) to both sides where equality is
-tested exactly.
+``Walks`` holds a sampled ensemble as plain arrays ("walks are data", docs/papers.md Sec. 3; the
+same fields as fast.walks.Walks); ``sample_walks`` draws one from every node, for reid25 Eq. 10
+(GRF, with its variance reduction) and choromanski22 Eq. 5 (RWGNK): O(N n_walkers L) for walks
+of L hops. The draws differ from fast/'s (another generator, another order): the two samplers
+agree in distribution, and verify/ feeds the SAME walks to both sides where equality is tested
+exactly.
 """
 from __future__ import annotations
 
@@ -55,7 +40,22 @@ def _int_array(name: str, value: Any) -> np.ndarray:
 
 @dataclass
 class Walks:
-    """n_walkers walks from each of n_nodes nodes (module docstring: layout). Validated on creation."""
+    """n_walkers walks from each of n_nodes nodes, validated on creation.
+
+    Layout: walker w = i * n_walkers + r is the r-th walker of start node i; its walk u_0 = i,
+    u_1, ..., u_L (L = length[w] hops) is stored at nodes[offsets[w] : offsets[w] + L + 1], with
+    offsets = [0, cumsum(length + 1)]. Fields: n_nodes, n_walkers ints >= 1; p_halt in [0, 1)
+    (0.0 for fixed-length walks); length (W,), offsets (W + 1,), nodes (offsets[-1],) int64 arrays,
+    W = n_nodes * n_walkers.
+
+    Raises TypeError for non-int counts or non-integer arrays, ValueError for a p_halt outside
+    [0, 1) and whatever ``validate`` refuses. Validation is O(W + len(nodes)).
+
+        >>> from reference.walks import Walks
+        >>> walks = Walks(2, 1, 0.0, length=[1, 0], offsets=[0, 2, 3], nodes=[0, 1, 1])
+        >>> walks.num_walks, walks.walk(0).tolist(), walks.walk(1).tolist()
+        (2, [0, 1], [1])
+    """
 
     n_nodes: int
     n_walkers: int
@@ -135,7 +135,36 @@ def sample_walks(adj: Any, n_walkers: int, rng: np.random.Generator, *, p_halt: 
                  i_max: int | None = None, fixed_length: int | None = None, choice: str = "uniform",
                  antithetic: bool = False, repelling: bool = False) -> Walks:
     """n_walkers walks from every node of ``adj`` (anything reference.graphs.adjacency accepts),
-    drawn from ``rng`` (a numpy.random.Generator). Module docstring: semantics."""
+    drawn from ``rng`` (a numpy.random.Generator); returns them as ``Walks``. Semantics
+    (docs/papers.md Sec. 3, reid25 Eq. 10 and its variance reduction):
+
+    - exactly one of ``p_halt`` in (0, 1) and ``fixed_length`` >= 0. With p_halt, before each hop a
+      walker halts with probability p_halt; ``i_max`` (>= 0 or None) caps the hops, and caps
+      fixed_length too when both are given.
+    - a walker on a node without neighbours stops (an isolated start node gives length 0).
+    - choice "uniform": next node uniform over the stored neighbours; "weighted": with probability
+      W_uv / d_u (the RWGNK transition matrix P = D^-1 W).
+    - antithetic (p_halt mode, even n_walkers): walkers 2r and 2r + 1 draw one uniform u per step
+      and halt when u < p_halt and (u + 1/2) mod 1 < p_halt respectively.
+    - repelling (uniform only): the walkers of one start node standing on node v at one step take
+      neighbours (o + k) mod deg(v), k their rank (by walker index) among them, o uniform on
+      {0, ..., deg(v) - 1}, one o per such group.
+
+    Raises TypeError for a non-Generator rng, non-int counts or non-bool flags; ValueError for
+    both or neither of p_halt and fixed_length, values out of range, an unknown choice, antithetic
+    without p_halt or with odd n_walkers, repelling with choice="weighted", and as
+    reference.graphs.adjacency. O(N n_walkers L) Python steps, L the hops per walk.
+
+        >>> import numpy as np
+        >>> from reference.walks import sample_walks
+        >>> edge = np.array([[0.0, 1.0], [1.0, 0.0]])
+        >>> walks = sample_walks(edge, 2, np.random.default_rng(0), fixed_length=3)
+        >>> walks.length.tolist(), walks.walk(0).tolist()  # one edge: the walk goes back and forth
+        ([3, 3, 3, 3], [0, 1, 0, 1])
+        >>> halting = sample_walks(edge, 4, np.random.default_rng(0), p_halt=0.5, antithetic=True)
+        >>> halting.num_walks, bool((halting.length >= 0).all())
+        (8, True)
+    """
     n_walkers = _int("n_walkers", n_walkers, 1)
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)), got {type(rng).__name__}")
