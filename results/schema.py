@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -543,7 +543,3 @@ class Results:
     def read(cls, path: str | Path) -> "Results":
         return cls.from_dict(json.loads(Path(path).read_text()))
 
-
-def field_names(cls) -> list[str]:
-    """The field names of a schema dataclass (docs and tests list them)."""
-    return [f.name for f in fields(cls)]
