@@ -7,6 +7,8 @@ Rows that see no key (the no-key policy, shared with fast/): a query whose mask 
 (masked_kernel_attention) or whose logits_mask row is -inf everywhere (softmax_attention) has no
 denominator. no_key="raise" (the default) raises reference.DenominatorError saying so;
 no_key="zero" outputs exactly 0 for those rows (what nested/varlen attention users expect).
+
+Both functions build the N_q x N matrix: O(N_q N (d_qk + d)) time, O(N_q N) memory per slice.
 """
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ Softmax kernel identities (choromanski22 Sec. 2; wu22 Eq. 4, Lemma 1):
     FAVOR+:      phi(x) = exp(W x - |x|^2 / 2) / sqrt(m),       E[phi(x).phi(y)] = exp(x.y)
     hyperbolic:  phi(x) = [exp(W x - |x|^2/2), exp(-W x - |x|^2/2)] / sqrt(2m)
     trig RFF:    phi(x) = exp(|x|^2 / 2) [cos(W x), sin(W x)] / sqrt(m)   (may be negative)
+
+A map with a projection costs O(N m d); the deterministic maps O(N d).
 """
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""Graph diffusion kernel of the hypercube {0,1}^k, dense (choromanski22 Sec. 4.1).
+"""Graph diffusion kernel of the hypercube {0,1}^k, dense (choromanski22 Sec. 4.1; docs/papers.md Sec. 1).
 
-Node i is the k-bit binary word of i; two nodes are adjacent when their words differ in one bit,
-and dist(i, j) = popcount(i xor j). With the graph Laplacian L = D - A = sum over bits of
-I x .. x L_2 x .. x I, L_2 = [[1, -1], [-1, 1]],
-
-    exp(-lambda L) = kron_{bits} exp(-lambda L_2) = (e^-lambda cosh lambda)^k kron_{bits} [[1, t], [t, 1]],
-
-t = tanh(lambda), so exp(-lambda L)_ij = (e^-lambda cosh lambda)^k t^dist(i, j). The mask used for
-attention drops the constant (it cancels in the normalised output): M_ij = tanh(lambda)^dist(i, j).
-
-The printed claim extends this to "d-dimensional grids"; that is false for sides > 2 (docs/papers.md
-Sec. 1 erratum): see ``diffusion_kernel`` on a path of 3+ nodes, whose diagonal is not constant.
+Node i is the k-bit binary word of i, n = 2^k nodes; two nodes are adjacent when their words
+differ in one bit, and dist(i, j) = popcount(i xor j). exp(-lambda L) is proportional to
+tanh(lambda)^dist(i, j); the mask drops the constant: M_ij = tanh(lambda)^dist(i, j), O(n^2 k).
+``diffusion_kernel`` (expm, O(n^3)) is the check, on any graph: on a path of 3+ nodes its
+diagonal is not constant, the erratum of the printed "d-dimensional grids" claim.
 """
 from __future__ import annotations
 

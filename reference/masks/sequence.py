@@ -1,6 +1,6 @@
 """Sequence masks: causal, packing, padding (choromanski22 Sec. 3.1, Fig. 2), dense (N, N).
 
-(The 2022 paper's Fig. 2 caption swaps the labels "padding" and "packing".)
+(The 2022 paper's Fig. 2 caption swaps the labels "padding" and "packing".) O(N^2) each.
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ table has shape (2 n_1 - 1, ..., 2 n_d - 1) with ``table[delta + (n - 1)] = f(de
 With that order M is d-level block-Toeplitz (Lemma 3.3).
 
 Attention needs M >= 0 (a weighted average). Masks given in log space (M = exp(b), as in
-Luo et al. 2021 and the ViT experiments) are positive by construction.
+Luo et al. 2021 and the ViT experiments) are positive by construction. The dense masks cost
+O(N^2) (O(d N^2) on a d-D grid); the fast side applies them by FFT.
 """
 from __future__ import annotations
 

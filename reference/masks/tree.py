@@ -3,8 +3,8 @@
 dist_T is the (weighted) path length in the forest; nodes in different trees get M_ij = 0.
 A forest may be given as a parent array (parent[i] = -1 for a root), a scipy.sparse adjacency
 (symmetric, weights = edge lengths) or an edge_index (2, E) with optional weights. Distances
-come from scipy.sparse.csgraph.shortest_path (all pairs, dense): the ground truth the fast
-recursions are checked against.
+come from scipy.sparse.csgraph.shortest_path (all pairs, dense, O(n^2 log n)): the ground truth
+the fast recursions are checked against.
 """
 from __future__ import annotations
 
