@@ -47,7 +47,7 @@ def _array(name: str, x) -> np.ndarray:
 
 
 def _joint(ndim: int, joint_heads) -> bool:
-    """Whether the norm spans axis -3 (module doc): None -> ndim >= 4, True -> ndim >= 3, False -> no."""
+    """Whether the norm spans axis -3 (frobenius_normalize's doc): None -> ndim >= 4, True -> ndim >= 3, False -> no."""
     if joint_heads is None:
         return ndim >= 4
     if not isinstance(joint_heads, bool):
