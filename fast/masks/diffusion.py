@@ -1,88 +1,14 @@
 """Graph diffusion-kernel masks M = exp(-lambda T) as an action on vectors (choromanski22 Sec. 4,
 Thm. 4.1; docs/papers.md Sec. 3). Dense twin: reference/masks/diffusion.py.
 
-The generators, for a graph W >= 0 (symmetric) with weighted degrees d and D = diag(d):
-
-    "laplacian"    T = L = D - W
-    "random-walk"  T = L D^-1        (an isolated node's column of L D^-1 is 0: D^-1 is the pseudo-inverse)
-    "adjacency"    T = -W
-
-Only the action y = exp(-lambda T) x is computed, by sparse products with W, O(|E| + N) per term
-and column; M is never formed.
-
-**Shift to a nonnegative matrix.** Each T has a shift c with B = c I - T >= 0 entrywise:
-
-    laplacian    c = max_i (d_i - w_ii)   B = (c I - D) + W          column sums of B: c
-    random-walk  c = 1                    B = W D^+ + E_iso           column sums: 1
-    adjacency    c = 0                    B = W                       column sums: d_j <= d_max
-
-(E_iso: ones on the diagonal at isolated nodes, whose column of L D^-1 is 0.) For laplacian any
-c >= max_i (d_i - w_ii) (the largest diagonal entry of L) makes B >= 0 (diagonal c - d_i + w_ii,
-computed as c - o_i from the off-diagonal degrees o_i = d_i - w_ii, so it is exactly >= 0); the
-smallest one is used, since the cost grows with c: a heavy self-loop costs nothing (it cancels in
-L). The bound below holds for any valid c unchanged. So ||B||_1 = beta
-with beta = c, 1, d_max, and with the normalised Bh = B / beta (||Bh||_1 <= 1, Bh >= 0)
-
-    exp(-lambda T) = e^(-lambda c) exp(lambda B) = g exp(Theta (Bh - I)),
-    Theta = lambda beta,  g = e^(lambda (beta - c))   (g = 1 for laplacian and random-walk, e^(lambda d_max) for adjacency).
-
-exp(Theta (Bh - I)) = sum_k pois(k; Theta) Bh^k with the Poisson(Theta) probabilities pois(k; Theta) =
-e^-Theta Theta^k / k! (uniformization: for random-walk this is the Markov view, a Poisson(lambda)
-number of steps of the natural walk). Every term is >= 0: a nonnegative x never meets a
-cancellation. The weights are computed by the ratio recurrence p_(k+1) = p_k theta / (k + 1) outward
-from the mode k = floor(theta) (every ratio <= 1: no overflow; far tails underflow harmlessly to 0),
-then divided by their sum over k = 0..K, K >= theta + 10 sqrt(theta) + 50 (the mass beyond K is
-< 1e-20). Each weight then carries a relative error of about 2 |k - mode| u (no log k! whose
-absolute error ~ u theta log theta would swamp tol at large theta), and the kept weights
-w_0..w_m sum to 1 - tail(m) up to round-off.
-
-**Scaling and truncation.** exp(Theta (Bh - I)) = E^s with E = exp(theta (Bh - I)), theta = Theta / s;
-each step is the truncated series P = sum_{k<=m} w_k Bh^k (w_k = pois(k; theta), or theta^k / k! for
-adjacency, where each step carries its share e^theta of g so that no step underflows or overflows
-by more than the true result does). With R = E - P >= 0 (entrywise), ||R||_1 <= tail(m, theta) = P(Poisson(theta) > m)
-(times e^theta for adjacency) and ||P||_1, ||E||_1 <= 1 (e^theta), and E^s - P^s = sum_j E^j R P^(s-1-j), so
-(with the computed weights: ||P||_1 <= sum_k w_k = 1 - tail(m) <= 1 still holds, and
-||R||_1 <= tail(m) + sum_k |w_k - pois(k; theta)|, the second term a round-off <= 2 m u: see Round-off)
-
-    || exp(-lambda T) x - y ||_1 <= g * s * P(Poisson(theta) > m) * ||x||_1     (``error_bound`` = s P(...)),
-
-where g is a bound on ||exp(-lambda T)||_1 (1 for laplacian and random-walk: L and L D^-1 give
-column-stochastic kernels; e^(lambda d_max) for adjacency). The plan (s, m) is chosen a priori from
-Theta alone, minimising s * m (the sparse products per column block) subject to
-error_bound <= tol; for adjacency also theta <= ADJACENCY_STEP_THETA so the Taylor weights stay
-within float32's range. With Poisson weights the cost s m ~ Theta + z sqrt(s Theta) grows with s,
-so for laplacian and random-walk the optimum is s = 1 (no step can overflow): the scaling is
-needed only for adjacency. The cost is O((Theta + sqrt(Theta log(1/tol))) (|E| + N) c): linear
-in lambda d_max, not the log(2 + ||A||_F) of Thm. 4.1, which relies on an SDD solver (a rational
-approximation); Taylor is what scipy.sparse.linalg.expm_multiply does as well.
-
-Norms. The bound is in the 1-norm of each column of x for ``matmul``. ``rmatmul`` (x -> M^T x,
-Bh^T >= 0 with row sums <= 1) satisfies the same bound in the infinity-norm. For laplacian and
-adjacency M is symmetric, so both bounds hold for both products (hence also in the 2-norm).
-Round-off comes on top. Each product v_k = Bh v_(k-1) sums at most r terms per entry (r = the
-stored entries per row of Bh, diagonal included), so |fl(v_k) - v_k| <= k r u Bh^k |x| to first
-order, entrywise; accumulating the m + 1 weighted terms adds (m + 1) u, and the weights' relative
-error (above) is <= 2 m u. Per step the 1-norm error is therefore at most about
-(theta r + 3 m) u ||x||_1 <= (r + 3) m u ||x||_1, and in all
-
-    || fl(y) - y ||_1 <~ g s m (r + 3) u ||x||_1     (u = 6e-8 in float32, 1.1e-16 in float64)
-
-a worst case (8 x 8 grid, Theta = 1600, tol = 1e-12: m = 1889, r <= 5, floor 1.7e-12; measured there
-against the exact eigendecomposition for x = e_0: |error - error_bound| <= 6e-16 at tol 1e-8..1e-12).
-
-Learnable lambda. lam may be a one-element tensor requiring grad (held as given: it is what
-parameters() returns, so an optimiser can update it): the weights are computed from it with
-torch ops each product: the planned weights times exp(k log(lam / lam0) - (lam - lam0) beta / s),
-exactly the Poisson weights at lam, with their derivatives (the autograd graph keeps the s m
-intermediate columns: O(s m N c) memory); the gradient is that of the truncated series. The plan depends on lam's value; reading it costs a
-host sync, so it is re-planned only when lam's version counter changes (every in-place update:
-optimiser steps, edits under no_grad or inference_mode) and, on CPU where a read is free, whenever
-its value changes. An edit through ``lam.data`` bypasses the version counter: call ``replan()``.
-
-Limits. A plan needs about Theta = lam beta products; one with more than MAX_PRODUCTS (100 000)
-raises ValueError naming lam, beta and the products (reduce lam or the weights' scale, or raise
-tol). For adjacency a fixed ``steps`` must keep theta = Theta / steps <= ADJACENCY_STEP_THETA
-(the weights e^theta pois(k; theta) would overflow float32 and, past 709, float64): ValueError.
+For a graph W >= 0 (symmetric) with weighted degrees d and D = diag(d), T is L = D - W
+("laplacian"), L D^-1 ("random-walk") or -W ("adjacency"). ``DiffusionMask`` (and the function
+``expm_action``) shifts T to a nonnegative B = c I - T and applies the uniformised Taylor series
+exp(-lambda T) x = g sum_k pois(k; Theta) Bh^k x, planned a priori (``plan_terms``) so that
+||y - M x||_1 <= tol g ||x||_1 per column: x (..., N, c) -> (..., N, c) in
+O((Theta + sqrt(Theta log 1/tol)) (|E| + N) c), Theta = lambda ||B||_1, with no cancellation
+between terms and no host sync per product. Derivation, error bound, round-off, learnable
+lambda and limits: docs/papers.md, fast.masks.diffusion.
 """
 from __future__ import annotations
 
@@ -151,8 +77,16 @@ def _tails(theta: float, k_end: int) -> np.ndarray:
 
 
 def poisson_tail(m: int, theta: float) -> float:
-    """P(Poisson(theta) > m) for an int m >= 0 and a finite theta >= 0 (float64): the 1-norm of the
-    omitted terms of one uniformized step (module docstring)."""
+    """P(Poisson(theta) > m) (float64): the 1-norm of the omitted terms of one uniformised step.
+
+    m: an int >= 0; theta: a finite real >= 0 (ValueError naming m or theta otherwise). Summed from
+    the top with the far tail bounded, so never below the true value up to round-off; O(theta +
+    sqrt(theta) + m).
+
+    >>> from fast.masks.diffusion import poisson_tail
+    >>> round(poisson_tail(2, 1.0), 6)      # 1 - (1 + 1 + 1/2) / e
+    0.080301
+    """
     check_positive_int("m", m, "an int >= 0", minimum=0)
     if not isinstance(theta, numbers.Real) or not math.isfinite(theta) or theta < 0:
         raise ValueError(f"theta must be a finite real >= 0, got {theta!r}")
@@ -175,9 +109,16 @@ def _min_terms(theta: float, target: float, m_min: int) -> tuple[int, float]:
 def plan_terms(theta_total: float, tol: float, *, steps: int | None = None,
                max_step_theta: float = math.inf) -> tuple[int, int, float]:
     """(s, m, bound): s steps of m-term series for exp(Theta (Bh - I)) with Theta = theta_total >= 0,
-    minimising s * m subject to bound = s * P(Poisson(Theta / s) > m) <= tol and Theta / s <= max_step_theta.
-    steps fixes s instead. Theta = 0 gives (1, 1, 0.0): one term, so that a learnable lambda at 0
-    still gets the exact first derivative -T x."""
+    minimising s * m subject to bound = s * P(Poisson(Theta / s) > m) <= tol and
+    Theta / s <= max_step_theta; ``steps`` fixes s instead. Theta = 0 gives (1, 1, 0.0): one term,
+    so that a learnable lambda at 0 still gets the exact first derivative -T x. O(Theta) per
+    candidate s.
+
+    >>> from fast.masks.diffusion import plan_terms
+    >>> s, m, bound = plan_terms(10.0, 1e-8)
+    >>> s, m, bound <= 1e-8
+    (1, 32, True)
+    """
     theta_total = float(theta_total)
     if theta_total == 0.0:
         return 1, 1, 0.0
@@ -195,7 +136,13 @@ def plan_terms(theta_total: float, tol: float, *, steps: int | None = None,
 
 
 def check_kind(kind: object) -> str:
-    """kind when it is one of KINDS, else ValueError naming kind."""
+    """kind when it is one of KINDS ("laplacian", "random-walk", "adjacency"), else ValueError naming
+    kind.
+
+    >>> from fast.masks.diffusion import check_kind
+    >>> check_kind("random-walk")
+    'random-walk'
+    """
     if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS} (T = D - W, L D^-1, -W), got {kind!r}")
     return kind
@@ -229,40 +176,49 @@ def _version_of(t: object) -> int | None:
 
 #: The series' working set (the vectors v, acc and a product's output, about 4 of (N, c)) is kept
 #: within this many bytes on the CPU by running it on column blocks: every product re-reads them, and
-#: once they spill from the caches each product streams them from memory (gdk at d = m = 16, 272
-#: columns, on a 2-core EPYC with 2 MiB L2 and 32 MiB L3: 2.5 us per row at N = 2^12, 5.0 at 2^13,
-#: 7.1 at 2^16 in one block; 2.2-2.8 us at every N in blocks of 16-32 columns).
+#: once they spill from the caches each product streams them from memory (docs/papers.md,
+#: fast.masks.diffusion).
 CHAIN_CACHE_BYTES = 8 * 2**20
 #: ... but never narrower than this (a sparse product's cost per column rises below it).
 MIN_CHAIN_COLUMNS = 16
 
 
 def chain_columns(n: int, c: int, itemsize: int) -> int:
-    """Columns per block of a chain of sparse products on (n, c) x: all c when they fit
-    CHAIN_CACHE_BYTES (4 vectors), else the most that do, at least MIN_CHAIN_COLUMNS."""
+    """Columns per block of a chain of sparse products on (n, c) x with ``itemsize``-byte entries: all
+    c when 4 vectors fit CHAIN_CACHE_BYTES, else the most that do, at least MIN_CHAIN_COLUMNS. O(1).
+
+    >>> from fast.masks.diffusion import chain_columns
+    >>> chain_columns(1000, 64, 4), chain_columns(2**20, 64, 4)
+    (64, 16)
+    """
     fit = CHAIN_CACHE_BYTES // (4 * n * itemsize)
     return c if fit >= c else max(MIN_CHAIN_COLUMNS, fit)
 
 
 class DiffusionMask(MaskOperator):
     """M = exp(-lam T) (n, n) for T = L, L D^-1 or -W of ``graph`` (kind "laplacian", "random-walk",
-    "adjacency"), applied by uniformized Taylor series on sparse CSR (module docstring).
+    "adjacency"; choromanski22 Thm. 4.1), applied by the uniformised Taylor series on sparse CSR.
 
-    graph: anything fast.graphs.as_graph accepts (a Graph, edge_index, torch/scipy sparse,
-    networkx); lam >= 0 finite: a real number or a one-element tensor (may require grad: a
-    learnable diffusion time, returned by parameters()), of any device, whose stored value is the
-    diffusion time, read as a float64 (a float32 torch.tensor(1.2) is lam = 1.2000000477, which moves
-    M x by up to |dlam| ||T||_1 g ||x||_1, ~1e-8 relative: compare operators with the same lam);
-    tol in (0, 1): the a priori truncation
-    bound, ||y - M x||_1 <= tol * norm_bound * ||x||_1 per column (infinity-norm for rmatmul of
-    random-walk); steps: None (the plan minimising s m) or a fixed s >= 1.
+    graph: anything fast.graphs.as_graph accepts; lam >= 0 finite: a real number or a one-element
+    tensor (may require grad: a learnable diffusion time, returned by parameters()), read as a
+    float64; tol in (0, 1): the a priori truncation bound ||y - M x||_1 <= tol * norm_bound *
+    ||x||_1 per column (infinity-norm for rmatmul of random-walk); steps: None (planned) or a fixed
+    s >= 1. ``matmul`` / ``rmatmul`` take x (..., n, c) of any float dtype (half computes in float32)
+    and cost s m CSR products for all columns at once, O(s m (|E| + n) c). Plan attributes:
+    ``steps``, ``terms``, ``products``, ``error_bound``, ``norm_bound`` (1, or e^(lam d_max) for
+    adjacency), ``shift``, ``beta``. Raises ValueError naming kind, tol, steps or lam when invalid,
+    and when the plan needs more than MAX_PRODUCTS products (or, for adjacency with fixed steps,
+    more than ADJACENCY_STEP_THETA per step).
 
-    ``matmul`` takes x (..., n, c) of any float dtype on any device (half computes in float32) and
-    returns exp(-lam T) x in x's dtype, s * m CSR products per call for all columns at once.
-
-    Plan attributes: ``steps`` (s), ``terms`` (m), ``products`` (s m), ``error_bound``
-    (s P(Poisson(theta) > m) <= tol), ``norm_bound`` (g: 1, or e^(lam d_max) for adjacency),
-    ``shift`` (c), ``beta`` (||B||_1), ``kind``, ``tol``, ``graph``.
+    >>> import torch
+    >>> from fast import DiffusionMask
+    >>> edges = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])      # a path of 4 nodes
+    >>> op = DiffusionMask(edges, 0.5, tol=1e-12)
+    >>> w = op.graph.csr().to_dense()
+    >>> laplacian = torch.diag(w.sum(1)) - w
+    >>> x = torch.rand(4, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> torch.allclose(op.matmul(x), torch.linalg.matrix_exp(-0.5 * laplacian) @ x)
+    True
     """
 
     #: exp(-lam T) >= 0 entrywise for every kind (B >= 0: every series term is >= 0).
@@ -329,10 +285,11 @@ class DiffusionMask(MaskOperator):
     # ------------------------------------------------------------------ the plan
 
     def replan(self) -> None:
-        """Recompute the plan (s, m) for the current value of lam (reads it: one host sync).
-
-        ValueError when the plan needs more than MAX_PRODUCTS products, or (adjacency) when a fixed
-        ``steps`` leaves more than ADJACENCY_STEP_THETA per step; the previous plan is then kept."""
+        """Recompute the plan (s, m) for the current value of lam (reads it: one host sync); call it after
+        an edit through ``lam.data``, which the version counter misses. ValueError when the plan needs
+        more than MAX_PRODUCTS products, or (adjacency) when a fixed ``steps`` leaves more than
+        ADJACENCY_STEP_THETA per step; the previous plan is then kept.
+        """
         value = _lam_value(self.lam)
         version = _version_of(self.lam)
         theta_total = value * self.beta
@@ -367,8 +324,9 @@ class DiffusionMask(MaskOperator):
         self._weights = self._float_weights(theta_total / self.steps)
 
     def _float_weights(self, theta: float) -> list[float]:
-        """Per-step series weights w_0..w_m as Python floats: pois(k; theta) (module docstring: by the
-        ratio recurrence from the mode, normalised), times e^theta for adjacency (theta <= 32 there)."""
+        """Per-step series weights w_0..w_m as Python floats: pois(k; theta) by the ratio recurrence from
+        the mode, normalised (docs/papers.md, fast.masks.diffusion), times e^theta for adjacency.
+        """
         m = self.terms
         if theta == 0.0:
             return [1.0] + [0.0] * m
@@ -475,5 +433,15 @@ class DiffusionMask(MaskOperator):
 
 def expm_action(graph, x: torch.Tensor, lam: float | torch.Tensor, kind: str = "laplacian",
                 tol: float = 1e-8) -> torch.Tensor:
-    """exp(-lam T) x for x (..., n, c): the function form of ``DiffusionMask(graph, lam, kind, tol).matmul(x)``."""
+    """exp(-lam T) x for x (..., n, c) -> (..., n, c): ``DiffusionMask(graph, lam, kind, tol).matmul(x)``
+    as a function (the plan is made on each call; keep a DiffusionMask to reuse it). Raises what
+    DiffusionMask raises.
+
+    >>> import torch
+    >>> from fast import expm_action
+    >>> edges = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])                  # a path of 3 nodes
+    >>> y = expm_action(edges, torch.ones(3, 1, dtype=torch.float64), 1.0)  # L 1 = 0, so exp(-L) 1 = 1
+    >>> torch.allclose(y, torch.ones(3, 1, dtype=torch.float64)), tuple(y.shape)
+    (True, (3, 1))
+    """
     return DiffusionMask(graph, lam, kind, tol).matmul(x)

@@ -1,57 +1,13 @@
-"""Power-series graph masks M_alpha = sum_k alpha_k W^k by Horner's rule (reid25; docs/papers.md
+"""Power-series graph masks M_alpha = sum_k alpha_k W^k by Horner's rule (reid25 Sec. 3; docs/papers.md
 Sec. 3). Dense twin: reference/masks/power_series.py.
 
-W is the weighted adjacency of a graph (fast.graphs.Graph), used as given; reid25's common choice
-is fast.graphs.normalized_adjacency(g), w_ij / sqrt(d_i d_j), with spectral radius <= 1.
-
-Product. Horner's rule, y = alpha_K x; for k = K-1..0: y = W y + alpha_k x, costs K CSR products
-and K fused multiply-adds: O(K (|E| + N) c) for c columns, M never formed. M is symmetric
-(W is), so rmatmul = matmul. alpha is held as given (no copy: an in-place update or a learnable
-alpha reaches every product), so products always use its current values; it may require grad
-(reid25 learns the coefficients: autograd runs through the Horner steps, and the column of x
-at each step is the only thing saved, which is x itself).
-
-Sign. W >= 0, so M >= 0 when every alpha_k >= 0 (``nonnegative``, from the current alpha: reading it
-costs a host sync on CUDA, so the answer is cached per (alpha, alpha._version) and recomputed after
-every in-place update; an edit through ``alpha.data`` bypasses the version counter: then call
-``refresh_sign()``). For
-signed alpha, |M| <= sum_k |alpha_k| W^k entrywise, and ``abs_matmul`` is Horner with |alpha|.
-
-Factorisation and named kernels: ``deconvolve`` (alpha -> f, sum_p f_p f_{k-p} = alpha_k) and
-``convolve`` (f -> alpha), ``heat_alpha`` (exp(beta W)), ``diffusion_alpha`` (exp(-beta (I - W))),
-``regularised_laplacian_alpha`` ((I + sigma2 (I - W))^-1, converging only for spectral radius(W)
-< (1 + sigma2) / sigma2, checked by ``check_series_radius`` when a graph is given). They return
-float64 tensors; deconvolve and convolve are differentiable (torch ops), so f can be the learned
-parameter and alpha = convolve(f).
-
-Per-key stabilisation (``rescales_keys``, fast.operator). M_ij = 0 beyond K hops, so the
-default FAVOR+ key constant (the max over ALL keys of a (batch, head) slice) lets a row whose
-reachable keys sit ~90 below the slice's max underflow in float32 (numerics/power-series at q, k
-entry std 8). ``key_stabilizer(z)`` returns one constant per key, c_j = max_a z_ja (..., N, 1),
-and ``attend(phi_q, phi_k, v, key_log_scale=c)`` (phi_k_j = phi_true_j exp(-c_j)) runs Horner
-with a per-node log scale: the carried y = exp(l) y_hat (l (S, N) per slice and node, y_hat
-what is stored). Start: l = c, y_hat = alpha_K x. A step W y: m_i = max of l_j over row i's
-stored entries (W_ii's included), (W y)_i = exp(m_i) sum_j W_ij exp(l_j - m_i) y_hat_j (the same
-CSR with values times exp(l_j - m_i) <= 1); adding alpha_k x_i exp(c_i): l_i = max(m_i, c_i),
-y_hat_i = exp(m_i - l_i) (W' y_hat)_i + alpha_k exp(c_i - l_i) x_i. The result is
-exp(l_i) y_hat_i with l the same for every column, so (num_i, den_i) are the true ones times
-exp(-l_i), which cancels in the division. Every factor is <= 1: a term is lost to underflow only
-where it is below the dtype's smallest normal number relative to the largest key its row reaches
-(l_i is exactly that key's constant when alpha > 0). A coefficient alpha_k = 0 (alpha constant)
-adds nothing, so c_i does not enter l at that step (else a row whose own key is excluded, e.g.
-alpha = (0, 1), would be scaled to it); a learnable alpha keeps every c_i (exact gradients for
-alpha_k = 0 too). l = -inf (nothing reached yet) is handled without NaN (factors 0). Cost: per
-Horner step two passes over S |E| entries (a scatter amax and an exp), S |E| values and their
-transpose (a per-call block-diagonal CSR for S slices), S N for the scales; the products are
-the same K SpMMs. Signed alpha: ``key_stabilizer`` returns the default per-slice max while the
-mask is not ``nonnegative`` (the driver's guard floors a signed mask's denominators with
-abs_matmul on the features as passed, consistent only with equal constants; fast.masks.grf
-module doc); attend is then the plain product.
-
-The spectral radius of a large graph comes from ``spectral_radius_bounds``: power iteration on
-W + I (positive iterates: W >= 0) with the Collatz-Wielandt bounds
-min_i ((W + I) x)_i / x_i - 1 <= rho(W) <= max_i ((W + I) x)_i / x_i - 1, valid for every positive x,
-and the Rayleigh quotient as a further lower bound (W is symmetric, so rho(W) = lambda_max).
+``PowerSeriesMask`` applies M to x (..., N, c) with K CSR products, O(K (|E| + N) c), alpha
+learnable; its FAVOR+ ``attend`` runs Horner with a per-node log scale so that no key underflows
+the keys its row reaches. The coefficient helpers map alpha to f (M_alpha = Phi Phi^T,
+Phi = sum_k f_k W^k) and back (``deconvolve``, ``convolve``) and build the heat, diffusion and
+regularised-Laplacian series; ``spectral_radius_bounds`` and ``check_series_radius`` certify that
+a series converges on a graph. Derivations (the stabilised Horner steps, the bounds):
+docs/papers.md, fast.masks.power_series.
 """
 from __future__ import annotations
 
@@ -75,7 +31,15 @@ __all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion
 
 def check_alpha(alpha: object, name: str = "alpha") -> torch.Tensor:
     """A coefficient vector (K + 1,), K >= 0, finite. A floating tensor is returned itself (no copy,
-    requires_grad kept); an integer tensor, a NumPy array or a sequence becomes a float64 tensor."""
+    requires_grad kept); an integer tensor, a NumPy array or a sequence becomes a float64 tensor.
+    TypeError naming ``name`` for complex, bool or non-numeric input, ValueError for an empty or
+    non-1-D vector or NaN / inf. O(K).
+
+    >>> from fast.masks.power_series import check_alpha
+    >>> a = check_alpha([1, 0.5])
+    >>> a.dtype, a.tolist()
+    (torch.float64, [1.0, 0.5])
+    """
     if isinstance(alpha, torch.Tensor):
         if alpha.is_complex() or alpha.dtype == torch.bool:
             raise TypeError(f"{name} must hold real numbers, got a tensor of dtype {alpha.dtype}")
@@ -94,12 +58,24 @@ def check_alpha(alpha: object, name: str = "alpha") -> torch.Tensor:
 
 
 class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
-    """M = sum_{k=0..K} alpha_k W^k (n, n), W the weighted adjacency of ``graph`` (as given).
+    """M = sum_{k=0..K} alpha_k W^k (n, n), W the weighted adjacency of ``graph`` as given (reid25
+    Sec. 3, the mask M_alpha that GRFs estimate).
 
     graph: anything fast.graphs.as_graph accepts; alpha (K + 1,): a floating tensor (held, not
-    copied; may require grad: parameters() returns it), or a sequence / NumPy array (float64).
-    ``matmul`` takes x (..., n, c) of any float dtype and device (half computes in float32),
-    K CSR products per call for all columns at once. ``rmatmul`` = ``matmul`` (M symmetric).
+    copied; may require grad: parameters() returns it), or a sequence / NumPy array (float64);
+    ``check_alpha``'s errors. ``matmul`` (= ``rmatmul``, M symmetric) takes x (..., n, c) of any
+    float dtype (half computes in float32): K CSR products for all columns at once,
+    O(K (|E| + n) c). ``nonnegative`` when every alpha_k >= 0 (``refresh_sign`` after an edit
+    through alpha.data); ``abs_matmul`` is Horner with |alpha|.
+
+    >>> import torch
+    >>> from fast import PowerSeriesMask
+    >>> edges = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])      # a path of 4 nodes
+    >>> op = PowerSeriesMask(edges, [1.0, 0.5, 0.25])
+    >>> w = op.graph.csr().to_dense()
+    >>> x = torch.rand(4, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> torch.allclose(op.matmul(x), (torch.eye(4, dtype=torch.float64) + 0.5 * w + 0.25 * w @ w) @ x)
+    True
     """
 
     def __init__(self, graph, alpha):
@@ -192,13 +168,12 @@ class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
 
     def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = sum_k alpha_k W^k.
-
-        phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims (S slices).
-        c (S, N), detached (LocallyStabilised.attend) (phi_k_j = phi_true_j exp(-c_j)): Horner
-        with a per-node log scale (module doc), num_i = exp(-l_i) sum_j M_ij (phi_q_i .
-        phi_true_j) v_j, den_i likewise; through masked_products (gradients reach phi_q, phi_k, v
-        and alpha)."""
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = sum_k alpha_k W^k, for phi_q, phi_k
+        (..., N, m) and v (..., N, d) with the same leading (batch, head) dims (S slices) and c (S, N)
+        detached (phi_k_j = phi_true_j exp(-c_j)): Horner with a per-node log scale, num_i =
+        exp(-l_i) sum_j M_ij (phi_q_i . phi_true_j) v_j, den_i likewise (docs/papers.md,
+        fast.masks.power_series); gradients reach phi_q, phi_k, v and alpha.
+        """
         return plain_attend(_StabilisedHorner(self, c), phi_q, phi_k, v)
 
     def __repr__(self) -> str:
@@ -206,14 +181,14 @@ class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
 
 
 class _StabilisedHorner(MaskOperator):
-    """The per-call operator of PowerSeriesMask.attend with key constants c (S, N): M'_ij =
-    M_ij exp(c_j - l_i) per slice, by Horner with a per-node log scale (module doc). Formed once
-    here (no gradient): for each step s = 1..K (the one that adds alpha_{K-s}) the block-diagonal
-    CSR A_s (and its transpose) with values W_ij exp(l_j - l'_i) = W_ij exp(l_j - m_i) exp(m_i - l'_i)
-    (the module doc's two factors folded into one, <= 1; l the scales before the step, l' after),
-    and the gains E (S N, 1) = exp(c - l') of the added term (0 where alpha_k = 0 is skipped).
-    matmul / rmatmul (x (..., N, c), leading dims = the S slices) are then K SpMMs and K fused
-    multiply-adds, differentiable in x and alpha (parameters())."""
+    """The per-call operator of PowerSeriesMask's stabilised attend with key constants c (S, N):
+    M'_ij = M_ij exp(c_j - l_i) per slice, by Horner with a per-node log scale (docs/papers.md,
+    fast.masks.power_series). Formed once here (no gradient): per step s = 1..K the block-diagonal
+    CSR A_s (and its transpose) with values W_ij exp(l_j - l'_i) <= 1 (l the scales before the
+    step, l' after), and the gains exp(c - l') of the added term (0 where a constant alpha_k = 0 is
+    skipped). matmul / rmatmul (x (..., N, c), leading dims = the S slices) are then K SpMMs and K
+    fused multiply-adds, differentiable in x and alpha (parameters()).
+    """
 
     def __init__(self, mask: PowerSeriesMask, c: torch.Tensor):
         self.n, self.mask, self.slices = mask.n, mask, int(c.shape[0])
@@ -286,10 +261,16 @@ class _StabilisedHorner(MaskOperator):
 
 
 def deconvolve(alpha) -> torch.Tensor:
-    """f (K + 1,) with sum_{p=0..k} f_p f_{k-p} = alpha_k, k = 0..K; f_0 = sqrt(alpha_0) > 0.
+    """f (K + 1,) with sum_{p=0..k} f_p f_{k-p} = alpha_k, k = 0..K, f_0 = sqrt(alpha_0) (reid25:
+    M_alpha = Phi Phi^T with Phi = sum_k f_k W^k). O(K^2).
 
     alpha: as PowerSeriesMask takes it (a tensor keeps its dtype, device and autograd graph: f is
-    differentiable in alpha). ValueError naming alpha_0 unless alpha_0 > 0."""
+    differentiable in alpha). ValueError naming alpha_0 unless alpha_0 > 0.
+
+    >>> from fast.masks.power_series import deconvolve, heat_alpha
+    >>> [round(float(t), 6) for t in deconvolve(heat_alpha(1.0, 3))]     # (1/2)^k / k!
+    [1.0, 0.5, 0.125, 0.020833]
+    """
     a = check_alpha(alpha)
     a0 = float(a[0].detach())
     if not a0 > 0:
@@ -305,8 +286,15 @@ def deconvolve(alpha) -> torch.Tensor:
 
 def convolve(f, k_max: int | None = None) -> torch.Tensor:
     """alpha (k_max + 1,) with alpha_k = sum_{p+q=k} f_p f_q: the coefficients of (sum_k f_k x^k)^2,
-    all 2K + 1 of them by default (then Phi Phi^T = M_alpha exactly, Phi = sum_k f_k W^k), truncated
-    (or zero-padded) to k_max + 1 when given. Differentiable in f."""
+    all 2K + 1 of them by default (then Phi Phi^T = M_alpha exactly), truncated (or zero-padded) to
+    k_max + 1 when given. Differentiable in f; O(K^2). ``check_alpha``'s errors (naming f), and
+    ValueError naming k_max unless it is None or an int >= 0.
+
+    >>> import torch
+    >>> from fast.masks.power_series import convolve
+    >>> convolve(torch.tensor([1.0, 2.0])).tolist()                    # (1 + 2x)^2
+    [1.0, 4.0, 4.0]
+    """
     t = check_alpha(f, "f")
     big_k = t.shape[0] - 1
     if k_max is None:
@@ -334,23 +322,40 @@ def _k_max(k_max: object) -> int:
 
 
 def heat_alpha(beta: float, k_max: int) -> torch.Tensor:
-    """alpha_k = beta^k / k!, k = 0..k_max (float64): the truncated series of exp(beta W).
-    Its deconvolution is f_k = (beta / 2)^k / k! (exp(beta W) = exp(beta W / 2)^2)."""
+    """alpha_k = beta^k / k!, k = 0..k_max (float64): the truncated series of exp(beta W); its
+    deconvolution is f_k = (beta / 2)^k / k!. ValueError naming beta (not finite) or k_max (not an
+    int >= 0). O(k_max).
+
+    >>> from fast.masks.power_series import heat_alpha
+    >>> [round(float(t), 4) for t in heat_alpha(2.0, 3)]
+    [1.0, 2.0, 2.0, 1.3333]
+    """
     beta, k_max = _real("beta", beta), _k_max(k_max)
     ratios = beta / torch.arange(1, k_max + 1, dtype=torch.float64)  # alpha_k / alpha_{k-1} = beta / k
     return torch.cat([torch.ones(1, dtype=torch.float64), torch.cumprod(ratios, 0)])
 
 
 def diffusion_alpha(beta: float, k_max: int) -> torch.Tensor:
-    """alpha_k = e^-beta beta^k / k! (float64): exp(-beta (I - W)) = e^-beta exp(beta W), the diffusion
-    kernel of the normalised Laplacian I - W when W is the normalised adjacency."""
+    """alpha_k = e^-beta beta^k / k!, k = 0..k_max (float64): exp(-beta (I - W)) = e^-beta exp(beta W),
+    the diffusion kernel of the normalised Laplacian I - W when W is the normalised adjacency.
+    Errors as ``heat_alpha``. O(k_max).
+
+    >>> from fast.masks.power_series import diffusion_alpha
+    >>> [round(float(t), 4) for t in diffusion_alpha(1.0, 2)]
+    [0.3679, 0.3679, 0.1839]
+    """
     beta = _real("beta", beta)
     return math.exp(-beta) * heat_alpha(beta, k_max)
 
 
 def regularised_laplacian_radius(sigma2: float) -> float:
     """(1 + sigma2) / sigma2: the radius of convergence, in W's eigenvalues, of the regularised-Laplacian
-    series (inf for sigma2 = 0). sigma2 finite >= 0."""
+    series (inf for sigma2 = 0). ValueError naming sigma2 unless it is finite and >= 0.
+
+    >>> from fast.masks.power_series import regularised_laplacian_radius
+    >>> regularised_laplacian_radius(0.5)
+    3.0
+    """
     sigma2 = _real("sigma2", sigma2)
     if sigma2 < 0:
         raise ValueError(f"sigma2 must be >= 0 (a regularisation strength), got {sigma2!r}")
@@ -359,10 +364,14 @@ def regularised_laplacian_radius(sigma2: float) -> float:
 
 def regularised_laplacian_alpha(sigma2: float, k_max: int, graph=None) -> torch.Tensor:
     """alpha_k = sigma2^k / (1 + sigma2)^(k+1), k = 0..k_max (float64): the truncated Neumann series of
-    (I + sigma2 (I - W))^-1 = (1 + sigma2)^-1 (I - r W)^-1, r = sigma2 / (1 + sigma2).
+    (I + sigma2 (I - W))^-1 = (1 + sigma2)^-1 (I - r W)^-1, r = sigma2 / (1 + sigma2). O(k_max).
+    graph: when given, ``check_series_radius`` certifies convergence first (its ValueError);
+    ValueError naming sigma2 or k_max when invalid.
 
-    graph: when given, check_series_radius(graph, regularised_laplacian_radius(sigma2)) runs first:
-    ValueError naming the spectral radius and the radius of convergence when the series diverges."""
+    >>> from fast.masks.power_series import regularised_laplacian_alpha
+    >>> regularised_laplacian_alpha(1.0, 3).tolist()
+    [0.5, 0.25, 0.125, 0.0625]
+    """
     radius = regularised_laplacian_radius(sigma2)
     k_max = _k_max(k_max)
     if graph is not None:
@@ -374,11 +383,17 @@ def regularised_laplacian_alpha(sigma2: float, k_max: int, graph=None) -> torch.
 
 def spectral_radius_bounds(graph, *, max_iter: int = 10_000, rtol: float = 1e-9,
                            stop_below: float | None = None, stop_above: float | None = None) -> tuple[float, float]:
-    """(lo, hi) with lo <= rho(W) <= hi for the graph's weighted adjacency W (module docstring).
+    """(lo, hi) with lo <= rho(W) <= hi for the graph's weighted adjacency W: power iteration on W + I
+    in float64 with the Collatz-Wielandt bounds and the Rayleigh quotient (docs/papers.md,
+    fast.masks.power_series), O(|E| + n) per iteration, until hi - lo <= rtol hi, hi < stop_below,
+    lo >= stop_above or max_iter iterations. A graph without edges gives (0, 0).
 
-    Power iteration on W + I in float64 on the graph's device, O(|E| + n) per iteration, until
-    hi - lo <= rtol hi, or hi < stop_below, or lo >= stop_above (the decision a caller needs), or
-    max_iter iterations. A graph without edges gives (0, 0)."""
+    >>> import torch
+    >>> from fast.masks.power_series import spectral_radius_bounds
+    >>> lo, hi = spectral_radius_bounds(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]))   # path of 3: sqrt(2)
+    >>> round(lo, 6), round(hi, 6)
+    (1.414214, 1.414214)
+    """
     g = as_graph(graph)
     if g.num_edges == 0:
         return 0.0, 0.0
@@ -401,9 +416,17 @@ def spectral_radius_bounds(graph, *, max_iter: int = 10_000, rtol: float = 1e-9,
 
 def check_series_radius(graph, radius: float, name: str = "series", *, max_iter: int = 10_000) -> tuple[float, float]:
     """Bounds (lo, hi) on the spectral radius of the graph's W, certifying hi < radius (the series'
-    radius of convergence in W's eigenvalues); else ValueError naming the spectral radius (its
-    bounds) and the radius: the power series diverges (lo >= radius), or convergence could not be
-    certified within max_iter power iterations (lo < radius <= hi)."""
+    radius of convergence in W's eigenvalues); ValueError naming the spectral radius (its bounds)
+    and the radius when the series diverges (lo >= radius) or convergence could not be certified
+    within max_iter power iterations. O((|E| + n) iterations).
+
+    >>> import torch
+    >>> from fast.masks.power_series import check_series_radius
+    >>> check_series_radius(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 1.0, "geometric")
+    Traceback (most recent call last):
+    ...
+    ValueError: the geometric series diverges on this graph: ...
+    """
     lo, hi = spectral_radius_bounds(graph, max_iter=max_iter, stop_below=radius, stop_above=radius)
     if hi < radius:
         return lo, hi
