@@ -223,7 +223,7 @@ class _LinearProducts(torch.autograd.Function):
 
     Backward in four GEMMs and two rank-one updates, every gradient contiguous (autograd through
     ``phi_k.transpose(-1, -2) @ v`` hands phi_k a transposed gradient, and an elementwise
-    backward above it, e.g. ELU's, runs ~2x slower on such strides):
+    backward above it, e.g. ELU's, runs slower on such strides):
         d phi_q = g_num kv^T + g_den ks^T,   d kv = phi_q^T g_num,   d ks = phi_q^T g_den,
         d phi_k = v d kv^T + 1 d ks^T,       d v = phi_k d kv       (ks = phi_k^T 1).
     Saves phi_q, phi_k, v (and kv, ks: m (d + 1) numbers); double backward forms kv and ks again

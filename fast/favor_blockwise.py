@@ -1,68 +1,13 @@
-"""Unmasked FAVOR+ attention with the features formed a block of rows at a time (issue 21, item 6).
+"""Unmasked FAVOR+ attention with the features formed a block of rows at a time.
 
 favor_attention(q, k, v, W) with mask=None is linear attention (choromanski22 Eq. 3) on the
-stabilised FAVOR+ exponentials of fast.features.favor_exponentials (without their 1/sqrt(m)):
-
-    phi_q_i = exp(a_i - max_a a_i),            a_i = W' q_i                      (queries)
-    phi_k_j = exp(b_j - n_j - C),              b_j = W' k_j,  n_j = h |k_j|^2     (keys)
-    C = max_j (max_a b_ja - n_j)               (one constant per (batch, head) slice)
-    S = sum_j phi_k_j v_j^T  (m x d),  z = sum_j phi_k_j  (m),
-    out_i = phi_q_i^T S / phi_q_i . z,
-
-with W' = d_qk^(-1/4) W and h = d_qk^(-1/2) / 2 (the scale folded into W and the norm term).
-The keys enter only through S and z, and each query only through its own row, so neither
-(N, m) feature matrix needs to exist whole: ``favor_products`` forms phi_k for a block of keys,
-adds the block to S and z and drops it, then forms phi_q for a block of queries and writes that
-block of the output. C is a max over all keys, which the exponentials need first; instead of a
-second pass over the keys (a second GEMM), the sums keep a running max as flash attention does:
-with C' = max(C, the block's max), S <- S exp(C - C') + sum_{j in block} exp(b_j - n_j - C') v_j^T
-(z alike), so each exponential is formed once and S, z end on the final C (equal to the
-two-pass values up to round-off: one more rounding per block in the factor exp(C - C')).
-
-Blocks. The leading (batch, head) dims are flattened to L slices (a view for contiguous inputs;
-a non-contiguous q, k or v is copied once, N d numbers) and a block is either several whole
-slices or a range of rows of one slice, so that every block is contiguous: its projection is one
-2-D GEMM and its output rows are written in place (``_plan``). ``default_block_rows``: 1/8 of the
-features per block within a byte range by device (CPU: 2 MiB, cache-sized; GPU: 32-256 MiB, so
-~20 kernels per block stay negligible). The per-slice sums phi^T v of a block of several slices
-go through ``_gram`` (cuBLAS does not split a batched GEMM's long reduction).
-
-Memory. Extra memory beyond the inputs: the output (N d), den (N) and one block's temporaries
-(about two (rows, m) matrices), so the O(N m) feature matrices of the two-GEMM form are gone.
-Measured (B = 1, H = 8, d = m = 64, float32), extra memory over masked_linear_attention's with
-the features given: forward 0.63 and forward + backward 0.75 on CPU at N = 4096 (torch's
-allocation events; 0.51 and 0.68 by RSS at N = 2^16), 0.57 and 0.71 on an H200 at N = 2^20
-(2.3 and 8.6 GiB against 4.0 and 12.0; the whole-feature form took 8.0 and 16.1).
-
-Training memory. The autograd Function ``_FavorBlockwise`` saves q, k, v, W' (the caller's
-tensors), den and the small S, z, C; backward forms the feature blocks again (one more
-projection GEMM and exp per side than a backward from stored features). Its gradients, for the
-upstream gradient G (N x d) of out (per (batch, head) slice; the stabilisers max_a a_i and C are
-constants: out does not depend on them, a per-query or per-slice factor cancels in the ratio, so
-holding them fixed gives the exact gradient):
-
-    den_i = phi_q_i . z,  out_i = phi_q_i^T S / den_i,
-    g_i = G_i / den_i,  e_i = -(G_i . out_i) / den_i               (d num_i, d den_i)
-    d phi_q_i = S g_i + e_i z,   dS = sum_i phi_q_i g_i^T,   dz = sum_i e_i phi_q_i
-    d a_i = phi_q_i * d phi_q_i,   dq_i = W'^T d a_i,   dW' += d a_i q_i^T
-    d phi_k_j = dS v_j + dz,   dv_j = dS^T phi_k_j
-    d b_j = phi_k_j * d phi_k_j,   dk_j = W'^T d b_j - 2 h k_j (1 . d b_j),   dW' += d b_j k_j^T
-
-(* entrywise; G_i . out_i = phi_q_i . (S G_i), so num is not formed again). The query blocks
-give dq and dS, dz (one GEMM with [g | e]); the key blocks then give dk and dv: two passes,
-memory one block as in forward. A double backward (create_graph=True) differentiates the
-whole-tensor form ``favor_naive`` (the readable twin; memory O(N m) there).
-
-Numbers. The forward runs fast.algebra's linear_products operations on each block, so while the
-keys fit one block (and at most GRAM_ROWS rows per slice) favor_attention(q, k, v, W) equals
-masked_linear_attention(*favor_features(q, k, W), v) bit for bit (m a power of 4); otherwise up
-to round-off (other summation orders and the running max; tests/fast/test_favor_blockwise.py
-bounds it).
-
-Half precisions: q and k are cast to float32 a block at a time (the compute dtype of
-fast.validation.compute_dtype); v, S, z and the output are in the work dtype of
-masked_linear_attention (float32 for half inputs). No host read happens here: the finiteness and
-guard checks come back as one 0-dim flag for favor_attention's one read.
+stabilised FAVOR+ exponentials (fast.features.favor_exponentials). The keys enter only through
+S = sum_j phi_k_j v_j^T (m, d) and z = sum_j phi_k_j (m), kept under a running max, and each query
+only through its own row, so ``favor_products`` forms the features a block of rows at a time, in
+forward and backward: q, k (..., N, d_qk), v (..., N, d) -> (..., N, d) in O(N m (d_qk + d)) time
+and, beyond the inputs, the output plus one block of memory (no (N, m) feature matrix).
+``favor_naive`` is the whole-tensor twin. The derivation, the block plan and the backward's
+formulas: docs/papers.md, "fast.favor_blockwise".
 """
 from __future__ import annotations
 
@@ -90,9 +35,12 @@ FAVOR_BLOCK_BYTES_DEFAULT = (32 * 2**20, 256 * 2**20)
 def default_block_rows(rows: int, m: int, element_size: int, device: torch.device | str = "cpu") -> int:
     """Rows per block, counted over all (batch, head) slices together, for ``rows`` rows in all
     (B H N) and m features of ``element_size`` bytes on ``device``: 1/FAVOR_BLOCKS of the features,
-    clamped to the device type's FAVOR_BLOCK_BYTES range, at least one row. E.g. m = 64, float32
-    (256 bytes a row): CPU 8192 rows whatever N; CUDA B H N = 2^23 (N = 2^20, 8 heads) -> 2^20
-    rows (8 blocks), 2^19 -> 2^17 rows (4 blocks), <= 2^17 -> one block."""
+    clamped to the device type's FAVOR_BLOCK_BYTES range, at least one row. O(1).
+
+    >>> from fast.favor_blockwise import default_block_rows
+    >>> default_block_rows(2**23, 64, 4, "cpu"), default_block_rows(2**23, 64, 4, "cuda")  # m = 64, float32
+    (8192, 1048576)
+    """
     lo, hi = FAVOR_BLOCK_BYTES.get(torch.device(device).type, FAVOR_BLOCK_BYTES_DEFAULT)
     row_bytes = m * element_size
     target = min(max(-(-rows * row_bytes // FAVOR_BLOCKS), lo), hi)
@@ -105,8 +53,8 @@ GRAM_ROWS = 4096
 
 def _gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a^T b per slice: a (l, n, m), b (l, n, c) contiguous -> (l, m, c). cuBLAS's batched GEMM does
-    not split a long reduction (seen on an H200: l = 2 slices of n = 2^20 rows took 37 ms, one
-    GEMM per slice 0.56 ms), so for l > 1 and n > GRAM_ROWS the rows are cut into pieces of
+    not split a long reduction (on an H200, two slices of 2^20 rows ran far slower as one batched
+    GEMM than as one GEMM per slice), so for l > 1 and n > GRAM_ROWS the rows are cut into pieces of
     GRAM_ROWS that become batch entries (a view when GRAM_ROWS divides n, summed after), else one
     GEMM per slice. l = 1 and short blocks: one bmm (the CPU's 2 MiB blocks at m = 64 never reach
     GRAM_ROWS per slice with l > 1)."""
@@ -156,7 +104,8 @@ def _key_features(x: torch.Tensor, w_k: torch.Tensor, half: float, c: torch.Tens
 
 def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
     """(S (L, m, d), z (L, m), C (L, 1, 1), the keys' largest n_j (0-dim)) in one pass over blocks
-    of keys, with the running max where a slice spans several blocks (module doc)."""
+    of keys, with the running max where a slice spans several blocks (docs/papers.md,
+    "fast.favor_blockwise")."""
     slices, n = k3.shape[0], k3.shape[1]
     m, d = w_k.shape[0], v3.shape[-1]
     s = torch.zeros((slices, m, d), dtype=work, device=k3.device)
@@ -203,9 +152,22 @@ def _forward(q, k, v, w_q, w_k, half: float, rows: int, work: torch.dtype):
 
 
 def favor_naive(q, k, v, w_q, w_k, half: float, c: torch.Tensor | None = None) -> torch.Tensor:
-    """The whole-tensor form of the module doc (the blocked path's readable twin, differentiable):
-    both (N, m) feature matrices at once. c: the keys' constant (..., 1, 1), detached (None: the
-    per-slice max, computed here). Same dtypes as ``favor_products``."""
+    """The whole-tensor form of unmasked FAVOR+ attention (the blocked path's readable twin,
+    differentiable): both (N, m) feature matrices at once, O(N m (d_qk + d)) time and O(N m) memory.
+    c: the keys' constant (..., 1, 1), detached (None: the per-slice max, computed here). Arguments
+    and dtypes as ``favor_products``; returns out (..., N_q, d), unguarded.
+
+    >>> import torch
+    >>> from fast.favor_blockwise import favor_naive
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(5, 4, generator=g) for _ in range(3))
+    >>> w = torch.randn(8, 4, generator=g)
+    >>> phi_q = torch.exp(q @ w.T - (q @ w.T).max(-1, keepdim=True).values)      # stabilised per query
+    >>> phi_k = torch.exp(k @ w.T - 0.25 * (k * k).sum(-1, keepdim=True))      # h = 0.25, c = 0 here
+    >>> a = phi_q @ phi_k.T
+    >>> torch.allclose(favor_naive(q, k, v, w, w, 0.25, c=torch.zeros(1, 1)), a @ v / a.sum(-1, keepdim=True))
+    True
+    """
     work = compute_dtype(torch.promote_types(torch.promote_types(w_q.dtype, w_k.dtype), v.dtype))
     x, y = q.to(w_q.dtype), k.to(w_k.dtype)
     a = x @ w_q.transpose(-1, -2)
@@ -220,7 +182,8 @@ def favor_naive(q, k, v, w_q, w_k, half: float, c: torch.Tensor | None = None) -
 
 
 class _FavorBlockwise(torch.autograd.Function):
-    """(out, den, flag) of the module doc; saves q, k, v, W', den and S, z, C; backward by blocks."""
+    """(out, den, flag) of ``favor_products``; saves q, k, v, W', den and S, z, C; backward by blocks
+    (docs/papers.md, "fast.favor_blockwise", "Training")."""
 
     @staticmethod
     def forward(ctx, q, k, v, w_q, w_k, half, rows, work):
@@ -304,7 +267,7 @@ class _FavorBlockwise(torch.autograd.Function):
 def favor_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
                    half: float, *, block_rows: int | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (..., N_q, d), den (..., N_q), flag) of unmasked FAVOR+ attention, blockwise (module doc).
+    """(out (..., N_q, d), den (..., N_q), flag) of unmasked FAVOR+ attention, a block of rows at a time.
 
     q: (..., N_q, d_qk); k: (..., N, d_qk); v: (..., N, d), the same leading dims (checked by the
     caller); w_q, w_k: W' = d_qk^(-1/4) W (m, d_qk) in the compute dtypes of q and k (the same
@@ -312,8 +275,17 @@ def favor_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_q: torch
     (float32 for half inputs), out = num / den UNGUARDED: the caller reads ``flag`` (0-dim bool:
     the keys' squared norms and S finite, every den_i in [finfo.tiny, finfo.max]) in its one host
     read and refuses the call when it is False. block_rows: rows per block (None:
-    ``default_block_rows``). Differentiable in q, k, v, w_q, w_k (``_FavorBlockwise``).
+    ``default_block_rows``). Differentiable in q, k, v, w_q, w_k, with a blocked backward.
     Cost: O((N_q + N) m (d_qk + d)), as the two-GEMM form; memory one block beyond the output.
+
+    >>> import torch
+    >>> from fast.favor_blockwise import favor_naive, favor_products
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(2, 8, 4, generator=g) for _ in range(3))
+    >>> w = torch.randn(16, 4, generator=g) * 4 ** -0.25
+    >>> out, den, flag = favor_products(q, k, v, w, w, 0.25, block_rows=3)     # several blocks
+    >>> tuple(out.shape), bool(flag), torch.allclose(out, favor_naive(q, k, v, w, w, 0.25), atol=1e-6)
+    ((2, 8, 4), True, True)
     """
     work = compute_dtype(torch.promote_types(torch.promote_types(w_q.dtype, w_k.dtype), v.dtype))
     if block_rows is None:

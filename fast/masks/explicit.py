@@ -3,9 +3,9 @@
 DenseMask: an (N, N) or batched (..., N, N) matrix, M @ x by one (batched) GEMM: O(N^2 c). For
 users with a small mask and for tests (a dense twin of any operator); it builds nothing new but
 is quadratic by nature.
-SparseMask: a sparse (N, N) matrix, M @ x as CSR x dense with int32 indices (6-9x faster than
-COO and ~30x faster than index_add_ gathers, docs/methods.md), O(nnz c); the CSR is built once
-per device and dtype, its transpose once when a backward first needs it.
+SparseMask: a sparse (N, N) matrix, M @ x as CSR x dense with int32 indices (faster than COO or
+index_add_ gathers, docs/methods.md), O(nnz c); the CSR is built once per device and dtype, its
+transpose once when a backward first needs it.
 """
 from __future__ import annotations
 
@@ -38,7 +38,14 @@ class DenseMask(MaskOperator):
 
     A floating matrix may require grad (a learnable dense mask): parameters() returns it. Through
     masked_linear_attention's generic path this costs O(N^2 m d): a reference and a convenience,
-    not a fast mechanism.
+    not a fast mechanism. ``name`` (default "matrix") is the argument errors name: TypeError for
+    a sparse or complex matrix, ValueError for a non-square one or NaN / inf entries.
+
+    >>> import torch
+    >>> from fast import DenseMask
+    >>> op = DenseMask(torch.tensor([[1., 0., 2.], [0., 3., 0.], [4., 0., 5.]]))
+    >>> op.matmul(torch.arange(6.).reshape(3, 2)).tolist(), op.nonnegative, op.has_rmatmul
+    ([[8.0, 11.0], [6.0, 9.0], [20.0, 29.0]], True, True)
     """
 
     def __init__(self, matrix: torch.Tensor, *, name: str = "matrix"):
@@ -88,9 +95,18 @@ class DenseMask(MaskOperator):
 class SparseMask(MaskOperator):
     """M sparse (N, N): a torch sparse tensor (COO, CSR, CSC, ...) or a scipy.sparse matrix.
 
-    Values are constants (no gradient w.r.t. them). ``matmul`` takes x (..., N, c) in any
-    floating dtype (half computes in float32) and multiplies all leading dims and columns in one
-    CSR x dense product, O(nnz c) per column of x.
+    Values are constants (no gradient w.r.t. them; x gets one). ``matmul`` takes x (..., N, c) in
+    any floating dtype (half computes in float32) and multiplies all leading dims and columns in one
+    CSR x dense product, O(nnz c) per (batch, head) slice; ``rmatmul`` and ``abs_matmul`` alike.
+    Duplicates are summed. TypeError / ValueError name ``name`` (default "matrix"): not sparse,
+    complex, not square (N, N), or NaN / inf values.
+
+    >>> import torch
+    >>> from fast import SparseMask
+    >>> m = torch.tensor([[1., 0., 2.], [0., 3., 0.], [4., 0., 5.]])
+    >>> op, x = SparseMask(m.to_sparse()), torch.arange(6.).reshape(3, 2)
+    >>> op.nnz, torch.allclose(op.matmul(x), m @ x), torch.allclose(op.rmatmul(x), m.T @ x)
+    (5, True, True)
     """
 
     def __init__(self, matrix, *, name: str = "matrix"):
@@ -202,8 +218,8 @@ def as_mask_operator(mask: object, *, n: int | None = None, name: str = "mask") 
     >>> import torch
     >>> from fast import as_mask_operator
     >>> op = as_mask_operator(torch.ones(3, 3).tril())
-    >>> type(op).__name__, op.matmul(torch.ones(3, 1)).flatten()
-    ('DenseMask', tensor([1., 2., 3.]))
+    >>> type(op).__name__, op.matmul(torch.ones(3, 1)).flatten().tolist()
+    ('DenseMask', [1.0, 2.0, 3.0])
     """
     if isinstance(mask, torch.Tensor):
         op: MaskOperator = SparseMask(mask, name=name) if mask.layout in _SPARSE_LAYOUTS else DenseMask(mask, name=name)

@@ -22,7 +22,18 @@ class LowRankMask(MaskOperator):
     """M = left @ right with left (..., N, r) and right (..., r, N); the factors' leading dims
     broadcast with each other and with x's in ``matmul`` (one mask per (batch, head) slice, or one
     for all). ``nonnegative`` is read from the current factors (True when both are >= 0);
-    ``abs_matmul`` gives |left| (|right| x) >= |M| x entrywise for the driver's denominator guard."""
+    ``abs_matmul`` gives |left| (|right| x) >= |M| x entrywise for the driver's denominator guard.
+    matmul, rmatmul: O(N r c). TypeError / ValueError name ``left`` / ``right`` (not floating,
+    NaN or inf, shapes that do not match, leading dims that do not broadcast, two devices) or ``x``.
+
+    >>> import torch
+    >>> from fast import LowRankMask
+    >>> g = torch.Generator().manual_seed(0)
+    >>> a, b, x = torch.rand(6, 2, generator=g), torch.rand(2, 6, generator=g), torch.rand(6, 3, generator=g)
+    >>> op = LowRankMask(a, b)
+    >>> torch.allclose(op.matmul(x), (a @ b) @ x), op.rank, op.nonnegative
+    (True, 2, True)
+    """
 
     def __init__(self, left: torch.Tensor, right: torch.Tensor):
         check_tensor("left", left)
@@ -49,6 +60,15 @@ class LowRankMask(MaskOperator):
         """M_hat = phi(P) phi(P)^T, FAVOR+ features with W = projection (r, d_p) of encodings P (..., N, d_p).
 
         Unstabilised features: E M_hat_ij = exp(p_i . p_j) exactly (a stabiliser would rescale M).
+        Rank r; the factors cost O(N r d_p). ValueError names ``projection`` for a width other than
+        d_p.
+
+        >>> import torch
+        >>> from fast import LowRankMask
+        >>> g = torch.Generator().manual_seed(0)
+        >>> rpe = LowRankMask.stochastic_rpe(torch.randn(6, 3, generator=g), torch.randn(4, 3, generator=g))
+        >>> rpe.n, rpe.rank, rpe.nonnegative
+        (6, 4, True)
         """
         check_tensor("encodings", encodings)
         check_tensor("projection", projection)
