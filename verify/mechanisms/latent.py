@@ -48,8 +48,8 @@ import scipy.sparse as sp
 import torch
 
 import fast
-import reference.nodeformer as ref_nodeformer
-import reference.simple_attention as ref_simple
+import reference.latent.nodeformer as ref_nodeformer
+import reference.latent.simple_attention as ref_simple
 from measure import roofline
 from verify.mechanisms.graph import (GRAPH_FAMILIES, GRAPH_TITLES, QUICK, adjacency, graph_adjacency, graph_extras,
                                      graph_problem, num_edges, projection_draw)

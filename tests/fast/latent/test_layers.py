@@ -300,13 +300,13 @@ def _heads_np(t: torch.Tensor, h: int):
 
 @pytest.mark.parametrize("training", [True, False])
 def test_nodeformer_layer_equals_the_dense_reference(training):
-    """The layer = W_o [per-head reference.nodeformer.nodeformer_attention] (Eq. 8, float64, dense),
+    """The layer = W_o [per-head reference.latent.nodeformer.nodeformer_attention] (Eq. 8, float64, dense),
     the edge loss = reference edge_loss: checks the head split, the noise layout, b and the tau
     scaling end to end (order 2 to include the higher-order bias)."""
     import numpy as np
     import scipy.sparse as sp
 
-    import reference.nodeformer as ref
+    import reference.latent.nodeformer as ref
 
     n, h = 10, 2
     layer = conv(heads=h, order=2).double().train(training)
@@ -335,7 +335,7 @@ def test_nodeformer_layer_equals_the_dense_reference(training):
 def test_simple_layers_equal_the_dense_reference(cls, name):
     import numpy as np
 
-    import reference.simple_attention as ref
+    import reference.latent.simple_attention as ref
 
     n, h = 9, 3
     layer = cls(5, 4, heads=h, generator=gen(13)).double()

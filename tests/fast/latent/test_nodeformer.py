@@ -1,4 +1,4 @@
-"""fast/latent/nodeformer.py against reference/nodeformer.py, graph isolation, log-space robustness, errors."""
+"""fast/latent/nodeformer.py against reference/latent/nodeformer.py, graph isolation, log-space robustness, errors."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 
 import fast.latent.nodeformer as F
 import fast.segments as segments
-import reference.nodeformer as R
+import reference.latent.nodeformer as R
 from fast.graphs import Graph
 from tests.helpers import DEVICES, EQUIV_TOL, gen, np_, randn, rel_frobenius
 

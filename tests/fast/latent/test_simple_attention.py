@@ -14,7 +14,7 @@ import torch
 
 import fast.segments as segments
 import fast.latent.simple_attention as sa
-import reference.simple_attention as ref
+import reference.latent.simple_attention as ref
 from fast.errors import DenominatorError
 from fast.latent.simple_attention import difformer_attention, frobenius_normalize, sgformer_attention
 from tests.helpers import EQUIV_TOL, gen, np_, randn, rel_frobenius

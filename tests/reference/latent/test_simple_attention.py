@@ -1,4 +1,4 @@
-"""reference/simple_attention.py: the dense float64 DIFFormer / SGFormer against the formulas
+"""reference/latent/simple_attention.py: the dense float64 DIFFormer / SGFormer against the formulas
 written out node by node, per-graph independence, limits, and bad input. (NumPy only.)"""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-import reference.simple_attention as ref
+import reference.latent.simple_attention as ref
 from reference.errors import DenominatorError
 
 SIZES = (4, 1, 6)

@@ -1,11 +1,11 @@
-"""reference/nodeformer.py: the dense twins against hand-built definitions (NumPy only, no torch)."""
+"""reference/latent/nodeformer.py: the dense twins against hand-built definitions (NumPy only, no torch)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-import reference.nodeformer as R
+import reference.latent.nodeformer as R
 from reference.features import favor_plus, gaussian_projection
 
 BATCH = np.array([0, 0, 0, 1, 1, 2, 2, 2])

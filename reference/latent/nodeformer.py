@@ -14,7 +14,6 @@ import scipy.sparse as sp
 
 from reference._checks import generator, integer, real_array, real_scalar
 from reference.budget import check_dense_budget
-from reference.features import favor_plus
 from reference.graphs import adjacency
 
 __all__ = ["batch_mask", "gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "exact_gumbel_softmax",
@@ -34,7 +33,7 @@ def batch_mask(batch, n: int) -> np.ndarray:
     integer labels >= 0, sorted (TypeError for a non-integer batch, ValueError naming batch for a
     wrong shape, a negative label or an unsorted batch); n an int >= 1. O(N^2).
 
-        >>> from reference.nodeformer import batch_mask
+        >>> from reference.latent.nodeformer import batch_mask
         >>> batch_mask([0, 0, 1], 3).tolist()
         [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
     """
@@ -60,7 +59,7 @@ def gumbel_noise(shape, rng: np.random.Generator) -> np.ndarray:
     O(prod(shape)).
 
         >>> import numpy as np
-        >>> from reference.nodeformer import gumbel_noise
+        >>> from reference.latent.nodeformer import gumbel_noise
         >>> g = gumbel_noise((2, 5), np.random.default_rng(0))
         >>> g.shape, bool(np.isfinite(g).all())
         ((2, 5), True)
@@ -112,7 +111,7 @@ def attention_weights(q, k, w, *, tau: float = 1.0, batch=None) -> np.ndarray:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
-        >>> from reference.nodeformer import attention_weights
+        >>> from reference.latent.nodeformer import attention_weights
         >>> pi = attention_weights(q, k, w, batch=np.array([0, 0, 1, 1]))
         >>> pi.shape, bool(np.allclose(pi.sum(-1), 1.0)), float(pi[0, 2])
         ((4, 4), True, 0.0)
@@ -129,7 +128,7 @@ def kernelized_softmax(q, k, v, w, *, tau: float = 1.0, batch=None) -> np.ndarra
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
-        >>> from reference.nodeformer import attention_weights, kernelized_softmax
+        >>> from reference.latent.nodeformer import attention_weights, kernelized_softmax
         >>> z = kernelized_softmax(q, k, v, w, tau=0.5)
         >>> z.shape, bool(np.allclose(z, attention_weights(q, k, w, tau=0.5) @ v))
         ((4, 3), True)
@@ -148,7 +147,7 @@ def kernelized_gumbel_softmax(q, k, v, w, noise, *, tau: float, batch=None) -> n
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
-        >>> from reference.nodeformer import kernelized_gumbel_softmax, kernelized_softmax
+        >>> from reference.latent.nodeformer import kernelized_gumbel_softmax, kernelized_softmax
         >>> z = kernelized_gumbel_softmax(q, k, v, w, np.zeros((3, 4)), tau=0.5)  # no noise: Eq. 5
         >>> bool(np.allclose(z, kernelized_softmax(q, k, v, w, tau=0.5)))
         True
@@ -173,7 +172,7 @@ def exact_gumbel_softmax(q, k, v, noise=None, *, tau: float, batch=None) -> np.n
         >>> rng = np.random.default_rng(0)
         >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
         >>> from reference import softmax_attention
-        >>> from reference.nodeformer import exact_gumbel_softmax
+        >>> from reference.latent.nodeformer import exact_gumbel_softmax
         >>> bool(np.allclose(exact_gumbel_softmax(q, k, v, tau=1.0), softmax_attention(q, k, v)))
         True
     """
@@ -193,7 +192,7 @@ def adjacency_orders(adj, order: int) -> list[sp.csr_matrix]:
     reference.graphs.adjacency. O(order N^3).
 
         >>> import numpy as np
-        >>> from reference.nodeformer import adjacency_orders
+        >>> from reference.latent.nodeformer import adjacency_orders
         >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
         >>> [a.toarray()[0].tolist() for a in adjacency_orders(path, 2)]
         [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0]]
@@ -216,7 +215,7 @@ def relational_bias(v, adj, b, *, order: int = 1, normalize: str | None = "sym")
     (order,); TypeError/ValueError for an order that is not an int >= 1. O(order N^3).
 
         >>> import numpy as np
-        >>> from reference.nodeformer import relational_bias
+        >>> from reference.latent.nodeformer import relational_bias
         >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
         >>> relational_bias(np.ones((4, 1)), path, 0.0, normalize=None).ravel().tolist()  # sigmoid(0) * degree
         [0.5, 1.0, 1.0, 0.5]
@@ -249,7 +248,7 @@ def nodeformer_attention(q, k, v, w, *, graph=None, adj=None, b=None, order: int
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
-        >>> from reference.nodeformer import kernelized_softmax, nodeformer_attention, relational_bias
+        >>> from reference.latent.nodeformer import kernelized_softmax, nodeformer_attention, relational_bias
         >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
         >>> z = nodeformer_attention(q, k, v, w, graph=path, b=0.0)
         >>> bool(np.allclose(z, kernelized_softmax(q, k, v, w, tau=0.25) + relational_bias(v, path, 0.0)))
@@ -280,7 +279,7 @@ def edge_log_likelihood(q, k, w, adj, *, tau: float = 1.0, batch=None) -> np.nda
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
-        >>> from reference.nodeformer import edge_log_likelihood
+        >>> from reference.latent.nodeformer import edge_log_likelihood
         >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
         >>> l = edge_log_likelihood(q, k, w, path)
         >>> l.shape, bool((l < 0).all())
@@ -304,7 +303,7 @@ def edge_loss(q, k, w, adj, *, tau: float = 1.0, batch=None) -> float:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> q, k, v, w = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3)), rng.standard_normal((5, 2))
-        >>> from reference.nodeformer import edge_log_likelihood, edge_loss
+        >>> from reference.latent.nodeformer import edge_log_likelihood, edge_loss
         >>> path = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
         >>> loss = edge_loss(q, k, w, path)
         >>> loss > 0, bool(np.isclose(loss, -edge_log_likelihood(q, k, w, path).mean()))

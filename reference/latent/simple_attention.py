@@ -68,7 +68,7 @@ def frobenius_normalize(x, *, batch=None, joint_heads: bool | None = None) -> np
     for non-finite input or an empty N or c, and as the batch checks (module doc). O(N c) per slice.
 
         >>> import numpy as np
-        >>> from reference.simple_attention import frobenius_normalize
+        >>> from reference.latent.simple_attention import frobenius_normalize
         >>> frobenius_normalize(np.array([[3.0], [4.0], [0.0]]), batch=np.array([0, 0, 1])).ravel().tolist()
         [0.6, 0.8, 0.0]
     """
@@ -126,7 +126,7 @@ def difformer_attention(q, k, v, *, batch=None, joint_heads: bool | None = None)
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> q, k, v = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3))
-        >>> from reference.simple_attention import difformer_attention
+        >>> from reference.latent.simple_attention import difformer_attention
         >>> z = difformer_attention(q, k, v, batch=np.array([0, 0, 0, 1]))
         >>> z.shape, bool(np.allclose(z[3], v[3]))  # a one-node graph attends to itself
         ((4, 3), True)
@@ -143,7 +143,7 @@ def sgformer_attention(q, k, v, *, batch=None, joint_heads: bool | None = None) 
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> q, k, v = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3))
-        >>> from reference.simple_attention import sgformer_attention
+        >>> from reference.latent.simple_attention import sgformer_attention
         >>> z = sgformer_attention(q, np.zeros((4, 2)), v)  # k~ = 0: no score term, z = v
         >>> z.shape, bool(np.allclose(z, v))
         ((4, 3), True)
