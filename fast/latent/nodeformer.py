@@ -1,90 +1,26 @@
-"""NodeFormer (wu22): kernelized softmax / Gumbel-softmax message passing, relational bias, edge loss.
+"""NodeFormer (wu22): kernelized softmax and Gumbel-softmax message passing (Eqs. 5-7, 14-17), the
+relational bias (Eq. 8), the learned graph's weights and the edge loss (Eqs. 10, 12).
 
-Shapes: q, k (..., N, d_qk); v (..., N, d); leading dims (batch, heads) are independent slices
-and q, k, v share them. projection W (m, d_qk), m >= 1 (fast.gaussian_projection). Several
-graphs concatenated along N carry a PyG batch vector ``batch`` (N,) (fast.batching.check_batch:
-sorted, each graph's nodes contiguous): no output of one graph ever depends on another graph's
+Shapes: q, k (..., N, d_qk); v (..., N, d) -> (..., N, d); leading dims (batch, heads) are
+independent slices that q, k and v share; projection W (m, d_qk), m >= 1
+(fast.gaussian_projection). Several graphs concatenated along N carry a sorted PyG batch vector
+``batch`` (N,) (fast.batching.check_batch): no output of one graph depends on another graph's
 inputs. Without a batch vector the N nodes are one graph (every node attends to every node).
 
-Kernel scaling (NodeFormer's code, the driver's convention): FAVOR+ features (wu22 Eq. 4) of
-x = q d_qk^(-1/4) / sqrt(tau) (k likewise), so phi(q_u) . phi(k_v) estimates
-kappa(q_u, k_v) = exp(q_u . k_v / (sqrt(d_qk) tau)); tau = 1 is plain Eq. 5. The paper writes
-exp(q.k / tau) without the sqrt(d_qk) (docs/papers.md).
+Kernel: FAVOR+ features (wu22 Eq. 4) of x = q d_qk^(-1/4) / sqrt(tau) (k likewise), so
+phi(q_u) . phi(k_v) estimates exp(q_u . k_v / (sqrt(d_qk) tau)) (NodeFormer's code; tau = 1 is
+Eq. 5, which the paper prints without the sqrt(d_qk)). The features are formed in log space and
+balanced per graph and feature, Gumbel noise entering the keys' exponents as g / tau, so that no
+denominator overflows or underflows for any tau. The driver is fast.masked_linear_attention
+(choromanski22 Algorithm 1): O(N m d), O(K N m d) with K Gumbel samples; the relational bias
+costs O(order E d) and the edge terms O(E m). No NaN or inf is returned from finite input:
+exponents beyond the dtype's range raise ValueError naming tau (or noise) with the numbers.
+docs/papers.md ("fast.latent.nodeformer") has the derivation, the layouts of a batch of graphs
+and the host reads per call.
 
-Log space (how small tau never overflows). The FAVOR+ exponents are z_uf = w_f . x_u - |x_u|^2/2
-(the 1/sqrt(m) cancels in every ratio here). Gumbel noise enters the keys' exponents as
-z_vf + g_v / tau (Eq. 7: exp(g_v / tau) phi(k_v), folded in log space BEFORE any exp), and the
-features handed to the driver are balanced per (sample, slice, graph, feature f):
-
-    C_f   = max_{v in graph} (z_vf + g_v / tau)                (detached constants)
-    phi_k_vf = exp(z_vf + g_v / tau - C_f)          in (0, 1], each column's max exactly 1
-    phi_q_uf = exp(zq_uf + C_f - max_f' (zq_uf' + C_f'))   in (0, 1], each row's max exactly 1
-
-phi_q_u . phi_k_v = exp(zq_u + zk_v + g_v/tau) times one positive constant per query, which
-cancels in the ratio. With f* the feature of query u's largest entry (phi_q_uf* = 1) and the
-graph's key of largest z_vf* + g_v/tau (phi_k_vf* = 1), every denominator is >= 1 in these
-units: it can neither overflow nor underflow, whatever tau (1e-3, 1e-6) or the sizes of q, k;
-no exp of a positive number is ever taken. A feature whose entry underflows to 0 is one below
-2^-126 (float32) of its row's or column's largest, negligible next to the term that is 1.
-The queries' own -|x_u|^2/2 is a per-query constant, which cancels in every ratio here (attention,
-pi, log pi), so it is never formed: zq_uf = w_f . x_u. The features are formed as
-fast.features.favor_exponentials does (cost, issue 11): one GEMM each, then the shifts and the exp
-in place on the GEMM's fresh output, the scale s = d^(-1/4) / sqrt(tau) folded into W.
-
-Range (float32 and tiny tau, huge noise). s and s^2/2 are computed in float64 and checked
-against the working dtype before anything else (tau = 1e-40 in float32: ValueError naming tau
-with the numbers). Data-dependent overflow (|x|^2/2 or |g| / tau beyond the dtype's largest
-number) makes a stabilising constant inf or NaN, which reaches every denominator (or edge term)
-of its graph: the call's one check fails, and the rare path (_diagnose) names the first non-finite
-input (q, k, v, projection, noise) or else raises ValueError naming tau (or noise) with the
-largest |x|^2/2, |w.x| and |g| / tau measured in float64. No NaN or inf is ever returned from
-finite input.
-
-The driver is fast.masked_linear_attention (Algorithm 1 and its denominator guard, never
-re-implemented here) with mask None (one graph: two GEMMs, O(N m d)) or, with a batch vector, a
-block-diagonal operator (_GraphBlocks) whose ``attend`` computes each graph's own linear
-attention, for ANY number of graphs, never forming N x m x d and never through PackingMask's
-generic path (13-20x slower): few graphs (fast.segments.few_segments: G <= 64), or sizes too
-uneven to pad, a loop over the graphs' contiguous slices (two GEMMs each); more graphs of one
-size, the (..., N, m) features viewed as (..., G, S, m) and batched GEMMs over G; more graphs of
-sizes <= S with G S <= 2 N, the same on a zero-padded copy. Measured (CPU, 1 thread, float32,
-(1, 4, N, 32), m = 32, N = 2^15, interleaved medians; the machine shared): one graph 89 ms;
-8 graphs 104 ms; 128 graphs 92 ms (2428 ms through PackingMask before); 1024 graphs 102 ms (2524). Without noise this is
-fast.favor_attention(q / sqrt(tau), k / sqrt(tau), v, W, mask=PackingMask(batch)) up to
-round-off (tested). fast.favor_attention's own stabiliser is one constant per key
-(fast.features.favor_exponentials' key_stabilizer hook), which cannot see the queries'
-exponents: the per-feature balance above needs both, so the exponents are formed here.
-
-Noise: g = -log(-log U), U ~ Uniform(0, 1) clamped into [tiny, 1 - eps/2] (g finite, in about
-[-4.5, 16.6] in float32, [-6.6, 36.7] in float64), shape (K, *k.shape[:-1]): one per sample,
-leading slice and KEY node, shared by all queries (that keeps Eq. 7 linear). The Gumbel output
-is the MEAN over the K samples of the K normalised outputs (NodeFormer's code). Global RNG state
-is never read or advanced: noise comes from ``generator`` (a torch.Generator) or a fresh
-OS-seeded one on k's device (drawn in the compute dtype), or is passed in. v is passed to the
-driver as a stride-0 view over the K samples; the driver's batched GEMM still materialises it
-(one K N d copy, ~8% of the Gumbel call at K = 3: the driver does not broadcast v).
-
-Memory: the K samples are an extra leading dim, so the Gumbel mechanism holds (and saves for
-backward) O(K N m) features, plus the driver's O(N (m + d)) per sample; edge terms are formed in
-bounded edge blocks (nothing of size E m is kept).
-
-Graphs (relational bias, edge loss). Pass a fast.Graph built once (fast.as_graph(edge_index,
-n=N)): it passes through with no host read, and the relational bias caches its orders A_r and
-normalised operators on it (built on the first call). An edge_index, scipy or networkx input is
-canonicalised (11-13 host reads and a sort) on every call.
-
-Host reads per call (counted as .item()/.tolist()/bool()/int() calls, CPU, after a first call;
-each is one device sync on CUDA), with a fast.Graph and a tensor batch vector:
-  kernelized_softmax / kernelized_gumbel_softmax (noise given or drawn): 1 (the driver's check);
-    with a batch vector 3 (check_batch 1, the graph boundaries 1, the driver 1).
-  edge_log_likelihood / edge_loss: 1 (one flag: finite terms and, with a batch, edges inside graphs);
-    with a batch vector 3.
-  kernelized_attention_rows: 2 (the rows' range, the final flag); with a batch vector 4.
-  relational_bias: 1 (edges inside graphs, b finite, output finite: one flag).
-  nodeformer_attention (Gumbel, batch, graph, tensor b, order 2): 4 (check_batch, boundaries, driver,
-    the bias flag); the batch index and the graph are built once per call and shared by the parts.
-  A BatchIndex passed as ``batch`` skips check_batch's read and keeps its cached boundaries.
-  An edge_index instead of a Graph adds as_graph's reads (11-13 here), every call.
+Randomness only from an explicit ``generator`` (or ``noise`` passed in): global RNG state is
+never read or advanced. In a training loop pass a fast.Graph built once
+(fast.as_graph(edge_index, n=N)): the relational bias caches its adjacency orders on it.
 """
 from __future__ import annotations
 
@@ -165,13 +101,18 @@ def gumbel_noise(shape, *, generator: torch.Generator | None = None, device=None
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Standard Gumbel noise g = -log(-log U), U ~ Uniform(0, 1), of ``shape`` (wu22 Eqs. 6, 14).
 
-    U is drawn from ``generator`` (a torch.Generator; None: a fresh OS-seeded one on ``device``, so
-    CUDA noise is drawn on the GPU; torch's global RNG is never read or advanced) on the generator's
-    device in float64 for float64, float32 otherwise (halves: cast after), clamped into
-    [tiny, 1 - eps/2] so that g is always finite, then moved to ``device`` (default the
-    generator's) and cast to ``dtype``. For kernelized_gumbel_softmax the shape is
-    (K, *k.shape[:-1]) = (K, ..., N): one per sample, leading slice and key node; its default
-    noise is drawn on k's device in the compute dtype (float32 for halves).
+    U comes from ``generator`` (None: a fresh OS-seeded one on ``device``; torch's global RNG is
+    never read or advanced), drawn in float64 for float64 and float32 otherwise, clamped into
+    [tiny, 1 - eps/2] so that g is finite, then moved to ``device`` (default: the generator's)
+    and cast to ``dtype``. kernelized_gumbel_softmax draws shape (K, *k.shape[:-1]): one value per
+    sample, leading slice and key node. O(numel). TypeError for a bad generator, dtype or shape;
+    ValueError for a negative size.
+
+        >>> import torch
+        >>> from fast.latent.nodeformer import gumbel_noise
+        >>> g = gumbel_noise((2, 5), generator=torch.Generator().manual_seed(0))
+        >>> tuple(g.shape), g.dtype, bool(torch.isfinite(g).all())
+        ((2, 5), torch.float32, True)
     """
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None (e.g. torch.Generator().manual_seed(seed)), "
@@ -330,7 +271,7 @@ def _key_max(zk: torch.Tensor, batch: BatchIndex | None) -> torch.Tensor:
 
 def _balanced_features(zq: torch.Tensor, zk: torch.Tensor,
                        batch: BatchIndex | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(phi_q, phi_k) in (0, 1] balanced per (sample, slice, graph, feature) (module doc): every denominator
+    """(phi_q, phi_k) in (0, 1] balanced per (sample, slice, graph, feature) (docs/papers.md): every denominator
     >= 1. Consumes zq and zk (shift and exp in place on them: they must be fresh, e.g. _exponents').
     Many graphs of one size (fast.segments.few_segments false) are viewed as (..., G, S, m) and treated as G slices."""
     if batch is not None and _Layout.of(batch).kind == "equal":
@@ -346,18 +287,12 @@ def _balanced_features(zq: torch.Tensor, zk: torch.Tensor,
 
 class _GraphBlocks(SymmetricMaskOperator):
     """M_uv = 1 if batch[u] == batch[v], for a SORTED batch vector, any number of graphs. Its ``attend``
-    is unmasked linear attention (fast.algebra.linear_products: O(N (m + d)) saved under autograd) on
-    each graph separately, never the N x m x d outer products and never PackingMask's generic
-    segment-sum path (13-20x slower):
-
-    - few graphs (fast.segments.few_segments), or sizes too uneven to pad (G * S > 2 N, S the largest graph):
-      a loop over the graphs' contiguous slices, two GEMMs each;
-    - more graphs of similar sizes: the graphs are padded with zero rows to S nodes, (..., G, S, m),
-      and the products are batched GEMMs over G (zero rows add nothing to any graph's state
-      kv_g = sum_u phi_k_u v_u^T or key sum), then each node's row gathered back: O(N (m + d))
-      copies, at most 2 N padded rows.
-
-    matmul (for the driver's rare paths) is the segment sum gathered back."""
+    is unmasked linear attention (fast.algebra.linear_products: O(N (m + d)) saved under autograd)
+    on each graph separately, laid out by _Layout (a loop over few or uneven graphs' slices, else
+    batched GEMMs over the (..., G, S, m) view or zero-padded copy: zero rows add nothing to a
+    graph's state), never the N x m x d outer products and never PackingMask's generic segment-sum
+    path (much slower). matmul (for the driver's rare paths) is the segment sum gathered back.
+    """
 
     nonnegative = True
 
@@ -450,15 +385,26 @@ def kernelized_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, projec
         kappa~(q, k) = phi(q d^-1/4 / sqrt(tau)) . phi(k d^-1/4 / sqrt(tau)) ~ exp(q.k / (sqrt(d_qk) tau))
 
     q, k: (..., N, d_qk); v: (..., N, d); projection (m, d_qk) -> (..., N, d) in v's dtype (half
-    precisions compute in float32). tau: finite > 0 (the 1/sqrt(tau) scaling of Eqs. 14-17; 1
-    gives Eq. 5 as printed). batch: None or a PyG batch vector (N,): sums run over u's graph only.
-    Log-space balanced features (module doc): no overflow or underflow of the denominator for any
-    tau. Differentiable in q, k, v (and the projection).
-    tau: a float or a 0-dim tensor that does NOT require grad (tau is a hyperparameter; a tensor
-    requiring grad is refused rather than silently detached).
-    Errors: ValueError naming tau (not finite or <= 0; too small for the dtype: module doc, "Range"),
-    batch, q/k/v/projection (shapes; NaN or inf), projection with m < 1 rows; never a NaN or inf
-    returned from finite input.
+    precisions compute in float32). tau: a finite float > 0 or a 0-dim tensor not requiring grad
+    (the 1/sqrt(tau) scaling of Eqs. 14-17; 1 gives Eq. 5 as printed). batch: None or a PyG batch
+    vector (N,): sums run over u's graph only. Log-space features: no denominator overflows or
+    underflows for any tau. Differentiable in q, k, v and the projection.
+    Errors: ValueError naming tau (not finite, <= 0, requiring grad, too small for the dtype),
+    batch, q/k/v/projection (shapes; NaN or inf; m < 1 rows); never NaN or inf from finite input.
+
+    It equals the dense kernel attention with these features, and a batch keeps graphs apart:
+
+        >>> import torch
+        >>> q, k, v, w = torch.randn(4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> from fast.latent.nodeformer import kernelized_softmax
+        >>> phi = lambda x: torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2)  # FAVOR+ (Eq. 4), W = w
+        >>> a = phi(q) @ phi(k).T  # dense (N, N) kernel; x = q d^(-1/4) / sqrt(tau) = q here
+        >>> out = kernelized_softmax(q, k, v, w, tau=0.5)
+        >>> tuple(out.shape), bool(torch.allclose(out, (a @ v) / a.sum(-1, keepdim=True)))
+        ((6, 4), True)
+        >>> two = kernelized_softmax(q, k, v, w, tau=0.5, batch=torch.tensor([0, 0, 0, 1, 1, 1]))
+        >>> bool(torch.allclose(two[:3], kernelized_softmax(q[:3], k[:3], v[:3], w, tau=0.5)))
+        True
     """
     tau, b = _prepare(q, k, v, projection, tau, batch)
     return _softmax_core(q, k, v, projection, tau, b)
@@ -480,7 +426,7 @@ def kernelized_gumbel_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kappa~ at the 1/sqrt(tau) scaling (kernelized_softmax), g_sv standard Gumbel noise per key
     node (shared by all queries: Eq. 7 stays linear). Output: the mean over the K samples of the
     normalised z^(s) (NodeFormer's code; the ratio is a biased estimate of Eq. 6's expectation).
-    e^(g/tau) is folded into the keys' exponents in log space (module doc): finite for any tau > 0.
+    e^(g/tau) is folded into the keys' exponents in log space (docs/papers.md): finite for any tau > 0.
 
     q, k: (..., N, d_qk); v: (..., N, d); projection (m, d_qk) -> (..., N, d).
     training=True: noise as given (shape (K, *k.shape[:-1]), K = noise.shape[0]; ``samples`` must
@@ -489,6 +435,18 @@ def kernelized_gumbel_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     noise then is a ValueError. The samples are stacked as an extra leading dim K internally.
     Errors: ValueError naming tau, samples, noise (shape, NaN, given in eval mode), batch, or
     q/k/v/projection (shapes; NaN or inf).
+
+    With the noise given, the mean over the samples of dense attention with the keys reweighted:
+
+        >>> import torch
+        >>> q, k, v, w = torch.randn(4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> from fast.latent.nodeformer import gumbel_noise, kernelized_gumbel_softmax
+        >>> phi = lambda x: torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2)  # FAVOR+ (Eq. 4), W = w
+        >>> g = gumbel_noise((2, 6), generator=torch.Generator().manual_seed(1), dtype=torch.float64)  # K = 2
+        >>> a = torch.stack([phi(q) @ (phi(k) * torch.exp(gs / 0.5)[:, None]).T for gs in g])  # x = q at tau = 1/2
+        >>> out = kernelized_gumbel_softmax(q, k, v, w, tau=0.5, noise=g)
+        >>> bool(torch.allclose(out, ((a @ v) / a.sum(-1, keepdim=True)).mean(0)))
+        True
     """
     if not isinstance(training, bool):
         raise TypeError(f"training must be a bool, got {type(training).__name__}")
@@ -531,7 +489,14 @@ def adjacency_orders(graph: object, order: int, *, n: int | None = None) -> list
     fast.Graph input (relational_bias), rebuilt for any other input.
 
     Not NodeFormer's code, which uses (A + I), (A + I)^2, (A + I)^4, ... (repeated squaring, self-loops
-    re-added): see relational_bias.
+    re-added): see relational_bias. ValueError naming order (not an int >= 1) or graph (as_graph's).
+
+        >>> import torch
+        >>> from fast.latent.nodeformer import adjacency_orders
+        >>> a1, a2 = adjacency_orders(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 2)  # the path 0 - 1 - 2
+        >>> a = a1.csr().to_dense()
+        >>> a1.num_edges, a2.num_edges, bool(torch.equal(a2.csr().to_dense(), (a @ a > 0).double()))
+        (4, 5, True)
     """
     order = _check_order(order)
     g = as_graph(graph, n=n, name="graph") if n is not None else as_graph(graph, name="graph")
@@ -589,7 +554,7 @@ def _check_bias(b: object, order: int, device: torch.device,
 
 
 #: key prefix of what this module caches on a fast.Graph (in its per-graph cache dict): the adjacency
-#: orders and the normalised bias operators, built once per Graph object (module doc, "Graphs").
+#: orders and the normalised bias operators, built once per Graph object.
 _CACHE_KEY = "fast.latent.nodeformer"
 
 
@@ -669,15 +634,21 @@ def relational_bias(v: torch.Tensor, graph: object, b, *, order: int = 1, normal
     batch: optional PyG batch vector, only to check that no edge joins two graphs.
 
     Pass a fast.Graph built once (fast.as_graph(edge_index, n=N)) in a training loop: the orders A_r
-    and the normalised operators A~_r are built on the first call and cached on that Graph object
-    (order 2 on N = 2^15, E = 2.6e5, v (1, 4, N, 32): 2.1 s per call before the cache, 0.3 s now, the A_2
-    product itself; order 1: 56 ms, a plain CSR product 32 ms); any other graph input
-    is canonicalised again, and its orders rebuilt, on every call.
+    and the normalised operators A~_r are built on the first call and cached on that Graph object;
+    any other graph input is canonicalised again, and its orders rebuilt, on every call.
+    Unlike NodeFormer's (A + I)^r patterns (docs/papers.md), A_r has self-loops only as given or
+    where a walk returns: pass a graph with self-loops added to get those.
+    Errors: ValueError naming v, graph, b (not finite, wrong shape), order, normalize or batch (an
+    edge joining two graphs).
 
-    Differences from NodeFormer's code, which uses (A + I), (A + I)^2, (A + I)^4, ... (repeated squaring,
-    self-loops re-added at every order): ours are the patterns of A^r, r = 1..order (exactly r hops,
-    consecutive powers), with self-loops only as given (A_1) or where a walk returns (A_2 has one at
-    every node with a neighbour). Pass a graph with self-loops added to get the (A + I)^r patterns.
+        >>> import torch
+        >>> from fast.latent.nodeformer import relational_bias
+        >>> a = torch.tensor([[0.0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=torch.float64)  # the path 0 - 1 - 2
+        >>> v = torch.arange(6.0, dtype=torch.float64).reshape(3, 2)
+        >>> d = a.sum(1).rsqrt()
+        >>> out = relational_bias(v, a.to_sparse(), 0.0)  # sigmoid(0) = 1/2
+        >>> bool(torch.allclose(out, 0.5 * (d[:, None] * a * d) @ v))
+        True
     """
     check_tensor("v", v, check_finite=False)
     order = _check_order(order)
@@ -731,7 +702,17 @@ def nodeformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, proj
     when ``graph`` is given, and then b is required. q, k: (..., N, d_qk); v: (..., N, d);
     projection (m, d_qk) -> (..., N, d). batch: PyG batch vector (graphs never mix; edges must
     stay inside one graph). The batch index and the graph are built once per call and shared by
-    the parts; pass a fast.Graph built once (relational_bias). Errors as the parts'.
+    the parts; pass a fast.Graph built once (relational_bias). O(K N m d + order E d). Errors as
+    the parts', and ValueError for b without graph or graph without b.
+
+        >>> import torch
+        >>> q, k, v, w = torch.randn(4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> from fast.latent.nodeformer import kernelized_softmax, nodeformer_attention
+        >>> edges = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 0, 3, 2, 5, 4]])  # three pairs: degree 1
+        >>> out = nodeformer_attention(q, k, v, w, graph=edges, b=0.0, tau=0.5, gumbel=False)
+        >>> bias = 0.5 * v[[1, 0, 3, 2, 5, 4]]  # sigmoid(0) times the partner's value
+        >>> bool(torch.allclose(out, kernelized_softmax(q, k, v, w, tau=0.5) + bias))
+        True
     """
     if not isinstance(gumbel, bool):
         raise TypeError(f"gumbel must be a bool, got {type(gumbel).__name__}")
@@ -826,8 +807,17 @@ def kernelized_attention_rows(q: torch.Tensor, k: torch.Tensor, projection: torc
     q, k: (..., N, d_qk); rows: int tensor / sequence (R,) of node ids in [0, N) -> (..., R, N),
     each row summing to 1 over its graph. O(R N m), in key blocks of bounded memory. For heatmaps.
     Inputs whose exponents leave the working dtype's range (tiny tau in float32): ValueError naming
-    tau with the numbers, never NaN. Host reads: the rows' range (one), check_batch's (batch vector), one
-    final flag.
+    tau with the numbers, never NaN; ValueError naming rows (out of range), TypeError for
+    non-integer rows. Host reads: the rows' range (one), check_batch's (batch vector), one final flag.
+
+        >>> import torch
+        >>> q, k, v, w = torch.randn(4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> from fast.latent.nodeformer import kernelized_attention_rows
+        >>> phi = lambda x: torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2)  # FAVOR+ (Eq. 4), W = w
+        >>> a = phi(q) @ phi(k).T  # dense (N, N) kernel; x = q d^(-1/4) / sqrt(tau) = q here
+        >>> pi = kernelized_attention_rows(q, k, w, [0, 2], tau=0.5)
+        >>> tuple(pi.shape), bool(torch.allclose(pi, (a / a.sum(-1, keepdim=True))[[0, 2]]))
+        ((2, 6), True)
     """
     _check_qk(q, k, projection)
     tau = _check_tau(tau)
@@ -869,14 +859,23 @@ def edge_log_likelihood(q: torch.Tensor, k: torch.Tensor, projection: torch.Tens
                         tau: float = 1.0, batch=None) -> torch.Tensor:
     """Per-node edge log-likelihood l_u = (1/d_u) sum_{v: (u,v) in E} log pi_uv (wu22 Eqs. 10, 12).
 
-    pi_uv as in kernelized_attention_rows (no Gumbel noise, the same tau scaling), d_u the stored
-    entries of row u of the graph (a self-loop counts once; l_u = 0 for an isolated node). Log
-    space, O(E m) using the shared per-graph key sums LSE_w zk_wf: never -inf or NaN returned from
-    finite input (exponents beyond the working dtype's range, e.g. tau = 1e-40 in float32: ValueError
-    naming tau with the numbers). q, k: (..., N, d_qk); graph: anything fast.as_graph accepts
-    for N nodes (edge indices out of [0, N): ValueError; pass a fast.Graph built once in a loop)
-    -> (..., N) in q's dtype (computed in float32 for halves, then cast, as every fast path returns
-    its input dtype).
+    pi_uv as in kernelized_attention_rows (no noise, the same tau scaling); d_u the stored entries
+    of row u (a self-loop counts once; l_u = 0 for an isolated node). q, k: (..., N, d_qk); graph:
+    anything fast.as_graph accepts for N nodes (pass a fast.Graph built once in a loop) ->
+    (..., N) in q's dtype (float32 arithmetic for halves). Log space with the shared per-graph key
+    sums, O(E m + N m): never -inf or NaN from finite input. ValueError naming tau (exponents
+    beyond the dtype's range, e.g. tau = 1e-40 in float32, with the numbers), graph (indices out
+    of [0, N)) or batch (an edge between two graphs).
+
+        >>> import torch
+        >>> q, k, v, w = torch.randn(4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> from fast.latent.nodeformer import edge_log_likelihood
+        >>> phi = lambda x: torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2)  # FAVOR+ (Eq. 4), W = w
+        >>> a = phi(q) @ phi(k).T  # dense (N, N) kernel; x = q d^(-1/4) / sqrt(tau) = q here
+        >>> edges = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 0, 3, 2, 5, 4]])  # three pairs: degree 1
+        >>> out = edge_log_likelihood(q, k, w, edges, tau=0.5)
+        >>> bool(torch.allclose(out, (a / a.sum(-1, keepdim=True))[torch.arange(6), edges[1]].log()))
+        True
     """
     return _edge_terms(q, k, projection, graph, tau, batch).to(q.dtype)
 
@@ -924,5 +923,15 @@ def edge_loss(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, graph:
     """The edge-level regularisation of one layer (wu22 Eq. 10): -(1/N) sum_u l_u, averaged over the
     leading (batch, head) dims -> 0-dim tensor. l_u: edge_log_likelihood. (NodeFormer's code averages
     over edges instead: N/E times this; documented difference.) Differentiable in q and k. A loss:
-    float32 for half-precision inputs (summed from the float32 terms, never rounded to 8 bits)."""
+    float32 for half-precision inputs (summed from the float32 terms, never rounded to 8 bits).
+    O(E m + N m); errors as edge_log_likelihood's.
+
+        >>> import torch
+        >>> q, k, v, w = torch.randn(4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> from fast.latent.nodeformer import edge_log_likelihood, edge_loss
+        >>> edges = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 0, 3, 2, 5, 4]])
+        >>> loss = edge_loss(q, k, w, edges, tau=0.5)
+        >>> loss.dim(), bool(torch.isclose(loss, -edge_log_likelihood(q, k, w, edges, tau=0.5).mean()))
+        (0, True)
+    """
     return -_edge_terms(q, k, projection, graph, tau, batch).mean()
