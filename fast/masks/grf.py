@@ -1,55 +1,14 @@
-"""Graph random features (GRF) as sparse mask operators: reid25 Algorithm 1 / Eq. 10, App. D.
+"""Graph random features (GRF) as sparse mask operators: reid25 Algorithm 1 / Eq. 10, App. D
+(docs/papers.md Sec. 3). Dense twin: reference/masks/grf.py.
 
-G (N, N) has rows phi_hat(v_i) = (1/n) sum over node i's walks and their prefixes u_0..u_t
-(t <= len(f) - 1) of f_t load_t e_{u_t}, with load_t = prod_{s < t} W[u_s, u_{s+1}] deg(u_s) /
-(1 - p_halt) (deg = stored neighbours; p_halt = 0 for fixed-length walks). E[G] = sum_k f_k W^k
-(capped at the longest walk), so M_hat = G_q G_k^T estimates M_alpha = Phi Phi^T (alpha the
-self-convolution of f) and is unbiased for independent query and key ensembles.
-
-``WalkFeatures`` builds the sparsity of G once from the walks: one entry per (row, column,
-prefix length t) with base value load_t / n (duplicates merged), and the CSR (row, column) pairs
-they sum into, with the permutation that orders the pairs by column (the CSR of G^T). The values
-sum_t base f[t] are recomputed from f whenever f changes (its version counter: any in-place update,
-an optimiser step or ``copy_``, reaches the next call; an update through ``f.data`` bypasses the
-counter and is not seen), so f can be a learnable tensor, held, not copied. Products are torch
-sparse CSR x dense (O(nnz c)) inside an autograd Function whose backward gives x's gradient by the
-transposed product and f's by a sampled dense-dense product over the stored pairs
-(dL/dG_pc = <g_row, x_col>, torch.sparse.sampled_addmm), then one scatter over t; no per-node loops.
-
-GRFMask: M_hat = G_q G_k^T, matmul = G_q (G_k^T x). With features_k=None one ensemble is used on
-both sides (G_q = G_k): M_hat is then biased on the diagonal (E[G_i . G_i] exceeds
-E[G_i] . E[G_i] by the variance of row i), as reid25 notes; pass independent ensembles for an
-unbiased mask. GRFAsymMask (App. D, Eq. 24): the key side one-hot, M_hat = G with f = alpha.
-
-Per-key stabilisation (``rescales_keys``, fast.operator; GRFMask, GRFAsymMask and
-fast.masks.rwgnk.RWGNKMask). A row of these masks reaches only keys a few hops away, so the
-default FAVOR+ key constant (the max over ALL keys of a (batch, head) slice) lets a row whose
-reachable keys sit ~90 below the slice's max underflow in float32 (numerics/<id> at q, k entry
-std 8). ``key_stabilizer(z)`` therefore returns one constant per key, c_j = max_a z_ja (..., N,
-1), and ``attend(phi_q, phi_k, v, key_log_scale=c)`` (fast.favor_attention passes it; phi_k_j =
-phi_true_j exp(-c_j)) undoes them exactly with per-entry factors on the stored values (same
-sparsity, every factor <= 1, the largest key a row reaches weighted 1), so a key underflows only
-where it is below the dtype's smallest normal number relative to that row's largest reachable
-key. (num_i, den_i) come out as the true ones times exp(-r_i), one positive factor per row,
-which cancels in the division. Rows that reach no key get (0, 0) (the driver's no_key policy;
-never NaN). key_log_scale=None: the plain product (as the driver's generic path).
-
-Signed f: the driver's guard floors a signed mask's denominators with abs_matmul(|phi_k|) on
-the features as passed, which per-key constants would weight inconsistently with the rows'
-exp(-r_i) units (a key far below its row's max would count as if it were the max, and the
-floor could exceed a valid denominator). So ``key_stabilizer`` returns the default per-slice
-max (broadcast to every key) while the mask is not ``nonnegative``: the factors are then all 1,
-attend is the plain product and the guard is exact, with the default stabiliser's range.
-
-Cost of attend with constants (S slices, P stored pairs per factor), once per call: one
-scatter amax, a few gathers and one exp over S P entries per factor, S P values per factor (and
-its transpose when a product needs it), S P int indices for S > 1 (the block-diagonal CSR,
-built once per S and cached); each product is then one block-diagonal SpMM per factor, the
-same work as the plain product. At scale/grf (N = 2^20, one (batch, head) slice) the block
-structure is the plain CSR itself (no new indices) and the extra memory is a few (P,) arrays
-(P ~ 5 N pairs on the grid with 4 walkers: ~20 MB each in float32). Measured (1 thread, grid
-N = 2^16, 16 columns): the stabilised product costs what the plain one does (7.6 vs 7.8 ms),
-forming its factors ~16 ms per call.
+``WalkFeatures`` (``grf_features``) is the sparse matrix G (N, N) of rows phi_hat(v_i) built
+from one walk ensemble and a modulation f (learnable): E[G] = sum_k f_k W^k. ``GRFMask`` is
+M_hat = G_q G_k^T (unbiased for independent ensembles), ``GRFAsymMask`` the one-sided M_hat = G
+(App. D); both apply to x (..., N, c) in O(nnz c). Their FAVOR+ ``attend`` undoes per-key
+stabiliser constants with per-entry factors on the stored values (``stabilising_factors``,
+``row_factors``, ``ScaledWalkMatrix``, ``StabilisedProduct``; shared with fast.masks.rwgnk).
+Derivations (the estimator, the learnable values and their backward, the stabilised products):
+docs/papers.md, fast.masks.grf.
 """
 from __future__ import annotations
 
@@ -79,8 +38,19 @@ _KEY_LIMIT = 2**62
 
 
 def as_walks(walks: Any, graph: Graph, name: str = "walks") -> Walks:
-    """``walks`` (a fast.walks.Walks, a dict of its fields such as reference walks' or ``to_numpy()``'s,
-    or any object with those attributes) as a validated Walks on ``graph``'s device, for ``graph``'s n."""
+    """``walks`` (a fast.walks.Walks, a dict of its fields such as ``to_numpy()``'s or reference
+    walks', or any object with those attributes) as a validated Walks on ``graph``'s device. O(total
+    walk length). TypeError naming ``name`` when a field is missing; ValueError when the walks were
+    sampled on a graph of another size or p_halt is outside [0, 1).
+
+    >>> import torch
+    >>> from fast import as_graph, sample_walks
+    >>> from fast.masks.grf import as_walks
+    >>> path = as_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]))
+    >>> walks = sample_walks(path, 2, p_halt=0.5, generator=torch.Generator().manual_seed(0))
+    >>> as_walks(walks.to_numpy(), path).num_walks
+    6
+    """
     if not isinstance(walks, Walks):
         get = (lambda k: walks[k]) if isinstance(walks, Mapping) else (lambda k: getattr(walks, k))
         try:
@@ -100,7 +70,13 @@ def as_walks(walks: Any, graph: Graph, name: str = "walks") -> Walks:
 
 def as_modulation(f: Any, name: str = "f") -> torch.Tensor:
     """f as a 1-D floating tensor (f_0, ..., f_K): a tensor is kept as it is (no copy: learnable,
-    updatable in place); a sequence or NumPy array becomes float64. Non-empty and finite."""
+    updatable in place); a sequence or NumPy array becomes float64. TypeError naming ``name`` for
+    non-real or non-floating input, ValueError for an empty or non-1-D f or NaN / inf. O(K).
+
+    >>> from fast.masks.grf import as_modulation
+    >>> as_modulation([1, 0.5]).dtype
+    torch.float64
+    """
     if not isinstance(f, torch.Tensor):
         a = np.asarray(f)
         if a.dtype.kind not in "iuf" or a.dtype == np.bool_:
@@ -116,12 +92,22 @@ def as_modulation(f: Any, name: str = "f") -> torch.Tensor:
 
 
 class WalkPrefixes:
-    """The sparsity of a walk-built (N, N) matrix: entries (row, column, t) with base values, summed
-    into CSR pairs (row, column); values per pair = sum_t base_e coef[t_e] for a coefficient
-    vector coef (GRF: f; the loads are in the bases). Built once; transpose = a permutation.
+    """The sparsity of a walk-built (n, n) matrix: E entries (row, column, t) with base values, summed
+    into P CSR pairs (row, column); the value of a pair is sum_t base_e coef[t_e] for a coefficient
+    vector coef (num_t,) (GRF: f, the loads in the bases). Built once, O(E log E); the transpose is
+    a permutation of the pairs.
 
     Attributes: n, pair_row, pair_col (P,), crow (n + 1,), entry_pair, entry_t (E,), base (E,)
-    float64, perm_t (P,) (pairs in column order), crow_t, col_t (the CSR of the transpose)."""
+    float64, perm_t (P,) (pairs in column order), crow_t, col_t (the CSR of the transpose).
+
+    >>> import torch
+    >>> from fast.masks.grf import WalkPrefixes
+    >>> p = WalkPrefixes(2, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]),
+    ...                  torch.tensor([1.0, 2.0, 3.0]), 2)
+    >>> values = p.values(torch.tensor([1.0, 0.5]), torch.device("cpu"), torch.float64)
+    >>> p.matrix(values, False).to_dense().tolist()
+    [[1.0, 1.0], [0.0, 3.0]]
+    """
 
     def __init__(self, n: int, row: torch.Tensor, col: torch.Tensor, t: torch.Tensor, base: torch.Tensor,
                  num_t: int):
@@ -221,13 +207,12 @@ class WalkPrefixes:
         return csr_matrix(ix["crow"], ix["col"], values, self.n)
 
     def value_grad(self, g: torch.Tensor, x: torch.Tensor, transpose: bool, slices: int = 1) -> torch.Tensor:
-        """dL/dvalue_p for y = A x (A = the matrix, or its transpose), g = dL/dy, x (N, C):
-        <g[row_p], x[col_p]> (transpose: <x[row_p], g[col_p]>), a sampled dense-dense product.
-        slices = S > 1: A is the block-diagonal matrix of S copies (``block_index``), g and x are
-        (S N, C), and the result is (S P,), slice-major (each slice's values in pair order).
-
-        Plain backward: torch.sparse.sampled_addmm on the pattern (no (P, C) temporary). Under
-        double backward (grad mode on): gathers and a row-wise dot, chunked, differentiable."""
+        """dL/dvalue_p for y = A x (A = the matrix, or its transpose), g = dL/dy, x (N, C): <g[row_p],
+        x[col_p]> (transpose: <x[row_p], g[col_p]>), a sampled dense-dense product
+        (torch.sparse.sampled_addmm; under double backward chunked gathers, differentiable).
+        slices = S > 1: A is the block-diagonal matrix of S copies, g and x are (S N, C), and the result
+        is (S P,), slice-major.
+        """
         left, right = (x, g) if transpose else (g, x)
         total = self.nnz * slices
         if not torch.is_grad_enabled():
@@ -316,15 +301,21 @@ def _factor(exponent_hi: torch.Tensor, exponent_lo: torch.Tensor, valid: torch.T
 
 def stabilising_factors(c: torch.Tensor, prefixes_q: "WalkPrefixes", valid_q: torch.Tensor | None,
                         prefixes_k: "WalkPrefixes", valid_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(factor_q (S, P_q), factor_k (S, P_k)) for M = G_q G_k^T with per-key constants c (S, N).
+    """(factor_q (S, P_q), factor_k (S, P_k)) for M = G_q G_k^T with per-key constants c (S, N),
+    detached: factor_k[s, (j, u)] = exp(c_j - s_u) with s_u the max of c_j over hub u's keys, and
+    factor_q[s, (i, u)] = exp(s_u - r_i) with r_i the max of s_u over row i's hubs, so that the
+    scaled product is exp(-r_i) times the true row for phi_k_j = phi_true_j exp(-c_j)
+    (docs/papers.md, fast.masks.grf). Every factor is <= 1; valid (P,) bool or None (every stored
+    entry): entries excluded from the maxima get factor 0. O(S (P_q + P_k)).
 
-    Hub u (a column of both): s_u = max of c_j over the keys j with a valid stored entry G_k[j, u];
-    factor_k[s, (j, u)] = exp(c_j - s_u); query row i: r_i = max of s_u over its valid entries
-    G_q[i, u]; factor_q[s, (i, u)] = exp(s_u - r_i). Then
-        sum_u G_q[i, u] factor_q sum_j G_k[j, u] factor_k phi_k_j = exp(-r_i) sum_j M_ij phi_true_j
-    for phi_k_j = phi_true_j exp(-c_j): the true row times one factor per row. Every factor is <= 1
-    and the largest key a row reaches has factor product 1. valid (P,) bool or None (every stored
-    entry): entries excluded from the maxima get factor 0 (they must hold value 0). Detached."""
+    >>> import torch
+    >>> from fast.masks.grf import WalkPrefixes, stabilising_factors
+    >>> p = WalkPrefixes(2, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1]), torch.tensor([0, 0, 0]),
+    ...                  torch.ones(3), 1)
+    >>> factor_q, factor_k = stabilising_factors(torch.tensor([[0.0, -1.0]]), p, None, p, None)
+    >>> factor_q.tolist(), [round(float(t), 4) for t in factor_k[0]]
+    ([[1.0, 1.0, 1.0]], [1.0, 1.0, 0.3679])
+    """
     with torch.no_grad():
         ix_k = prefixes_k.index(c.device)
         ck = _masked(c[:, ix_k["row"]], valid_k)  # (S, P_k): key j's constant at its entries
@@ -338,9 +329,17 @@ def stabilising_factors(c: torch.Tensor, prefixes_q: "WalkPrefixes", valid_q: to
 
 
 def row_factors(c: torch.Tensor, prefixes: "WalkPrefixes", valid: torch.Tensor | None) -> torch.Tensor:
-    """factor (S, P) for M = G itself (the key side one-hot, GRFAsymMask): r_i = max of c_j over
-    row i's valid stored entries G[i, j], factor[s, (i, j)] = exp(c_j - r_i) (<= 1; 0 where
-    excluded or where row i has no valid entry). Detached."""
+    """factor (S, P) for M = G itself (GRFAsymMask) with per-key constants c (S, N), detached:
+    factor[s, (i, j)] = exp(c_j - r_i), r_i the max of c_j over row i's valid stored entries (<= 1;
+    0 where excluded or where row i has no valid entry). O(S P).
+
+    >>> import torch
+    >>> from fast.masks.grf import WalkPrefixes, row_factors
+    >>> p = WalkPrefixes(2, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1]), torch.tensor([0, 0, 0]),
+    ...                  torch.ones(3), 1)
+    >>> [round(float(t), 4) for t in row_factors(torch.tensor([[0.0, -1.0]]), p, None)[0]]
+    [1.0, 0.3679, 1.0]
+    """
     with torch.no_grad():
         ix = prefixes.index(c.device)
         cg = _masked(c[:, ix["pcol"]], valid)
@@ -349,13 +348,23 @@ def row_factors(c: torch.Tensor, prefixes: "WalkPrefixes", valid: torch.Tensor |
 
 
 class ScaledWalkMatrix:
-    """One sparse factor A (n, n) of a stabilised product, for S (batch, head) slices: the
-    block-diagonal (S n, S n) CSR matrix with block s = A with values A_p * factor[s, p].
+    """One sparse factor A (n, n) of a stabilised product for S (batch, head) slices: the
+    block-diagonal (S n, S n) CSR matrix whose block s has values A_p * factor[s, p].
 
     prefixes: A's structure (WalkPrefixes); coef: the coefficients A's values are made of (GRF: f;
-    RWGNK: a constant [1]); features: the WalkFeatures (or None); values (P,) the current values
-    (detached, the compute dtype); factor (S, P) detached, >= 0. Memory 2 S P values (the matrix
-    and, when a product needs it, its transpose) and S P indices for S > 1."""
+    RWGNK: a constant [1]); features: the WalkFeatures (or None); values (P,): the current values
+    (detached, the compute dtype); factor (S, P) detached, >= 0. ``product(x)`` for x (S n, C) costs
+    O(S P C) and is differentiable in x and coef. Memory 2 S P values and S P indices for S > 1.
+
+    >>> import torch
+    >>> from fast.masks.grf import ScaledWalkMatrix, WalkPrefixes
+    >>> p = WalkPrefixes(2, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1]), torch.tensor([0, 0, 0]),
+    ...                  torch.tensor([1.0, 2.0, 3.0]), 1)
+    >>> values = p.values(torch.ones(1), torch.device("cpu"), torch.float64)
+    >>> a = ScaledWalkMatrix(p, torch.ones(1), None, values, torch.full((1, 3), 0.5, dtype=torch.float64))
+    >>> a.product(torch.ones(2, 1, dtype=torch.float64)).flatten().tolist()    # 0.5 [[1, 2], [0, 3]] 1
+    [1.5, 1.5]
+    """
 
     def __init__(self, prefixes: "WalkPrefixes", coef: torch.Tensor, features: "WalkFeatures | None",
                  values: torch.Tensor, factor: torch.Tensor):
@@ -385,10 +394,23 @@ class ScaledWalkMatrix:
 
 
 class StabilisedProduct(MaskOperator):
-    """The per-call operator behind a stabilised ``attend``: M' = Q' K'^T (K' None: M' = Q'), one
-    block per (batch, head) slice, for fast.algebra.masked_products (its blocking and memory-saving
-    backward). matmul(x) / rmatmul(x) for x (..., n, c) whose leading dims hold exactly the S slices
-    (as masked_products passes them). parameters(): those of the mask it stands for."""
+    """The per-call operator behind a stabilised ``attend``: M' = Q' K'^T (K' None: M' = Q') with Q',
+    K' ScaledWalkMatrix factors, one block per (batch, head) slice, for
+    fast.algebra.masked_products (its blocking and memory-saving backward). matmul(x) / rmatmul(x)
+    take x (..., n, c) whose leading dims hold exactly the S slices (ValueError naming x otherwise),
+    O(S (P_q + P_k) c). parameters(): those of the mask it stands for.
+
+    >>> import torch
+    >>> from fast.masks.grf import ScaledWalkMatrix, StabilisedProduct, WalkPrefixes
+    >>> p = WalkPrefixes(2, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1]), torch.tensor([0, 0, 0]),
+    ...                  torch.tensor([1.0, 2.0, 3.0]), 1)
+    >>> values = p.values(torch.ones(1), torch.device("cpu"), torch.float64)
+    >>> a = ScaledWalkMatrix(p, torch.ones(1), None, values, torch.ones(1, 3, dtype=torch.float64))
+    >>> op, dense = StabilisedProduct(2, 1, a, a, []), p.matrix(values, False).to_dense()
+    >>> x = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    >>> torch.allclose(op.matmul(x), dense @ dense.T @ x)
+    True
+    """
 
     def __init__(self, n: int, slices: int, q_side: ScaledWalkMatrix, k_side: ScaledWalkMatrix | None,
                  params: list[torch.Tensor]):
@@ -419,13 +441,23 @@ class StabilisedProduct(MaskOperator):
 
 
 class WalkFeatures:
-    """G (N, N), the GRF matrix of rows phi_hat(v_i) (Eq. 10) from one walk ensemble and modulation f.
+    """G (N, N), the GRF matrix of rows phi_hat(v_i) (reid25 Eq. 10) from one walk ensemble and a
+    modulation f: E[G] = sum_k f_k W^k.
 
     graph: anything ``fast.graphs.as_graph`` accepts (the weighted W); walks: sampled on it with
-    uniform neighbour choice (fast.walks.Walks or a dict of its fields); f: (K + 1,) tensor or
-    sequence; prefixes longer than K hops are dropped. The structure is built once (O(total walk
-    length) work, one loop over hops); ``product`` costs O(nnz c). Attributes: n, f, n_walkers,
-    p_halt, nnz (stored pairs), prefixes (the WalkPrefixes)."""
+    uniform neighbour choice (fast.walks.Walks or a dict of its fields, ``as_walks``); f: (K + 1,)
+    tensor (held, not copied: learnable) or sequence (``as_modulation``); prefixes longer than K hops
+    are dropped. Built once in O(total walk length); ``matmul`` / ``rmatmul`` (G x, G^T x for
+    x (..., N, c)) cost O(nnz c). ValueError when a walk steps off the graph's edges. Attributes: n,
+    f, n_walkers, p_halt, nnz (stored pairs), prefixes (the WalkPrefixes).
+
+    >>> import torch
+    >>> from fast import WalkFeatures, sample_walks
+    >>> path = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])                    # degrees 1, 2, 1
+    >>> walks = sample_walks(path, 1, fixed_length=1, generator=torch.Generator().manual_seed(0))
+    >>> WalkFeatures(path, walks, [1.0, 0.5]).to_dense().sum(1).tolist()    # f_0 + f_1 deg(i): the load
+    [1.5, 2.0, 1.5]
+    """
 
     def __init__(self, graph: Any, walks: Any, f: Any, *, name: str = "f"):
         graph = as_graph(graph)
@@ -550,7 +582,17 @@ class WalkFeatures:
 
 
 def grf_features(graph: Any, walks: Any, f: Any) -> WalkFeatures:
-    """The GRF matrix G (Eq. 10) of ``walks`` on ``graph`` with modulation f: ``WalkFeatures``."""
+    """The GRF matrix G (reid25 Eq. 10) of ``walks`` on ``graph`` with modulation f: ``WalkFeatures``
+    (same arguments, shapes, cost and errors).
+
+    >>> import torch
+    >>> from fast import grf_features, sample_walks
+    >>> path = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    >>> walks = sample_walks(path, 4, p_halt=0.5, generator=torch.Generator().manual_seed(0))
+    >>> g = grf_features(path, walks, [1.0, 0.5])
+    >>> g.n, tuple(g.to_dense().shape), bool((g.to_dense().diagonal() >= 1.0).all())   # f_0 = 1 on the diagonal
+    (3, (3, 3), True)
+    """
     return WalkFeatures(graph, walks, f)
 
 
@@ -567,14 +609,21 @@ class GRFMask(LocallyStabilised, MaskOperator):
     """M_hat = G_q G_k^T (reid25 Sec. 3, Algorithm 1): a sparse low-rank mask, O(nnz c) per product.
 
     features_q, features_k: WalkFeatures of two independent ensembles (unbiased, E M_hat = M_alpha);
-    features_k=None: one shared ensemble, G_k = G_q (the diagonal is then biased upwards, module
-    docstring). matmul(x) = G_q (G_k^T x), rmatmul(x) = G_k (G_q^T x); nonnegative when both f >= 0;
-    abs_matmul(x) = |G_q| (|G_k|^T x) with |G| built from |f| (>= |G| entrywise since loads >= 0).
+    features_k=None: one shared ensemble, G_k = G_q (the diagonal is then biased upwards).
+    TypeError naming the argument unless it is a WalkFeatures, ValueError when the two are for
+    graphs of different sizes. matmul(x) = G_q (G_k^T x), rmatmul(x) = G_k (G_q^T x) for
+    x (..., N, c); nonnegative when both f >= 0; abs_matmul with |f|. The FAVOR+ attend is
+    stabilised per key (docs/papers.md, fast.masks.grf).
 
-    Stabilised attend (scheme): per hub column u, s_u = max of c_j over the keys j with a stored
-    G_k[j, u] (nonzero value where f is constant); Y_u = sum_j G_k[j, u] exp(c_j - s_u)
-    [phi_k_j (x) v_j, phi_k_j]; r_i = max of s_u over u with G_q[i, u] stored; (num_i, den_i) =
-    sum_u G_q[i, u] exp(s_u - r_i) Y_u = exp(-r_i) x the true ones (module doc, "Per-key stabilisation")."""
+    >>> import torch
+    >>> from fast import GRFMask, grf_features, sample_walks
+    >>> g = torch.Generator().manual_seed(0)
+    >>> path = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    >>> fq, fk = (grf_features(path, sample_walks(path, 4, p_halt=0.5, generator=g), [1.0, 0.5]) for _ in "qk")
+    >>> x = torch.rand(4, 2, generator=g, dtype=torch.float64)
+    >>> torch.allclose(GRFMask(fq, fk).matmul(x), fq.to_dense() @ fk.to_dense().T @ x)
+    True
+    """
 
     def __init__(self, features_q: WalkFeatures, features_k: WalkFeatures | None = None):
         self.features_q = _check_features("features_q", features_q)
@@ -587,14 +636,12 @@ class GRFMask(LocallyStabilised, MaskOperator):
 
     def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G_q G_k^T.
-
-        phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims (S slices),
-        in their compute dtype; c (S, N), detached, phi_k_j = phi_true_j exp(-c_j)
-        (LocallyStabilised.attend): the class doc's scheme, num_i = exp(-r_i) sum_j M_ij (phi_q_i . phi_true_j) v_j, den_i likewise. The
-        factors are per slice (S P per side, detached); the products run through
-        fast.algebra.masked_products (feature blocks, memory-saving backward: gradients reach
-        phi_q, phi_k, v and f on both sides)."""
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G_q G_k^T, for phi_q, phi_k (..., N, m)
+        and v (..., N, d) with the same leading (batch, head) dims (S slices) and c (S, N) detached
+        (phi_k_j = phi_true_j exp(-c_j)): num_i = exp(-r_i) sum_j M_ij (phi_q_i . phi_true_j) v_j, den_i
+        likewise (docs/papers.md, fast.masks.grf), through fast.algebra.masked_products (gradients reach
+        phi_q, phi_k, v and f on both sides).
+        """
         work = phi_k.dtype
         fq, fk = self.features_q, self.features_k
         vq, vk = fq.current_values(c.device, work), fk.current_values(c.device, work)
@@ -645,13 +692,20 @@ class GRFMask(LocallyStabilised, MaskOperator):
 class GRFAsymMask(LocallyStabilised, MaskOperator):
     """M_hat = G (asymmetric GRFs, reid25 App. D, Eq. 24): the key side one-hot, f = alpha.
 
-    matmul(x) = G x, rmatmul(x) = G^T x, O(nnz c); nonnegative when alpha >= 0. Masked linear
-    attention with it is Eq. 26 / Algorithm 2, correctly normalised (the printed algorithm
-    divides by an extra n).
+    features: a WalkFeatures (TypeError otherwise). matmul(x) = G x, rmatmul(x) = G^T x for
+    x (..., N, c), O(nnz c); nonnegative when alpha >= 0. Masked linear attention with it is Eq. 26
+    / Algorithm 2, correctly normalised (the printed algorithm divides by an extra n). The FAVOR+
+    attend is stabilised per key (docs/papers.md, fast.masks.grf).
 
-    Stabilised attend (scheme): r_i = max of c_j over row i's stored entries G[i, j] (nonzero
-    value where alpha is constant); G's values times exp(c_j - r_i); (num_i, den_i) = exp(-r_i)
-    x the true ones (module doc, "Per-key stabilisation")."""
+    >>> import torch
+    >>> from fast import GRFAsymMask, grf_features, sample_walks
+    >>> g = torch.Generator().manual_seed(0)
+    >>> path = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    >>> features = grf_features(path, sample_walks(path, 4, p_halt=0.5, generator=g), [1.0, 0.5, 0.25])
+    >>> x = torch.rand(4, 2, generator=g, dtype=torch.float64)
+    >>> torch.allclose(GRFAsymMask(features).matmul(x), features.to_dense() @ x)
+    True
+    """
 
     def __init__(self, features: WalkFeatures):
         self.features = _check_features("features", features)
@@ -659,11 +713,10 @@ class GRFAsymMask(LocallyStabilised, MaskOperator):
 
     def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G (shapes as GRFMask.attend).
-
-        c (S, N) (LocallyStabilised.attend): G's values times exp(c_j - r_i) per
-        slice (class doc), num_i = exp(-r_i) x the true one, den_i likewise; through
-        fast.algebra.masked_products (gradients reach phi_q, phi_k, v and alpha)."""
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G (shapes as GRFMask's): G's values
+        times exp(c_j - r_i) per slice, num_i = exp(-r_i) times the true one, den_i likewise; through
+        fast.algebra.masked_products (gradients reach phi_q, phi_k, v and alpha).
+        """
         work = phi_k.dtype
         g = self.features
         values = g.current_values(c.device, work)

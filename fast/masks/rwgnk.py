@@ -1,18 +1,10 @@
-"""Random-walk graph node kernel (RWGNK, GKAT) mask: choromanski22 Sec. 4.2, Eq. 5.
+"""Random-walk graph node kernel (RWGNK, GKAT) mask: choromanski22 Sec. 4.2, Eq. 5 (docs/papers.md
+Sec. 3). Dense twin: reference/masks/rwgnk.py (with the closed form and the Thm. 4.2 bounds).
 
-Psi (N, N) sparse, row h = f_h / |f_h|_2^alpha (alpha in {0, 1}) with the frequency vector
-f_h(i) = (1/n) sum over h's walks and their prefixes ending at i of lam^t (walks sampled with
-``choice="weighted"``, i.e. from P = D^-1 W, on weighted graphs). The mask is K = Psi Psi^T (one
-ensemble on both sides, as Eq. 5), applied as Psi (Psi^T x) in O(nnz(Psi) c). E[f_h] =
-e_h^T (I - rho P)^-1, rho = (1 - p) lam, for uncapped halting walks (reference.masks.rwgnk has
-the closed form and the Thm. 4.2 bounds).
-
-Per-key stabilisation (``rescales_keys``): as GRFMask's (fast.masks.grf, module doc), with
-G_q = G_k = Psi: ``key_stabilizer`` returns c_j = max_a z_ja per key, and ``attend(...,
-key_log_scale=c)`` weights Psi's stored entries by exp(c_j - s_u) on the key side (s_u = max of
-c_j over the rows j with Psi[j, u] != 0) and by exp(s_u - r_i) on the query side (r_i = max of
-s_u over row i's entries), so (num_i, den_i) are the true ones times exp(-r_i). Psi >= 0, so the
-mask is nonnegative and the per-key constants always apply.
+Psi (N, N) is sparse, row h = f_h / |f_h|_2^alpha with the discounted visit frequencies f_h of
+h's walks; the mask K = Psi Psi^T applies to x (..., N, c) as Psi (Psi^T x) in O(nnz(Psi) c).
+The FAVOR+ ``attend`` is stabilised per key as GRFMask's (fast.masks.grf). Details:
+docs/papers.md, fast.masks.rwgnk.
 """
 from __future__ import annotations
 
@@ -51,9 +43,20 @@ def _alpha(alpha: object) -> int:
 
 
 def rwgnk_features(graph: Any, walks: Any, lam: float, alpha: int = 0) -> torch.Tensor:
-    """Psi as a torch sparse CSR tensor (N, N) float64 on the graph's device (Eq. 5).
+    """Psi as a torch sparse CSR tensor (N, N) float64 on the graph's device (choromanski22 Eq. 5):
+    entries (h, u_t, lam^t / n) summed per (h, column); alpha = 1 divides each row by its 2-norm.
+    O(total walk length log). Raises what as_graph and as_walks raise, TypeError / ValueError
+    naming lam (a finite real >= 0, not learnable) or alpha (0 or 1), and ValueError when a walk
+    steps off the graph's edges.
 
-    Entries (h, u_t, lam^t / n) summed per (h, column); alpha = 1 divides each row by its 2-norm."""
+    >>> import torch
+    >>> from fast import sample_walks
+    >>> from fast.masks.rwgnk import rwgnk_features
+    >>> path = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    >>> walks = sample_walks(path, 2, fixed_length=1, choice="weighted", generator=torch.Generator().manual_seed(0))
+    >>> rwgnk_features(path, walks, 0.5).to_dense().sum(1).tolist()     # 1 + lam per walk of one hop
+    [1.5, 1.5, 1.5]
+    """
     graph = as_graph(graph)
     lam, alpha = _lam(lam), _alpha(alpha)
     walks = as_walks(walks, graph)
@@ -77,8 +80,20 @@ class RWGNKMask(LocallyStabilised, SymmetricMaskOperator):
     """K_hat = Psi Psi^T (choromanski22 Eq. 5): symmetric, nonnegative, O(nnz(Psi) c) per product.
 
     graph: what ``fast.graphs.as_graph`` accepts; walks: sampled on it (``choice="weighted"`` on a
-    weighted graph); lam >= 0 (Thm. 4.2 needs lam <= 1); alpha in {0, 1}. Psi is built once (a
-    SparseMask: CSR per device and dtype, its transpose once). Attributes: n, lam, alpha, psi."""
+    weighted graph); lam >= 0 (Thm. 4.2 needs lam <= 1); alpha in {0, 1}; errors as
+    ``rwgnk_features``. Psi is built once (a SparseMask: CSR per device and dtype, its transpose
+    once). ``matmul`` (= ``rmatmul``) takes x (..., N, c). Attributes: n, lam, alpha, psi, nnz.
+
+    >>> import torch
+    >>> from fast import RWGNKMask, sample_walks
+    >>> path = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    >>> walks = sample_walks(path, 2, p_halt=0.5, choice="weighted", generator=torch.Generator().manual_seed(0))
+    >>> op = RWGNKMask(path, walks, 0.5)
+    >>> psi = op.psi.matmul(torch.eye(3, dtype=torch.float64))             # Psi, dense
+    >>> x = torch.rand(3, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    >>> torch.allclose(op.matmul(x), psi @ psi.T @ x)
+    True
+    """
 
     nonnegative = True
 
@@ -100,13 +115,12 @@ class RWGNKMask(LocallyStabilised, SymmetricMaskOperator):
 
     def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with K = Psi Psi^T.
-
-        phi_q, phi_k: (..., N, m); v: (..., N, d), the same leading (batch, head) dims.
-        c (S, N), detached (LocallyStabilised.attend) (phi_k_j = phi_true_j exp(-c_j)): Psi's
-        values times the per-slice factors of fast.masks.grf.stabilising_factors on both sides
-        (module doc), num_i = exp(-r_i) sum_j K_ij (phi_q_i . phi_true_j) v_j, den_i likewise;
-        gradients reach phi_q, phi_k and v."""
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with K = Psi Psi^T, for phi_q, phi_k (..., N, m)
+        and v (..., N, d) with the same leading (batch, head) dims and c (S, N) detached
+        (phi_k_j = phi_true_j exp(-c_j)): Psi's values times fast.masks.grf.stabilising_factors on both
+        sides, num_i = exp(-r_i) sum_j K_ij (phi_q_i . phi_true_j) v_j, den_i likewise; gradients reach
+        phi_q, phi_k and v.
+        """
         work = phi_k.dtype
         p = self._prefixes
         values = p.bases(c.device, work)
