@@ -1,78 +1,23 @@
-"""Simple attention with Frobenius-normalised queries and keys: DIFFormer and SGFormer, O(N d^2).
+"""Simple attention with Frobenius-normalised queries and keys: DIFFormer and SGFormer, O(N d_qk d).
 
-Shapes: q, k (..., N, d_qk); v (..., N, d) -> (..., N, d). Leading dims are (batch, heads) and
-must be equal in q, k and v (no broadcasting: with ``joint_heads`` the heads share one norm, so
-their layout matters); N is the number of nodes (self-attention over the nodes: queries, keys
-and values are the same nodes). Nodes of several graphs are concatenated along N with a batch
-vector (PyG convention): ``batch`` None (one graph) or an integer tensor (N,), sorted
-nondecreasing, values in [0, G) (fast.batching.check_batch; gaps, i.e. empty graphs, allowed).
-
-The formulas (the tutorial "DIFFormer: simplified attention computation", docs/papers.md; the
-SGFormer paper for the second). Per graph g with N_g nodes, and per leading slice:
+Per graph g with N_g nodes and per leading slice (the tutorial's DIFFormer-s; SGFormer):
 
     q~ = Q_g / ||Q_g||_F,   k~ = K_g / ||K_g||_F                      (frobenius_normalize)
     DIFFormer:  z_u = (sum_{v in g} v_v + q~_u^T sum_{v in g} k~_v v_v^T) / (N_g + q~_u^T sum_{w in g} k~_w)
     SGFormer:   z_u = (N_g v_u         + q~_u^T sum_{v in g} k~_v v_v^T) / (N_g + q~_u^T sum_{w in g} k~_w)
 
-i.e. attention with the scores 1 + q~_u . k~_v (the first-order Taylor expansion of exp) within
-each graph; SGFormer replaces the sum of the values in the constant term by N_g times the node's
-own value. Computed in O(N d_qk d): per graph the (d_qk, d) state K~_g^T V_g and the key sum K~_g^T 1, then
-each node's query against its graph's state (below). The N x N score matrix is never formed.
-
-The norm (``joint_heads``). The Frobenius norm runs over the graph's nodes and the features and,
-when dim -3 holds the heads of one sample, over the head dim -3 as well (the H heads of a sample
-share one norm, the authors' code, which normalises the whole [N, H, D] tensor of a graph):
-
-    joint_heads=None (default)  q.dim() >= 4, (*batch, H, N, d): joint over H, per batch index;
-                                q.dim() == 3, (B, N, d): one norm per slice (dim -3 is read as a
-                                batch: samples never share a norm); q.dim() == 2: one norm.
-    joint_heads=True            q.dim() >= 3: dim -3 is heads, joint over it; in particular a 3-D
-                                (H, N, d) input (what fast.latent.layers passes) shares one norm over H.
-    joint_heads=False           one norm per leading slice (per head).
-
-Graphs never share a norm: every output depends on its own graph's nodes only. (The public batched
-DIFFormer code normalises across the whole batch, so graphs leak into each other; the tutorial's
-snippet divides [N, H, D] by [N, H] without unsqueeze and uses the query count for N: neither is
-copied here.)
-
-A zero norm (a graph whose q, or k, is all zero) gives q~ = 0 (k~ = 0): the score term vanishes
-and the output is the constant term's average (DIFFormer: the graph's mean value; SGFormer: v_u),
-the limit of the formulas as Q -> 0. x / ||x|| has no derivative at x = 0 (its limit depends on
-the direction), so there the normalised tensor is treated as the constant 0: its gradient is 0,
-never NaN. Norms whose squares would overflow or underflow (entries beyond ~1e19 or below ~1e-19
-in float32) are computed after a per-graph rescaling by the largest entry, so q~ is right there
-too (the rare path, below).
-
-The denominator guard. By Cauchy-Schwarz |q~_u . sum_w k~_w| <= |q~_u| |sum_w k~_w| <= sqrt(N_g),
-so den_u >= N_g - sqrt(N_g) > 0 for N_g >= 2: only a one-node graph whose q is a negative
-multiple of its k can make den_u vanish (its output, v_u for any other q, is then 0/0). A den_u
-that is not finite, below the compute dtype's smallest normal number, or not above the round-off
-floor 8 u sqrt(N_g d_qk) (N_g + sqrt(N_g)) (u the unit round-off; N_g + sqrt(N_g) bounds the sum
-of the absolute terms) raises fast.DenominatorError naming the first such row (never divided by).
-For N_g >= 2 the floor is far below the lower bound N_g - sqrt(N_g), so it can only refuse the
-one-node case.
-
-How it is computed, and what is checked when (as fast.attention: no extra pass over the data on
-the common path). q~ and k~ are never materialised: per graph, c_g = 1 / (||Q_g|| ||K_g||) is
-folded into the small state S_g = c_g K_g^T V_g (d_qk, d) and key sum s_g = c_g K_g^T 1, so
-z_u = (q_u . S_g + C_u) / (N_g + q_u . s_g): one GEMM for the numerators and one GEMV for the
-denominators per graph (a loop over few graphs' contiguous node slices, fast.segments.few_segments; beyond,
-segment reductions and the states, augmented by s_g, gathered per block of nodes). The sums of
-squares come from torch.linalg.vector_norm (no (N, d) temporary). Before anything is computed:
-metadata (types, dtypes, shapes, devices, joint_heads, the batch vector, which is read once by
-check_batch). On the way, as 0-dim device flags read ONCE per call: the per-graph sums of squares
-of q and k lie in a window [max(2^-2E, n_g tiny / eps), 2^2E], E = maxexp // 3 (float32: norms
-within [2^-42, 2^42]; every NaN or inf in q or k reaches them, and inside the window the sums lost
-nothing to overflow or underflow and c_g is a normal number); S_g, s_g and (DIFFormer) the value
-sum are finite (a NaN or inf in k or v reaches S_g); the denominators pass the guard. The output
-itself is not scanned. Only when that read fails (the rare path): q, k, v are scanned (ValueError
-naming the first non-finite one), q~ and k~ are formed with the rescaled norms and the zero-norm
-convention, and the guard's per-row analysis is run. Finite inputs whose output overflows (values
-near the dtype's maximum) return inf in those rows, as fast.attention does.
-
-float16 / bfloat16 inputs compute in float32 and the result is cast back (v's dtype, after
-promotion of q, k, v as fast.masked_linear_attention). Differentiable in q, k and v (the
-normalisation included).
+that is, attention with the scores 1 + q~_u . k~_v (exp to first order). Shapes: q, k (..., N, d_qk),
+v (..., N, d) -> (..., N, d) in v's dtype; the leading (batch, head) dims must be equal in all
+three (no broadcasting: with ``joint_heads`` the heads share one norm). Several graphs are
+concatenated along N with a sorted PyG batch vector ``batch`` (N,) (fast.batching.check_batch;
+empty graphs allowed); graphs never share a norm, so every output depends on its own graph only.
+The N x N scores are never formed: per graph, the (d_qk, d) state and the key sum, then each
+node's query against its graph's state, with one host read per call. A graph whose q (or k) is
+all zero gives q~ = 0 with gradient 0, never NaN. Only a one-node graph whose q is a negative
+multiple of its k can make a denominator vanish: fast.DenominatorError. Half precisions compute in
+float32 and are cast back; differentiable in q, k and v. docs/papers.md
+("fast.latent.simple_attention") has the norm options, the denominator bound and what is checked
+when.
 """
 from __future__ import annotations
 
@@ -92,7 +37,7 @@ __all__ = ["frobenius_normalize", "difformer_attention", "sgformer_attention"]
 
 
 def _joint(x: torch.Tensor, joint_heads: bool | None) -> bool:
-    """Whether the norm spans the head dim -3 (module doc, "The norm"): None (the default) when
+    """Whether the norm spans the head dim -3 (frobenius_normalize): None (the default) when
     x.dim() >= 4 ((*batch, H, N, c)); True when x.dim() >= 3 ((H, N, c) read as heads); False never."""
     if joint_heads is None:
         return x.dim() >= 4
@@ -190,11 +135,19 @@ def frobenius_normalize(x: torch.Tensor, *, batch=None, joint_heads: bool | None
     head dim -3 too with joint_heads=None (default) and x.dim() >= 4 ((*batch, H, N, c), the
     authors' code), or joint_heads=True and x.dim() >= 3 ((H, N, c) read as heads); a 3-D x with
     the default, or joint_heads=False: one norm per leading slice. A graph whose x is all zero gives 0
-    (gradient 0: x / ||x|| has no derivative at 0, module doc). Never NaN from finite input.
+    (gradient 0: x / ||x|| has no derivative at 0). Never NaN from finite input. O(N c), one host read.
 
     Raises:
         TypeError / ValueError: not a floating tensor, fewer than 2 dims, N = 0, a bad batch
             vector (naming batch), joint_heads not None/True/False, NaN or inf in x (naming x).
+
+        >>> import torch
+        >>> from fast.latent.simple_attention import frobenius_normalize
+        >>> y = frobenius_normalize(torch.tensor([[3.0, 0.0], [0.0, 4.0], [2.0, 0.0]]), batch=torch.tensor([0, 0, 1]))
+        >>> [round(float(t), 4) for t in y.flatten()]  # graph 0 divided by 5, graph 1 by 2
+        [0.6, 0.0, 0.0, 0.8, 1.0, 0.0]
+        >>> frobenius_normalize(torch.zeros(2, 3)).abs().sum().item()
+        0.0
     """
     check_tensor("x", x, check_finite=False)
     bi = check_batch(batch, x.shape[-2], name="batch", device=x.device)
@@ -225,7 +178,7 @@ def _check_qkv(q: object, k: object, v: object) -> None:
 
 
 def _floor(counts: torch.Tensor, d_qk: int, dtype: torch.dtype) -> torch.Tensor:
-    """The guard's round-off floor 8 u sqrt(N_g d_qk) (N_g + sqrt(N_g)) (module doc)."""
+    """The guard's round-off floor 8 u sqrt(N_g d_qk) (N_g + sqrt(N_g)) (docs/papers.md)."""
     u = torch.finfo(dtype).eps / 2
     return 8 * u * torch.sqrt(counts * d_qk) * (counts + torch.sqrt(counts))
 
@@ -236,7 +189,7 @@ def _folded_one(qw, kw, vw, joint: bool, own_value: bool):
     q~ and k~ are never materialised: c = 1 / (||Q|| ||K||) is folded into the small state
     S = c K^T V (d_qk, d) and key sum s = c K^T 1 (d_qk, 1), so z = (Q S + C) / (N + Q s): one
     GEMM for the numerators, one GEMV for the denominators, C = 1 sum_v v_v^T (DIFFormer) or N V
-    (SGFormer). Checked (module doc): the sums of squares (_common_ok), S, s and the value sum
+    (SGFormer). Checked (docs/papers.md): the sums of squares (_common_ok), S, s and the value sum
     (finite: a NaN or inf in k or v reaches them), and the denominators (the guard)."""
     n, d_qk = qw.shape[-2], qw.shape[-1]
     count = (qw.shape[-3] if joint else 1) * n * d_qk
@@ -342,7 +295,7 @@ def _simple_attention(q, k, v, batch, joint_heads, own_value: bool, what: str) -
     raise_if_non_finite(q=q, k=k, v=v)
     out, den, floor = _materialised(qw, kw, vw, bi, joint, own_value)
     _raise_if_bad_den(den.squeeze(-1), floor.squeeze(-1).expand(den.shape[:-1]), bi, what)
-    return out.to(out_dtype)  # finite input, den fine: an overflowing numerator stays inf (module doc)
+    return out.to(out_dtype)  # finite input, den fine: an overflowing numerator stays inf (as fast.attention)
 
 
 def _raise_if_bad_den(den: torch.Tensor, floor: torch.Tensor, bi: BatchIndex | None, what: str) -> None:
@@ -369,17 +322,22 @@ def difformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ba
     """DIFFormer's simple attention (the tutorial; DIFFormer-s), per graph, O(N d_qk d).
 
     z_u = (sum_{v in g} v_v + q~_u^T sum_{v in g} k~_v v_v^T) / (N_g + q~_u^T sum_{w in g} k~_w),
-    q~, k~ the per-graph Frobenius-normalised q, k (frobenius_normalize; joint_heads there: None,
-    the default, spans the heads of (*batch, H, N, d) inputs and keeps the slices of a 3-D
-    (B, N, d) input apart; True reads a 3-D input as (H, N, d) and spans H; False per slice).
-
-    q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d) in v's dtype (module doc: leading dims
-    equal, batch vector, zero norms, the denominator guard, half precisions).
+    q~, k~ the per-graph Frobenius-normalised q, k (frobenius_normalize, which explains
+    joint_heads). q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d) in v's dtype (module doc).
 
     Raises:
         TypeError / ValueError: bad types or shapes, a bad batch vector (naming batch),
             joint_heads not None/True/False, NaN or inf in q, k or v (naming it).
         DenominatorError: a vanished denominator (a one-node graph with q~ . k~ = -1).
+
+    It equals dense attention with the scores 1 + q~_u . k~_v:
+
+        >>> import torch
+        >>> from fast.latent.simple_attention import difformer_attention
+        >>> q, k, v = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> s = 1 + (q / q.norm()) @ (k / k.norm()).T  # the dense (N, N) scores
+        >>> bool(torch.allclose(difformer_attention(q, k, v), (s @ v) / s.sum(-1, keepdim=True)))
+        True
     """
     return _simple_attention(q, k, v, batch, joint_heads, own_value=False, what="difformer_attention")
 
@@ -397,5 +355,14 @@ def sgformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bat
         TypeError / ValueError: bad types or shapes, a bad batch vector (naming batch),
             joint_heads not None/True/False, NaN or inf in q, k or v (naming it).
         DenominatorError: a vanished denominator (a one-node graph with q~ . k~ = -1).
+
+    It equals dense attention with the scores N delta_uv + q~_u . k~_v:
+
+        >>> import torch
+        >>> from fast.latent.simple_attention import sgformer_attention
+        >>> q, k, v = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> s = 5 * torch.eye(5, dtype=torch.float64) + (q / q.norm()) @ (k / k.norm()).T  # dense scores
+        >>> bool(torch.allclose(sgformer_attention(q, k, v), (s @ v) / s.sum(-1, keepdim=True)))
+        True
     """
     return _simple_attention(q, k, v, batch, joint_heads, own_value=True, what="sgformer_attention")
