@@ -53,12 +53,11 @@ def _count(mask: torch.Tensor) -> int:
 
 
 def guard_flag(den: torch.Tensor, floor: torch.Tensor | None = None, *, positive: bool = False) -> torch.Tensor:
-    """The guard's common case as a 0-dim bool tensor on den's device, nothing synchronised: True
-    when every den_i is finite, |den_i| >= finfo.tiny, |den_i| <= finfo.max and (with ``floor``)
-    |den_i| > floor_i. ``positive``: den_i itself must be >= finfo.tiny (for nonnegative features
-    and mask a negative den is impossible, so it is refused here and sorted out by ``divide``).
-    One read pass over den (aminmax: a bool tensor's .all() is slower than a float amin on CPU),
-    O(N); NaN fails every comparison. ``divide`` decides the failing cases.
+    """The guard's common case as a 0-dim bool tensor on den (..., N)'s device, nothing synchronised:
+    True when every den_i is finite, |den_i| >= finfo.tiny, |den_i| <= finfo.max and (with
+    ``floor`` (..., N)) |den_i| > floor_i. ``positive``: den_i itself must be >= finfo.tiny (for
+    nonnegative features and mask a negative den is impossible). One read pass (aminmax), O(N); NaN
+    fails every comparison; ``divide`` sorts out the failing cases.
 
     >>> import torch
     >>> from fast.algebra import guard_flag
@@ -81,27 +80,18 @@ def guard_flag(den: torch.Tensor, floor: torch.Tensor | None = None, *, positive
 def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None = None,
            no_key: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
            policy: str = "raise", verified: bool = False) -> torch.Tensor:
-    """num (..., N, d) / den (..., N), guarded: DenominatorError instead of dividing by a den_i that
+    """num (..., N, d) / den (..., N), guarded: DenominatorError instead of dividing by a den_i that is
+    not finite, is zero or subnormal (|den_i| < finfo.tiny: its relative precision is gone), or has
+    |den_i| <= floor_i when ``floor`` (..., N) is given (an absolute bound on den_i's round-off:
+    terms that cancel). O(N d).
 
-    - is not finite (NaN or inf: the terms overflowed);
-    - has |den_i| < torch.finfo(den.dtype).tiny (zero or subnormal: its relative precision is gone,
-      an 8e-45 float32 denominator carries 3 significant bits);
-    - has |den_i| <= floor_i, when ``floor`` (..., N) is given: an absolute bound on den_i's
-      round-off (fast.attention computes it from the scale of the terms summed), so den_i may be
-      pure round-off (terms that cancel: signed features or a signed mask).
-
-    Rows that see no key (every M_ij = 0) are handled first by the no-key policy: ``no_key`` is a
-    bool (..., N) tensor of those rows (broadcastable to den), or a callable returning one (or
-    None), called only when some denominator fails the guard, so the common case pays nothing.
-    ``policy`` (the drivers' ``no_key`` argument, fast.validation.check_no_key): "raise" refuses
-    them (DenominatorError saying they see no key and naming no_key="zero"); "zero" makes their
-    output exactly 0 (the gradient through those rows is 0, never NaN). The other failing rows
-    raise DenominatorError whatever the policy. The checks are O(N) elementwise on den.
-
-    ``verified=True``: the caller has already read ``guard_flag(den, floor)`` as True (in the one
-    host read of its call, fast.attention), so divide only divides: no check, no host read.
-    Otherwise the common case is ``guard_flag`` (one host read), and the per-row analysis
-    (``refused_rows``) runs only when it fails. Raises DenominatorError for the refused rows.
+    Rows that see no key go first to the no-key policy: ``no_key`` is a bool (..., N) tensor of them,
+    or a callable returning one (or None), called only when some denominator fails. ``policy``
+    (the drivers' ``no_key``): "raise" refuses them (DenominatorError naming no_key="zero"); "zero"
+    gives them output 0 (gradient 0). Other failing rows raise whatever the policy.
+    ``verified=True``: the caller has already read ``guard_flag(den, floor)`` as True, so divide only
+    divides (no host read); otherwise ``guard_flag`` is read once and ``refused_rows`` runs only when
+    it fails.
 
     >>> import torch
     >>> from fast.algebra import divide
@@ -381,15 +371,13 @@ def _requiring_grad(items: object) -> list[torch.Tensor]:
 def gradient_inputs(op: MaskOperator, like: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
     """(the tensors whose gradients the recomputing backward returns for mask ``op``, retain).
 
-    Starts from ``op.parameters()`` (its tensors requiring grad, each once); drops a declared
-    tensor computed from another declared one (its gradient reaches that one through autograd's
-    own graph; returning both would count it twice, e.g. LowRankMask(a, a.T)). Then two one-column probes M @ like[..., :1] (whose saved
-    tensors are discarded at once) check that every tensor requiring grad that the product
-    depends on lies behind one of them: otherwise its gradient would silently be lost, and
-    ValueError says so. ``retain`` is True when the products reach those tensors through graph
-    nodes that exist before the product (both probes meet them: e.g. parameters() lists b but
-    matmul reads exp(b)); backward must then keep that graph between blocks.
-    ([], False) when grad mode is off. Two one-column products: O(T_M(N)).
+    The tensors requiring grad in ``op.parameters()``, each once, less any computed from another of
+    them (its gradient reaches that one through autograd's graph). Two one-column probes
+    M @ like[..., :1] check that every tensor requiring grad the product depends on is among them
+    (else its gradient would be lost: ValueError naming ``mask.parameters()``). ``retain`` is True
+    when the products reach them through graph nodes made before the product (parameters() lists b,
+    matmul reads exp(b)): backward then keeps that graph between blocks. ([], False) when grad mode
+    is off. Cost: two one-column products, O(T_M(N)).
 
     >>> import torch
     >>> from fast.algebra import gradient_inputs
@@ -574,13 +562,12 @@ def masked_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, o
     """(num (..., N, d), den (..., N)) of Algorithm 1 through op.matmul, with linear training memory.
 
     phi_q, phi_k: (..., N, m); v: (..., N, d), one compute dtype; ``fpb`` features per block.
-    num = phi_q_i^T devec(D1_i) by ``blocked_numerator``, den = phi_q_i^T (M phi_k)_i. Under
-    autograd only phi_q, phi_k, v are saved; backward recomputes M phi_k and then each block
-    (docs/papers.md, "fast.algebra": one pass of M and one of M^T per block with ``rmatmul``, else
-    autograd through each recomputed block; memory: one block either way). Gradients reach
-    phi_q, phi_k, v and the tensors of ``gradient_inputs(op, phi_k)``. ``op``: a MaskOperator or
-    a duck-typed one (fast.operator.as_operator wraps it once; TypeError / ValueError naming
-    ``mask`` otherwise). Cost O((T_M(N) + N) m d) (choromanski22 Lemma 3.1), forward and backward.
+    num = phi_q_i^T devec(D1_i) by ``blocked_numerator``, den = phi_q_i^T (M phi_k)_i. Under autograd
+    only phi_q, phi_k, v are saved and backward recomputes the blocks, one at a time (with the mask's
+    ``rmatmul``, plain passes of M and M^T; docs/papers.md, "fast.algebra"); gradients reach phi_q,
+    phi_k, v and ``gradient_inputs(op, phi_k)``. ``op``: a MaskOperator or a duck-typed one (wrapped
+    once; TypeError / ValueError naming ``mask`` otherwise). O((T_M(N) + N) m d) (choromanski22
+    Lemma 3.1), forward and backward.
 
     >>> import torch
     >>> from fast.algebra import masked_products

@@ -166,30 +166,23 @@ def masked_linear_attention(
         out_i = phi_q_i^T sum_j M_ij phi_k_j v_j^T / phi_q_i^T sum_j M_ij phi_k_j
 
     phi_q: (..., N_q, m); phi_k: (..., N, m); v: (..., N, d) -> (..., N_q, d), input dtype
-    (float16/bfloat16 accumulate in float32 and are cast back).
+    (float16/bfloat16 accumulate in float32). mask: None, or anything ``fast.as_mask_operator``
+    accepts (a MaskOperator, a dense (..., N, N) tensor or NumPy array, a torch or scipy sparse
+    matrix), for N_q = N. mask=None: Eq. 3, two GEMMs, O(N m d). An operator with ``attend``: that
+    specialised form (e.g. the chunked causal scan). Otherwise fast.algebra.masked_products: the mask
+    is applied to blocks of about ``block_cols`` columns of [vec(phi_k_j v_j^T), phi_k_j] (None:
+    fast.algebra.default_block_cols), O((T_M(N) + N) m d) time (Lemma 3.1) and O(N (m + d) +
+    N block_cols) extra memory, in training too; gradients reach the mask's parameters().
 
-    mask: None, or anything ``fast.as_mask_operator`` accepts (a MaskOperator, a dense (N, N) or
-    (..., N, N) tensor or NumPy array, a torch sparse tensor, a scipy.sparse matrix), for N_q = N.
-    mask=None: unmasked linear attention (Eq. 3), two GEMMs, O(N m d); N_q may differ from N.
-    An operator whose ``attend`` is not None: that specialised form (e.g. the chunked causal scan).
-    Otherwise the generic path (fast.algebra.masked_products): D1 = M [vec(phi_k_j v_j^T)] in column
-    blocks of about ``block_cols`` columns (None: fast.algebra.default_block_cols), each contracted
-    with phi_q at once, and D2 = M phi_k for the denominator: O((T_M(N) + N) m d) time (Lemma 3.1),
-    O(N (m + d) + N block_cols) extra memory, in training too (backward recomputes the blocks);
-    gradients reach the mask's parameters().
+    no_key: what a query whose mask row is all zero gets, "raise" (default) or "zero" (output 0).
+    features_nonnegative: None (the sign is tested), True (the caller promises phi_q, phi_k >= 0, as
+    EluPlusOne, ReLU, FavorPlus and Hyperbolic give: no test) or False (signed: the guard's relative
+    floor is computed); docs/papers.md, "fast.attention", says what each costs and detects.
 
-    no_key: what a query that sees no key (its mask row is all zero) gets: "raise" (default) or
-    "zero" (output 0, gradient 0). features_nonnegative: None (default: the features' sign is
-    tested), True (the caller promises phi_q, phi_k >= 0, as EluPlusOne, ReLU, FavorPlus and
-    Hyperbolic return them: the test is skipped) or False (signed: the guard's relative floor is
-    computed). docs/papers.md, "fast.attention", says what each choice costs and detects.
-
-    Raises:
-        DenominatorError: a denominator refused by the guard (never divided by), or a query that
-            sees no key with no_key="raise".
-        TypeError / ValueError: bad inputs, naming the argument (``mask`` for the mask; NaN or inf
-            in phi_q, phi_k or v: "<name> contains non-finite values"; a broken
-            features_nonnegative=True promise, when it shows in a denominator).
+    Raises DenominatorError for a denominator the guard refuses, or a query that sees no key with
+    no_key="raise"; TypeError / ValueError naming the argument for bad inputs (``mask``; "<name>
+    contains non-finite values" for NaN or inf in phi_q, phi_k or v; ``features_nonnegative`` when a
+    broken promise shows in a denominator).
 
     >>> import torch
     >>> from fast import EluPlusOne, masked_linear_attention
@@ -403,16 +396,13 @@ def favor_features(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stabilised FAVOR+ features (phi_q, phi_k) for masked_linear_attention(phi_q, phi_k, v, mask).
 
-    FavorPlus(projection, stabilize=True) of q / d_qk^(1/4) and k / d_qk^(1/4) (Performer Lemma 1),
-    so that phi_q_i . phi_k_j estimates exp(q_i . k_j / sqrt(d_qk)) up to constants that cancel in
-    the masked attention ratio: one per query, and the keys' from the mask operator's
-    ``key_stabilizer`` (mask=None: one per (batch, head) slice; an operator with ``rescales_keys``
-    gets that default too). The mask is only read for its stabiliser here, and must be for q's and
-    k's N. q: (..., N_q, d_qk); k: (..., N, d_qk); projection W: (m, d_qk) -> phi_q (..., N_q, m),
-    phi_k (..., N, m), in q's / k's dtype (float32 for half precisions), differentiable in q and k.
-    O(N m d_qk). NaN or inf in q, k or projection: ValueError naming it; a mask for another N:
-    ValueError naming ``mask``. docs/papers.md, "fast.attention", relates these features to
-    favor_attention's.
+    FavorPlus of q / d_qk^(1/4) and k / d_qk^(1/4) (Performer Lemma 1): phi_q_i . phi_k_j estimates
+    exp(q_i . k_j / sqrt(d_qk)) up to constants that cancel in the attention ratio, one per query and
+    the keys' from the mask's ``key_stabilizer`` (one per (batch, head) slice for mask=None or an
+    operator with ``rescales_keys``; the mask, for q's and k's N, is read for nothing else).
+    q: (..., N_q, d_qk); k: (..., N, d_qk); projection W: (m, d_qk) -> phi_q (..., N_q, m), phi_k
+    (..., N, m) in q's / k's dtype (float32 for half precisions), differentiable in q and k,
+    O(N m d_qk). ValueError names q, k or projection (NaN or inf) or ``mask`` (another N).
 
     >>> import torch
     >>> from fast import favor_attention, favor_features, gaussian_projection, masked_linear_attention
@@ -506,21 +496,17 @@ def favor_attention(
     """Performer softmax-kernel attention (FAVOR+) with an optional mask operator.
 
     Algorithm 1 (masked_linear_attention) on stabilised FAVOR+ features of q / d_qk^(1/4) and
-    k / d_qk^(1/4) with W = ``projection`` (m, d_qk), so the estimated kernel is exp(q.k / sqrt(d_qk))
-    (Performer Lemma 1: unbiased, variance O(1/m)). q, k: (..., N, d_qk); v: (..., N, d) ->
-    (..., N, d). mask: None or anything ``fast.as_mask_operator`` accepts, for q's and k's N; the
-    keys' stabiliser is the operator's ``key_stabilizer``, and an operator with ``rescales_keys``
-    (CausalMask) undoes its per-key constants in its ``attend``. no_key: as in
-    masked_linear_attention.
-
-    Cost O(N m (d_qk + d)) plus the mask's products, O((T_M(N) + N) m d). mask=None: the features
-    are formed a block of rows at a time, forward and backward (fast.favor_blockwise), so no (N, m)
-    feature matrix exists; with a mask they are formed whole. For an operator without rescales_keys
-    this equals masked_linear_attention(*favor_features(q, k, projection, mask), v, mask) up to
-    round-off (docs/papers.md, "fast.attention").
+    k / d_qk^(1/4) with W = ``projection`` (m, d_qk): the estimated kernel is exp(q.k / sqrt(d_qk))
+    (Performer Lemma 1). q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d). mask: None or anything
+    ``fast.as_mask_operator`` accepts, for q's and k's N; its ``key_stabilizer`` sets the keys'
+    constants (an operator with ``rescales_keys``, CausalMask, undoes per-key ones in its attend).
+    no_key as in masked_linear_attention. O(N m (d_qk + d)) plus the mask's products. mask=None: the
+    features are formed a block of rows at a time, forward and backward (fast.favor_blockwise), so
+    no (N, m) feature matrix exists. Equals masked_linear_attention(*favor_features(...), v, mask) up
+    to round-off for an operator without rescales_keys (docs/papers.md, "fast.attention").
 
     Raises DenominatorError as masked_linear_attention; TypeError / ValueError naming the argument
-    (NaN or inf in q, k, v or projection: "<name> contains non-finite values"; ``mask`` for the mask).
+    (NaN or inf in q, k, v or projection: "<name> contains non-finite values"; ``mask``).
 
     >>> import torch
     >>> from fast import favor_attention, gaussian_projection, softmax_attention

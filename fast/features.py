@@ -109,24 +109,13 @@ def favor_exponentials(
     """The stabilised FAVOR+ exponentials exp(x w^T - half |x|^2 - c) (Performer Lemma 1), O(N m d).
 
     x: (..., N, d) and w: (m, d) in one compute dtype (a scale of x folds into w and ``half``:
-    fast.favor_attention passes w = d^(-1/4) W and half = d^(-1/2) / 2). Returns
-    (features (..., N, m), c or None, the norm term half |x|^2 (..., N, 1) or None), c detached.
-
-    - queries (``is_query``, stabilised): c_i = max_a (x_i w_a) - half |x_i|^2 per row, so the
-      exponent is x_i w_a - max_a x_i w_a: the norm term cancels in the value (the largest entry
-      is exactly 1). With ``query_norm`` its gradient is kept (the features are
-      exp(-c_i) times the unstabilised ones, c_i constant, as without this shortcut); without
-      it the norm is never formed (fast.favor_attention: a per-query factor cancels in attention).
-    - keys, ``key_stabilizer`` None: c from the row maxima r_j = max_a (x_j w_a) - half |x_j|^2
-      (equal to the row maxima of the exponents, rounding being monotone): the per-slice max of r
-      (FavorPlus's default), or ``row_stabilizer(r)`` (..., N, 1) (CausalMask's running max, whose
-      key_stabilizer is a function of the row maxima). The shift n_j + c_j and the exp run in
-      place on the GEMM's output: the largest entry is 1 up to round-off.
-    - keys with ``key_stabilizer(z)`` (a mask's): z is formed in place, the constants taken from
-      it (detached), then shift and exp in place.
-    - stabilize=False: exp(x w^T - half |x|^2).
-    The in-place steps touch only the GEMM's fresh output (mm saves its inputs, not its output);
-    exp_'s result is what autograd keeps, so the features must not be modified in place after.
+    fast.favor_attention passes w = d^(-1/4) W and half = d^(-1/2) / 2). Returns (features
+    (..., N, m), c or None, the norm term half |x|^2 (..., N, 1) or None), c detached. The constants:
+    queries (``is_query``) the row max, so the largest entry is exactly 1 (query_norm=False: the norm
+    term, which cancels in attention, is never formed); keys the per-slice max of the row maxima, or
+    ``row_stabilizer(rows)`` (..., N, 1), or a mask's ``key_stabilizer(z)``; stabilize=False none.
+    Shift and exp run in place on the GEMM's fresh output, which autograd keeps: do not modify the
+    features in place. The cases in full: docs/papers.md, "fast.features".
 
     >>> import torch
     >>> from fast.features import favor_exponentials

@@ -38,20 +38,8 @@ capability                meaning                                               
 
 Anything with ``n`` and a callable ``matmul`` that does not subclass is wrapped once by
 ``as_operator`` (at the drivers' and the algebra's entry points) into an ``OperatorAdapter``,
-which reads the same optional names off the object with the defaults above.
-
-Example:
-
->>> import torch
->>> from fast.operator import MaskOperator
->>> class Ones(MaskOperator):          # M = all ones: M @ x sums over tokens
-...     nonnegative = True
-...     def __init__(self, n):
-...         self.n = n
-...     def _matmat(self, x):
-...         return x.sum(-2, keepdim=True).expand(x.shape)
->>> Ones(3).matmul(torch.eye(3)).tolist()
-[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+which reads the same optional names off the object with the defaults above. A subclass in five
+lines: ``MaskOperator``'s example.
 """
 from __future__ import annotations
 
@@ -150,8 +138,9 @@ class MaskOperator(abc.ABC):
 
     >>> import torch
     >>> from fast.operator import MaskOperator
-    >>> class Causal3(MaskOperator):
+    >>> class Causal3(MaskOperator):                  # M = lower-triangular ones
     ...     n = 3
+    ...     nonnegative = True                         # a declared capability
     ...     def _matmat(self, x):
     ...         return x.cumsum(-2)
     >>> Causal3().matmul(torch.ones(3, 1)).flatten().tolist(), Causal3().has_rmatmul
