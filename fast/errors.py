@@ -12,7 +12,7 @@ class DenominatorError(ArithmeticError):
     - is zero or subnormal (below the dtype's smallest normal number: features that underflow
       on every visible key, or that are zero);
     - lies within round-off of zero relative to the terms it sums (they cancel: signed features
-      such as TrigRFF or Identity, or a mask with negative entries), see fast.attention;
+      such as TrigRFF or Identity, or a mask with negative entries; docs/papers.md, "fast.attention");
     - belongs to a query that sees no key (its mask row is all zero, e.g. a fully padded sample;
       a logits_mask row of all -inf for softmax_attention) while ``no_key="raise"`` (the
       default); the message says so and names ``no_key="zero"``, which outputs 0 there instead.
