@@ -43,8 +43,16 @@ def _generator(generator: torch.Generator | None) -> torch.Generator:
 
 
 def linear(in_dim: int, out_dim: int, generator: torch.Generator, bias: bool = True) -> nn.Linear:
-    """nn.Linear with PyTorch's default initialisation (Kaiming-uniform weights, uniform bias in
-    +-1/sqrt(in_dim)) drawn from ``generator``; torch's global RNG is not touched."""
+    """nn.Linear(in_dim, out_dim) with PyTorch's default initialisation (Kaiming-uniform weights and
+    a uniform bias, both within +-1/sqrt(in_dim)) drawn from ``generator``; torch's global RNG is
+    not touched. O(in_dim out_dim).
+
+        >>> import torch
+        >>> from fast.latent.layers import linear
+        >>> a, b = (linear(4, 3, torch.Generator().manual_seed(0)) for _ in range(2))
+        >>> tuple(a.weight.shape), bool(torch.equal(a.weight, b.weight)), bool(a.weight.abs().max() <= 0.5)
+        ((3, 4), True, True)
+    """
     layer = torch.nn.utils.skip_init(nn.Linear, in_dim, out_dim, bias=bias)
     with torch.no_grad():
         nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=generator)
@@ -137,7 +145,20 @@ class NodeFormerConv(nn.Module):
     ``graph``: anything fast.as_graph accepts (edge_index (2, E), scipy.sparse, networkx,
     fast.Graph) on the N nodes (pass a fast.Graph built once, fast.as_graph, to skip the
     conversion at every call); ``noise``: Gumbel noise of shape (K, H, N) to use instead of
-    drawing it (training mode only).
+    drawing it (training mode only). O(H (K N m d + order E d + E m)) per forward. ValueError /
+    TypeError naming the argument for bad constructor arguments, x (shape, NaN or inf), batch,
+    graph, or noise in evaluation mode.
+
+        >>> import torch
+        >>> from fast.latent.layers import NodeFormerConv
+        >>> conv = NodeFormerConv(5, 4, heads=2, m=8, samples=2, generator=torch.Generator().manual_seed(0))
+        >>> x = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
+        >>> out, loss = conv(x, torch.tensor([[0, 1, 2, 3, 4, 5], [1, 0, 3, 2, 5, 4]]))
+        >>> tuple(out.shape), loss.dim()
+        ((6, 4), 0)
+        >>> rows = conv.attention_rows(x, [0])  # (heads, R, N): the latent graph's weights
+        >>> [round(t, 4) for t in rows.sum(-1).flatten().tolist()]
+        [1.0, 1.0]
     """
 
     def __init__(self, in_dim: int, out_dim: int, *, heads: int = 4, m: int = 30, tau: float = 0.25,
@@ -258,7 +279,16 @@ class DIFFormerAttention(_SimpleAttention):
         z_u = (sum_v v_v + q~_u . sum_v k~_v v_v^T) / (N_g + q~_u . sum_w k~_w)
 
     out = mean over heads of z (N, out_dim): O(N d^2), fast.latent.simple_attention.difformer_attention.
-    forward(x (N, in_dim), batch=None) -> (N, out_dim); weights drawn from ``generator``.
+    forward(x (N, in_dim), batch=None) -> (N, out_dim); weights drawn from ``generator``. ValueError /
+    TypeError naming in_dim, out_dim, heads, generator, x or batch. Graphs of a batch never mix:
+
+        >>> import torch
+        >>> from fast.latent.layers import DIFFormerAttention
+        >>> layer = DIFFormerAttention(5, 4, heads=2, generator=torch.Generator().manual_seed(0))
+        >>> x = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
+        >>> two = layer(x, batch=torch.tensor([0, 0, 0, 1, 1, 1]))
+        >>> tuple(two.shape), bool(torch.allclose(two[:3], layer(x[:3])))
+        ((6, 4), True)
     """
 
     _op_name = "difformer_attention"
@@ -271,6 +301,14 @@ class SGFormerAttention(_SimpleAttention):
         z_u = (N_g v_u + q~_u . sum_v k~_v v_v^T) / (N_g + q~_u . sum_w k~_w)
 
     O(N d^2), fast.latent.simple_attention.sgformer_attention. forward(x (N, in_dim), batch=None) -> (N, out_dim).
+    Errors as DIFFormerAttention's. Layers from generators seeded alike compute alike:
+
+        >>> import torch
+        >>> from fast.latent.layers import SGFormerAttention
+        >>> a, b = (SGFormerAttention(5, 4, generator=torch.Generator().manual_seed(0)) for _ in range(2))
+        >>> x = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
+        >>> tuple(a(x).shape), bool(torch.equal(a(x), b(x)))
+        ((6, 4), True)
     """
 
     _op_name = "sgformer_attention"
