@@ -1,21 +1,14 @@
-"""nn.Module layers for learned latent graphs: NodeFormer, DIFFormer and SGFormer attention.
+"""nn.Module layers for learned latent graphs: NodeFormerConv (wu22), DIFFormerAttention, SGFormerAttention.
 
-Drop-in layers over node features x (N, in_dim) -> (N, out_dim), built on the functional ops of
-fast.latent.nodeformer and fast.latent.simple_attention (the maths and the equation numbers are documented
-there; docs/papers.md: wu22 and the tutorial). Several graphs in one call follow the PyG
-convention: nodes concatenated along N with a sorted ``batch`` vector (fast.batching.check_batch).
-
-Randomness only from explicit generators: each layer takes ``generator`` (a torch.Generator, or
-None for a fresh OS-seeded one) and draws its weights from it at construction (never torch's
-global RNG, which nn.Linear's own initialisation would advance); NodeFormerConv also draws its
-FAVOR+ projection from it at construction and, in training mode, its Gumbel noise at every
-forward (unless ``noise`` is passed). Two layers built from generators seeded alike, fed alike,
-give identical outputs.
-
-Memory: every layer is linear in N. Autograd keeps O(N (m + d)) per head for NodeFormer
-(O(K N m) with K Gumbel samples, O(E m) for the relational bias and the edge loss) and
-O(N d) for DIFFormer / SGFormer: no N x N or N x m x d tensor (tests/fast/test_layers.py
-measures the saved tensors).
+Drop-in layers over node features x (N, in_dim) -> (N, out_dim), built on fast.latent.nodeformer
+and fast.latent.simple_attention (the equations are documented there). Several graphs in one call
+are concatenated along N with a sorted PyG ``batch`` vector (fast.batching.check_batch). Weights,
+NodeFormer's FAVOR+ projection and its Gumbel noise come only from the layer's ``generator``
+(never torch's global RNG, which nn.Linear's own initialisation would advance): layers built from
+generators seeded alike, fed alike, compute alike. Memory is linear in N: autograd keeps
+O(N (m + d)) per head for NodeFormer (O(K N m) with K Gumbel samples, O(E m) for the relational
+bias and the edge loss) and O(N d) for DIFFormer and SGFormer (tests/fast/latent/test_layers.py
+measures it).
 """
 from __future__ import annotations
 
@@ -108,46 +101,35 @@ class NodeFormerConv(nn.Module):
     """One NodeFormer layer (wu22 Sec. 3, Eqs. 5-8, 10): all-pair message passing over a latent
     graph sampled by the kernelized Gumbel-softmax, plus the relational bias of the input graph.
 
-    Per head h (H = ``heads``, head width d = out_dim)::
+    Per head h (H = ``heads``, head width d = out_dim), with q, k, v = x W_q^h, x W_k^h, x W_v^h (N, d)::
 
-        q = x W_q^h, k = x W_k^h, v = x W_v^h                      (N, d) each
-        z^h = mean_{s=1..K} [phi_s(q) (sum_v phi_s(k_v) v_v^T)] / [phi_s(q) . sum_w phi_s(k_w)]
-              (Eq. 7; phi the FAVOR+ map of x d^-1/4 / sqrt(tau), the keys' features weighted by
-               exp(g_sv / tau), g Gumbel(0, 1) per sample, head and key node: training mode only;
-               evaluation mode: the noise-free kernelized softmax, Eq. 5, at the same tau)
-            + sum_{r=1..order} sigmoid(b_r) A_r v                  (Eq. 8, relational bias)
+        z^h = kernelized_gumbel_softmax(q, k, v) (Eq. 7, K samples; evaluation mode: the noise-free
+              kernelized_softmax, Eq. 5, at the same tau) + sum_{r=1..order} sigmoid(b_r) A~_r v (Eq. 8)
         out = [z^1 ... z^H] W_o                                     (N, out_dim)
 
-    and the edge loss (Eq. 10, this layer's term) -(1/N) sum_u (1/d_u) sum_{(u,v) in E} log pi_uv,
-    pi_uv the noise-free attention weight of u on v, averaged over heads (fast.latent.nodeformer.edge_loss).
-    The model adds lambda times the mean over layers to the classification loss (Eq. 12).
+    and this layer's edge loss (Eq. 10, fast.latent.nodeformer.edge_loss, averaged over heads); the
+    model adds lambda times its mean over layers to the classification loss (Eq. 12).
 
     Args:
         in_dim, out_dim: feature widths (out_dim is also the head width d).
         heads: H >= 1. m: FAVOR+ features (>= 1). tau: Gumbel temperature (> 0, finite).
-        samples: K >= 1 Gumbel samples per forward in training mode. gumbel: False uses the plain
-            kernelized softmax in training too. relational_bias: add Eq. 8 when a graph is given;
-            order >= 1 and normalize ("sym": D^-1/2 A_r D^-1/2, NodeFormer's code; None: raw A_r)
-            as in fast.latent.nodeformer.relational_bias; b (shape (order,), learnable) starts at 0.
-            Deviation from NodeFormer's code, which keeps b of shape (order, heads) (one weight
-            per head) initialised to 0.1: here one weight per order, shared by the heads, from 0.
+        samples: K >= 1 Gumbel samples per training-mode forward. gumbel: False uses the plain
+            kernelized softmax in training too. relational_bias: add Eq. 8 when a graph is given,
+            with ``order`` and ``normalize`` as in fast.latent.nodeformer.relational_bias; b
+            (order,), learnable, starts at 0 (NodeFormer's code keeps one b per order and head,
+            initialised to 0.1).
         generator: torch.Generator for the weights, the projection (drawn once here; orthogonal
-            blocks, Performer's ORF) and the Gumbel noise; None: a fresh OS-seeded one.
-        redraw: draw a new projection from ``generator`` at every training-mode forward
-            (NodeFormer's code redraws each forward; default False keeps it fixed, so eval and
-            train see the same kernel).
+            blocks, Performer's ORF, unless orthogonal=False) and the Gumbel noise; None: a fresh
+            OS-seeded one. redraw: draw a new projection at every training-mode forward
+            (NodeFormer's code does; the default keeps it fixed, so eval and train share the kernel).
 
-    forward(x (N, in_dim), graph=None, batch=None, *, noise=None) -> (out (N, out_dim),
-    edge_loss: a 0-dim tensor in training mode with a graph; None without a graph or in evaluation
-    mode). Returning None in evaluation mode is our choice: NodeFormer's code computes the edge
-    loss in both modes and its caller discards it outside training; here evaluation skips the
-    O(E m) work (call fast.latent.nodeformer.edge_loss for a value there).
-    ``graph``: anything fast.as_graph accepts (edge_index (2, E), scipy.sparse, networkx,
-    fast.Graph) on the N nodes (pass a fast.Graph built once, fast.as_graph, to skip the
-    conversion at every call); ``noise``: Gumbel noise of shape (K, H, N) to use instead of
-    drawing it (training mode only). O(H (K N m d + order E d + E m)) per forward. ValueError /
-    TypeError naming the argument for bad constructor arguments, x (shape, NaN or inf), batch,
-    graph, or noise in evaluation mode.
+    forward(x (N, in_dim), graph=None, batch=None, *, noise=None) -> (out (N, out_dim), edge_loss:
+    0-dim in training mode with a graph, else None: evaluation skips the O(E m) work, which
+    NodeFormer's code does and then discards). ``graph``: anything fast.as_graph accepts on the N
+    nodes (a fast.Graph built once skips the conversion at every call); ``noise``: Gumbel noise
+    (K, H, N) to use instead of drawing it (training mode only). O(H (K N m d + order E d + E m)).
+    ValueError / TypeError naming the argument for bad constructor arguments, x (shape, NaN or
+    inf), batch, graph, or noise in evaluation mode.
 
         >>> import torch
         >>> from fast.latent.layers import NodeFormerConv
