@@ -1,29 +1,19 @@
 """Batches of several graphs in one node set: the PyG batch vector (wu22; issue 13).
 
-Nodes of G graphs are concatenated along the node axis N (PyG convention) and a batch vector
-``batch`` (N,) gives each node's graph id: sorted nondecreasing, values in [0, G), graph g
-owning the contiguous nodes ptr[g]:ptr[g + 1]. Labels may skip values (an empty graph g has
-ptr[g] == ptr[g + 1]). ``check_batch`` validates a batch vector and returns a ``BatchIndex``,
-which offers the per-graph reductions the latent-graph mechanisms need, all O(N c) (or
-O(N m d) for the outer products) and never across graphs, computed by its graphs as
-fast.segments.SortedSegments (``BatchIndex.segments()``):
+The nodes of G graphs are concatenated along the node axis N and ``batch`` (N,) gives each node's
+graph id: sorted nondecreasing, values in [0, G), graph g owning the contiguous nodes
+ptr[g]:ptr[g + 1] (labels may skip values: empty graphs). ``check_batch`` validates it (one host
+read) and returns a ``BatchIndex`` with the per-graph reductions, never across graphs:
 
-    segment_sum(x (..., N, c))                -> (..., G, c)       sum over each graph's nodes
-    segment_max(x (..., N, c))                -> (..., G, c)       max (-inf for an empty graph)
-    gather(y (..., G, c))                     -> (..., N, c)       row u gets y[batch[u]]
-    segment_outer(a (..., N, m), b (..., N, d)) -> (..., G, m, d)  sum_{u in g} a_u b_u^T
-    apply_state(x (..., N, m), state (..., G, m, d)) -> (..., N, d) row u = x_u^T state[batch[u]]
+    segment_sum(x (..., N, c)) -> (..., G, c)       segment_max(x (..., N, c)) -> (..., G, c)
+    gather(y (..., G, c)) -> (..., N, c)            row u gets y[batch[u]]
+    segment_outer(a (..., N, m), b (..., N, d)) -> (..., G, m, d)     sum_{u in g} a_u b_u^T
+    apply_state(x (..., N, m), state (..., G, m, d)) -> (..., N, d)   row u = x_u^T state[batch[u]]
 
-Host reads: ``check_batch`` reads the device ONCE per call (sortedness, smallest and largest
-label, in one transfer: G comes from the largest label); a failure reads it again to name the
-offending position. ``segment_outer``'s and ``apply_state``'s per-graph loop (few graphs,
-fast.segments.few_segments) needs the graph boundaries on the host: read once per BatchIndex and
-cached. Nothing else synchronises.
-
-Every reduction here sums each graph's rows in a fixed order that depends only on that graph's
-rows: perturbing one graph's inputs leaves every other graph's outputs bit for bit unchanged. The
-sums and gathers go through fast.segments, forward and backward: no atomic adds, so the same
-inputs give the same bits on every run on CUDA too (issue 21).
+O(N c), or O(N m d) for the outer products, computed by fast.segments.SortedSegments: no atomic
+adds, so the same inputs give the same bits on every run, and perturbing one graph's inputs
+leaves every other graph's outputs bit for bit unchanged. The per-graph loop for few graphs reads
+the graph boundaries to the host once per BatchIndex; nothing else synchronises.
 """
 from __future__ import annotations
 
@@ -160,25 +150,23 @@ def check_batch(batch: object, n: int, *, name: str = "batch", device=None,
     """Validate a PyG batch vector for inputs with N = n nodes: None -> None, else a BatchIndex.
 
     batch: None (one graph), a BatchIndex (its n is checked; moved to ``device``), or an integer
-    torch tensor / NumPy array (or sequence of ints) of shape (N,), sorted nondecreasing (each
-    graph's nodes contiguous), labels >= 0. G = max label + 1 (labels that never occur are empty
-    graphs), or ``num_graphs`` when given (then labels must be < num_graphs). Without
-    ``num_graphs`` the largest label must be < N: at most N graphs can be non-empty, and a label
-    far beyond N (batch = [0, 0, 1, 2**33]) would make every per-graph array (G, ...) that large,
-    so max label + 1 > N is refused (ValueError naming ``name``). device: where the index lives
-    (default: the tensor's device, CPU for arrays).
+    tensor, NumPy array or sequence (N,), sorted nondecreasing (each graph's nodes contiguous),
+    labels >= 0. G = max label + 1 (labels that never occur are empty graphs), or ``num_graphs``
+    when given (labels must then be < num_graphs). Without ``num_graphs`` max label + 1 > N is
+    refused: at most N graphs can be non-empty, and a label such as 2**33 would make every
+    per-graph array that large. device: where the index lives (default: the tensor's, else CPU).
 
     One host read per call (sortedness, min and max in one transfer). Errors name ``name``:
-    TypeError for a non-integer dtype (bool and floats refused); ValueError for a wrong shape
-    ("batch has 37 entries but the inputs have N = 38 nodes"), a negative label, a label >=
-    num_graphs, or an unsorted vector ("batch must be sorted (PyG convention: each graph's nodes
-    are contiguous); batch[12] = 0 follows batch[11] = 2").
+    TypeError for a non-integer dtype (bools and floats refused); ValueError for a wrong shape, a
+    negative label, a label too large, or an unsorted vector (naming the first offending position).
 
         >>> from fast.batching import check_batch
         >>> check_batch([0, 0, 1, 1, 1], 5).host_ptr()
         [0, 2, 5]
-        >>> check_batch(None, 5) is None
-        True
+        >>> check_batch([0, 1, 0], 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch must be sorted (PyG convention: ...); batch[2] = 0 follows batch[1] = 1
     """
     n = check_positive_int("n (the number of nodes)", n)
     if num_graphs is not None:

@@ -425,24 +425,19 @@ def add_into(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor, dim: int
 
 class IndexAdd:
     """``out.index_add_(dim, index, src)`` and its adjoint ``x.index_select(dim, index)`` for a fixed
-    index (P,), planned once: the same bits on every run, on every device, and differentiable
-    (twice). For sums into a LARGE tensor that lives across many calls (an accumulator filled in
-    chunks, a level of a tree updated in place), where a Segments' fresh output per call would cost
-    O(rows of out) each time, and for gathers from it whose backward would be such a sum.
+    index (P,), planned once: the same bits on every run, on every device, and twice
+    differentiable. For sums into a LARGE tensor that lives across many calls (an accumulator
+    filled in chunks, a tree level updated in place), where a Segments' fresh output per call would
+    cost O(rows of out) each time, and for gathers from it whose backward would be such a sum.
 
         add_into(out (..., R, ...), src (..., P, ...), dim) -> out   in place: out[index[p]] += src[p]
         take(x (..., R, ...), dim)                        -> (..., P, ...)   row p = x[index[p]]
 
-    index: (P,) integer tensor with values in [0, R) (not checked: the callers build it). src must
-    have out's dtype (as for index_add_).
-
-    CPU (``backend`` "index_add"): index_add_ and index_select themselves, with autograd's own
-    backward (index_select and index_add_): deterministic there, and the bits of the code they
-    replace. Elsewhere: the distinct rows ``keys`` (K,) of index and each row's place among them
-    (torch.unique, planned once per device: one host read); add_into sums src per key
-    (Segments: no atomics) and adds the K sums to out's rows read-modify-write (index_copy_: each
-    row written once, no two threads meet); take is index_select, whose backward is add_into on
-    zeros. Work O(P C) per call (take's backward also O(R C) for its zeros, as index_select's).
+    index: (P,) integer, values in [0, R) (not checked: the callers build it); src has out's dtype.
+    CPU: index_add_ and index_select themselves (deterministic there). Elsewhere: src summed per
+    distinct row of index (Segments, planned once per device: one host read) and added to out's
+    rows read-modify-write with index_copy_, each row written once. Work O(P C) per call.
+    TypeError for a non-integer or non-1-D index.
 
         >>> import torch
         >>> from fast.segments import IndexAdd

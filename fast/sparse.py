@@ -1,25 +1,14 @@
-"""CSR plumbing of fast/, written once: the builder, its index arithmetic, and the product with its
-backward. Every sparse mask (SparseMask, DiffusionMask, PowerSeriesMask, RWGNK, GRF) and
-fast.graphs build and multiply their CSR matrices here.
+"""CSR plumbing of fast/, written once: the builder (row_pointers, check_csr, index_dtype,
+csr_matrix), transposes and block-diagonal patterns (csr_transpose, block_diagonal_index) and the
+product with its backward (csr_matmul, CSRProduct). Every sparse mask (SparseMask, DiffusionMask,
+PowerSeriesMask, RWGNK, GRF) and fast.graphs use it. Work O(nnz c) per product with x (n, c).
 
-    row_pointers(rows (P,), n)              -> crow (n + 1,)       rows sorted; counts' prefix sums
-    check_csr(crow, col, n_cols, name)      -> rows (P,)           the one structural invariant check
-    index_dtype(*sizes)                     -> torch.int32 or int64 (int32 while every size < 2^31)
-    csr_matrix(crow, col, values, size)     -> torch sparse CSR (n, n) (or (n_rows, n_cols))
-    csr_transpose(crow, col, n_cols)        -> (crow_t, col_t, perm): the CSR pattern of A^T,
-                                               values_t = values[perm]
-    block_diagonal_index(crow, col, n, S)   -> the pattern of S diagonal copies (S n, S n)
-    csr_matmul(a, x, a_t)                   -> a @ x, differentiable in x (CSRProduct)
-
-Why int32 indices: torch's CSR x dense kernels are much faster with them than COO (docs/methods.md);
-``index_dtype`` keeps int64 once a size reaches 2^31. Why a hand-written backward
-(``CSRProduct``): autograd's own backward of ``a @ x`` for a sparse ``a`` would transpose ``a`` at
-every call; the masks build A^T once and pass it. Work O(nnz c) per product of x (n, c).
-
-Invariant checks: ``csr_matrix`` skips torch's O(nnz) check by default (``check_invariants=False``):
-every caller builds its indices itself, sorted and in range. ``check_invariants=None`` defers to
-torch's global switch (``torch.sparse.check_sparse_tensor_invariants``), which fast.graphs.Graph.csr
-(a public method that hands out the CSR) and RWGNK's Psi keep, as they always did.
+Indices are int32 while every size is below 2^31: torch's CSR x dense kernels are much faster
+with them than COO (docs/methods.md). The backward is written by hand because autograd's own
+backward of ``a @ x`` would transpose a sparse ``a`` at every call; the masks build A^T once.
+``csr_matrix`` skips torch's O(nnz) invariant check by default (every caller builds sorted,
+in-range indices); ``check_invariants=None`` defers to torch's global switch
+(``torch.sparse.check_sparse_tensor_invariants``), which Graph.csr and RWGNK's Psi keep.
 """
 from __future__ import annotations
 

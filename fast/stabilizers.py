@@ -2,20 +2,14 @@
 RWGNKMask, PowerSeriesMask): the generic part, shared by fast.masks.grf, fast.masks.rwgnk and
 fast.masks.power_series (each builds its own rescaled product in ``_attend_stabilised``).
 
-FAVOR+ features (choromanski22 Eq. 4, fast.features) are exp(z - c) for a constant c the driver
-picks with the mask's ``key_stabilizer``. The default (fast.operator) is one max over all keys of a
-(batch, head) slice; a row of these masks reaches only keys a few hops away, so its keys may sit far
-below that max and underflow. Here each key j gets its own constant c_j = max_a z_ja and the mask's
-``attend(phi_q, phi_k, v, key_log_scale=c)`` undoes them exactly on its stored values (the details,
-factors <= 1 per stored entry, are in fast.masks.grf's module doc), returning (num, den) times one
-positive factor per query row, which cancels in num / den.
-
-    local_key_stabilizer(op, z (..., N, m))            -> c (..., N, 1) (or (..., 1, 1), signed masks)
-    LocallyStabilised                                  the mixin: key_stabilizer, rescales_keys, attend
-    stabilised_inputs(n, phi_q, phi_k, v, c)           -> (phi_q, phi_k, v) in the compute dtype, c (S, N)
-    plain_attend(op, phi_q, phi_k, v)                  -> (num (..., N, d), den (..., N)) through op's products
-
-Cost: O(N m) for the constants; the rescaled products cost what the plain ones do (fast.masks.grf).
+FAVOR+ features (fast.features) are exp(z - c) for a constant c the driver picks with the mask's
+``key_stabilizer``. The default (fast.operator) is one max over all keys of a (batch, head) slice;
+a row of these masks reaches only keys a few hops away, which may sit far below that max and
+underflow. Here each key j gets its own constant c_j = max_a z_ja (``local_key_stabilizer``), and
+the mask's ``attend(phi_q, phi_k, v, key_log_scale=c)`` (``LocallyStabilised``) undoes them exactly
+on its stored values, returning (num, den) times one positive factor per query row, which cancels
+in num / den (fast.masks.grf). O(N m) for the constants; the rescaled products cost what the
+plain ones do.
 """
 from __future__ import annotations
 
