@@ -94,7 +94,7 @@ class CausalMask(MaskOperator):
         return int(min(hi, max(lo, 2 ** round(0.5 * math.log2(max(1, m) * max(1, d))))))
 
     def _triangle(self, c: int, device: torch.device) -> torch.Tensor:
-        # cached: building it costs ~14 ms per call on 2 threads with torch 2.13 on CPU
+        # cached: building it on every call cost more than the small products it masks (CPU)
         key = (c, str(device))
         if key not in self._tri:
             self._tri[key] = torch.ones(c, c, dtype=torch.bool, device=device).tril()
@@ -143,8 +143,9 @@ class CausalMask(MaskOperator):
         return _StableCausalScan.apply(phi_q, phi_k, v, c, self, narrow)
 
     def _narrow(self, c: torch.Tensor) -> torch.Tensor:
-        """0-dim bool: every slice of the constants c (..., N) has r_N - r_1 <= factor_range(dtype),
-        r their running max (r_1 = c_1, r_N = max c): the one-reference route is exact (class doc)."""
+        """0-dim bool: every slice of the constants c (..., N) has r_N - r_1 <= factor_range(dtype), r
+        their running max: the one-reference route is exact (docs/papers.md, fast.masks.sequence).
+        """
         return (c.amax(-1) - c[..., 0]).amax() <= factor_range(c.dtype)  # NaN: False
 
     def attend_optimistic(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
@@ -191,8 +192,9 @@ class CausalMask(MaskOperator):
         return _StableCausalScan.apply(phi_q, phi_k, v, self._check_log_scale(key_log_scale, phi_k), self, False)
 
     def _one_reference(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(key factors exp(c_j - R) (..., N, 1), query factors exp(R - r_i) (..., N)) with R = max_j c_j
-        per slice: the one-reference route (class doc); <= 1 and in [1, exp(T)] where ``_narrow``."""
+        """(key factors exp(c_j - R) (..., N, 1), query factors exp(R - r_i) (..., N)), R = max_j c_j per
+        slice: the one-reference route; <= 1 and in [1, exp(T)] where ``_narrow``.
+        """
         r = torch.cummax(c, dim=-1).values
         top = r[..., -1:]
         return torch.exp(c - top).unsqueeze(-1), torch.exp(top - r)
@@ -299,7 +301,7 @@ class CausalMask(MaskOperator):
 
     def _stable_scan(self, phi_q, phi_k, v, c, narrow: bool = False):
         """(num, den) of ``attend`` with key constants c (..., N): see its docstring. narrow: the
-        one-reference route (exact where ``_narrow(c)``; the class doc)."""
+        one-reference route (exact where ``_narrow(c)``; docs/papers.md, fast.masks.sequence)."""
         n, d = self.n, v.shape[-1]
         if narrow:
             fk, fq = self._one_reference(c)

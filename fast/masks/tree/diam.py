@@ -1,5 +1,6 @@
 """TreeDiamMask: M_ij = f(dist(i, j)) for any f on an unweighted forest in O(N diam c)
-(choromanski22 Lemma 6.2, Eqs. 27-29; docs/papers.md Sec. 2)."""
+(choromanski22 Lemma 6.2, Eqs. 27-29; docs/papers.md Sec. 2).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -10,47 +11,30 @@ from fast.masks.tree.forest import (DEFAULT_MAX_CHUNK_BYTES, DistanceFunctionMas
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: The dtype of the children-into-parents sums (segment sums) of a TreeDiamMask product, whatever
-#: the input dtype (TreeDiamMask's docstring, "Precision").
+#: the input dtype (docs/papers.md, fast.masks.tree: "Precision of the tree products").
 ACCUMULATE_DTYPE = torch.float64
 
 
 class TreeDiamMask(DistanceFunctionMask):
-    """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n diam c) (Lemma 6.2).
+    """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n diam c) (Lemma 6.2,
+    Eqs. 27-29: depth arrays g bottom-up, h top-down, (M x)_i = sum_l f(l) h_i[l]).
 
-    forest: an unweighted ``Forest`` (all edge lengths 1, else ValueError); f: (n,) tensor (or
-    array) f(0), ..., f(n - 1), finite, any sign; it may require grad. ``matmul`` takes x (..., n, c).
+    forest: an unweighted ``Forest`` (ValueError otherwise, ``check_unweighted``); f: (n,) tensor (or
+    array) f(0), ..., f(n - 1), finite, any sign, may require grad (``check_f``). ``matmul`` (=
+    ``rmatmul``) and ``abs_matmul`` (with |f|) take x (..., n, c). Memory O(n diam c) with autograd,
+    less without; columns are chunked under ``max_chunk_bytes`` (ValueError unless a positive int).
+    Half precision computes in float32; the children-into-parents sums accumulate in float64
+    (``ACCUMULATE_DTYPE``). Derivation, storage and precision: docs/papers.md, fast.masks.tree.
 
-    With the forest rooted (level order) and T_i the subtree of i:
-        g_i[l] = sum_{j in T_i, dist(i, j) = l} x_j:  g_i[0] = x_i,  g_i[l] = sum_{c child of i} g_c[l - 1]
-        h_i[l] = sum_{j, dist(i, j) = l} x_j:         h_root = g_root,  h_i = g_i + shift(h_p(i) - shift(g_i))
-        (M x)_i = sum_l f(l) h_i[l]                   (Eqs. 27-29; shift(z)[0] = 0, shift(z)[l] = z[l - 1])
-    h_p(i)[l - 1] counts the nodes at distance l from i through its parent, except those of T_i at
-    depth l - 2 below i, which the second shift removes. Both passes go level by level: one
-    segment sum (children into parents) or gather (parents to children) per depth, through the
-    forest's fast.segments plans (Forest.level_plans): no atomic add on CUDA, forward or backward,
-    so the same inputs give the same bits at every run.
-
-    Storage (H the height): g of a depth-k node has length H - k + 1 (its subtree is no deeper);
-    h is stored by s = l - k + H in an array of length 2H + 1 (no node is farther
-    than H + k from a depth-k node). In s the shift by the parent vanishes, h_i[s] = h_p(i)[s] +
-    g_i[s] - g_i[s - 2] (g placed at its own s), so each level is one index_select of the parents'
-    h plus two in-place slice updates of g's (short) length, and (M x)_i = sum_l f(l) h_i[H - k + l].
-    Work O(n H c) = O(n diam c) (diam >= H). Memory: all g (sum_k n_k (H - k + 1) c <= n (H + 1) c)
-    plus h of two adjacent levels (n_k (2H + 1) c each) without autograd; with autograd (x or f
-    requiring grad) every level's h is kept: n (2H + 1) c. Columns are processed in chunks whose
-    no-grad buffers stay under ``max_chunk_bytes`` (default 32 MiB; at least one column).
-    Half precision inputs compute in float32.
-
-    Precision: the children-into-parents sums accumulate in float64 (``ACCUMULATE_DTYPE``) and are
-    rounded once to the compute dtype. They were index_add_, an atomic add on CUDA, and float32
-    atomic adds flush subnormal inputs and results to zero (PTX ISA, atom/red.add.f32 without .noftz;
-    float64 ones keep them), and FAVOR+ key features span far more than float32's normal range
-    at large q, k: terms below 2^-126 that a normal row of M x still needs vanished on CUDA
-    (numerics/tree-diam at N = 512, d = 128, q, k std 8, seed 4, CUDA's atomics emulated on CPU:
-    2 rows off by up to 0.26%, no refusal), while CPU arithmetic (gradual underflow) keeps them.
-    Cost for float32 inputs (one thread, 64 columns, CPU time, against float32 sums): 1.13-1.30x
-    on the mixed forest, 1.05-1.12x on a complete binary tree (N = 2^12 .. 2^15), ~1.15x on a
-    path (N = 2^10, 2^11).
+    >>> import torch
+    >>> from fast import Forest, TreeDiamMask
+    >>> path = Forest.from_parent([-1] + list(range(7)))                    # a path of 8 nodes
+    >>> g = torch.Generator().manual_seed(0)
+    >>> f = torch.randn(8, generator=g, dtype=torch.float64)
+    >>> i = torch.arange(8)
+    >>> x = torch.rand(8, 2, generator=g, dtype=torch.float64)
+    >>> torch.allclose(TreeDiamMask(path, f).matmul(x), f[(i[:, None] - i[None]).abs()] @ x)
+    True
     """
 
     def __init__(self, forest: Forest, f: FTable, *, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
@@ -102,7 +86,7 @@ class TreeDiamMask(DistanceFunctionMask):
             if k == H:
                 g[k] = xk
             else:
-                # fast.segments: no atomic add on CUDA; and float64 (class doc, "Precision")
+                # fast.segments: no atomic add on CUDA; and float64 (ACCUMULATE_DTYPE)
                 below = xs.new_zeros(B, hi - lo, H - k, c, dtype=ACCUMULATE_DTYPE)
                 below = parents[k + 1].add_into(below, g[k + 1].to(ACCUMULATE_DTYPE), dim=1).to(xs.dtype)
                 g[k] = torch.cat([xk, below], dim=-2)

@@ -1,12 +1,9 @@
-"""TreeExpMask: M_ij = exp(a dist(i, j) + b) on a weighted forest (choromanski22 Lemma 3.5; docs/papers.md Sec. 2).
+"""TreeExpMask: M_ij = exp(a dist(i, j) + b) on a weighted forest (choromanski22 Lemma 3.5, with
+the factor a the printed Eqs. 11, 15, 16 drop; docs/papers.md Sec. 2).
 
-O(N c) per product, two passes over the levels of the ``Forest``:
-    phase I (bottom-up)  s_i = e^b x_i + sum_{c child of i} e^{a w(i,c)} s_c
-    phase II (top-down)  w_root = s_root,  w_i = e^{a w(i,p)} w_p + (1 - e^{2 a w(i,p)}) s_i
-so that w_i = sum_j exp(a dist(i, j) + b) x_j. (The printed Eqs. 11, 15, 16 drop the factor a
-in the exponents; that recursion is wrong, see verify's choromanski22/lemma-3.5.) Each level's
-sums into its parents and gathers from them go through the forest's fast.segments plans
-(Forest.level_plans): no atomic add on CUDA, forward or backward (the same bits at every run).
+O(N c) per product: a bottom-up and a top-down pass over the levels of the ``Forest``, its sums
+into parents accumulated in float64 through the forest's fast.segments plans (no atomic add on
+CUDA). The recursion and its precision: docs/papers.md, fast.masks.tree.
 """
 from __future__ import annotations
 
@@ -22,34 +19,29 @@ from fast.masks.tree.forest import Forest, check_forest
 from fast.validation import compute_dtype
 
 #: The dtype of phase I's sums (children into parents) of a TreeExpMask product, whatever the input dtype
-#: (TreeExpMask's docstring, "Precision").
+#: (docs/papers.md, fast.masks.tree: "Precision of the tree products").
 ACCUMULATE_DTYPE = torch.float64
 
 
 class TreeExpMask(SymmetricMaskOperator):
     """M_ij = exp(a dist(i, j) + b) within each tree of ``forest``, 0 across trees (Lemma 3.5).
 
-    a, b: real numbers. a < 0 (decay with distance) is the stable case. For a > 0 the recursion
-    multiplies by e^{a w} going down and subtracts (1 - e^{2 a w}) s_i: relative round-off grows
-    like exp(2 a H) (H the weighted height), and e^{a H} overflows for large a H. The operator
-    refuses a > 0 when u exp(2 a H) > ``max_amplified_roundoff`` (a positive number, default
-    1e-6, u the unit round-off of float64; float32 inputs are computed in float64 then) rather
-    than return noise.
+    forest: a ``Forest`` (weighted allowed); a, b: finite reals (TypeError / ValueError naming
+    them). a < 0 (decay with distance) is the stable case; a > 0 amplifies round-off by
+    exp(2 a H) (H the weighted height), so it is refused (ValueError) when u exp(2 a H) exceeds
+    ``max_amplified_roundoff`` (default 1e-6) and computed in float64 otherwise. ``matmul`` (=
+    ``rmatmul``) takes x (..., n, c), O(n c), and applies e^b last; ``attend`` leaves e^b out (it
+    cancels), so attention works for every finite b. Sums accumulate in float64
+    (``ACCUMULATE_DTYPE``; docs/papers.md, fast.masks.tree).
 
-    b only scales every entry by e^b. ``matmul`` returns M x itself: it applies e^b last, so the
-    result is inf only where M x itself overflows the dtype (e^b alone overflows float64 from
-    b ~ 709.8, float32 from b ~ 88.7). ``attend`` (what masked_linear_attention and
-    favor_attention use) leaves e^b out altogether: it cancels in num / den, so attention works
-    for every finite b.
-
-    Precision: phase I (children into parents; index_add_ on CPU, segment sums on CUDA, where
-    index_add_ was an atomic add) accumulates in float64 (``ACCUMULATE_DTYPE``), phase II runs in
-    the compute dtype. float32 atomic adds on
-    CUDA flush subnormal inputs and results to zero (PTX ISA, atom/red.add.f32 without .noftz;
-    float64 ones keep them): subtree sums of inputs below 2^-126 (FAVOR+ key features at large
-    q, k span far more than float32's normal range) would vanish on CUDA where CPU arithmetic
-    (gradual underflow) keeps them. Cost for float32 inputs (one thread, 64 columns, CPU time,
-    against float32 sums): 1.04-1.31x on the mixed forest, 1.04-1.08x on a path, N = 2^12 .. 2^15.
+    >>> import torch
+    >>> from fast import Forest, TreeExpMask
+    >>> forest = Forest.from_parent([-1, 0, 1, 2], weights=[0.0, 1.0, 2.0, 0.5])   # a weighted path
+    >>> where = torch.tensor([0.0, 1.0, 3.0, 3.5], dtype=torch.float64)             # distance from node 0
+    >>> dense = torch.exp(-0.5 * (where[:, None] - where[None]).abs())
+    >>> x = torch.rand(4, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> torch.allclose(TreeExpMask(forest, a=-0.5).matmul(x), dense @ x)
+    True
     """
 
     #: exp(...) > 0: every entry is positive (between trees 0).
@@ -97,7 +89,7 @@ class TreeExpMask(SymmetricMaskOperator):
         f = self.forest
         plans = f.level_plans()  # per level, the edges to the parents (fast.segments: no atomic add on CUDA)
         down, keep = self._edge_factors(x.device, work)
-        # phase I on x (e^b is applied last), its sums in float64: no float32 atomic add (class doc)
+        # phase I on x (e^b is applied last), its sums in float64: no float32 atomic add (ACCUMULATE_DTYPE)
         s = f.to_level_order(x.to(ACCUMULATE_DTYPE))
         levels = f.levels()
         for k, lo, hi in reversed(levels[1:]):  # deepest level first: children into parents
@@ -115,12 +107,10 @@ class TreeExpMask(SymmetricMaskOperator):
         return f.from_level_order(w).to(out_dtype)
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 for exp(a dist) (b left out), i.e. the
-        products of M times the one positive constant e^-b, which cancels in num / den.
-
-        phi_q, phi_k: (..., N, m); v: (..., N, d). The generic blocked path
-        (fast.algebra.masked_products: memory-lean backward through rmatmul = matmul) with the
-        default block size, on the operator with b = 0, so that no b overflows or underflows.
+        """(num (..., N, d), den (..., N)) of Algorithm 1 for exp(a dist) (b left out: the products of M
+        times the positive constant e^-b, which cancels in num / den), for phi_q, phi_k (..., N, m) and
+        v (..., N, d): the generic blocked path (fast.algebra.masked_products, memory-lean backward
+        through rmatmul = matmul) on the operator with b = 0, so that no b overflows or underflows.
         """
         unit = self if self.b == 0.0 else self._without_b()
         return masked_products(phi_q, phi_k, v, unit, features_per_block(default_block_cols(v), v.shape[-1]))

@@ -1,12 +1,11 @@
-"""The rooted forest in level order that every tree mask works on, and the checks they share.
+"""The rooted forest in level order that every tree mask works on, and the checks they share
+(choromanski22 Sec. 3.3, 6; docs/papers.md Sec. 2).
 
-``Forest`` roots a forest once (setup, O(N) in SciPy's C breadth-first search plus O(N log N)
-vectorised pointer doubling for depths) and stores its nodes in level order, so every recursion
-over it is O(depth) tensor operations on contiguous slices, with no per-node Python loop. The
-permutations to and from level order and each level's edges to its parents are fast.segments plans
-made once per forest (``level_plans``), so no tree mask adds with atomics on CUDA (issue 21). Entries
-of a tree mask between different trees are 0. ``forest_diameter`` gives the diameter that decides
-between Lemma 6.2 and Lemma 6.1 (choromanski22 Cor. 6.4; docs/papers.md Sec. 2).
+``Forest`` roots a forest once (O(N log N) set-up) and stores its nodes in level order, with its
+permutations and per-level parent edges as fast.segments plans, so every tree recursion is
+O(depth) tensor operations and no tree mask adds with atomics on CUDA. ``forest_diameter`` gives
+the diameter that decides between Lemma 6.2 and Lemma 6.1 (Cor. 6.4). Details: docs/papers.md,
+fast.masks.tree.
 """
 from __future__ import annotations
 
@@ -23,20 +22,20 @@ from fast.validation import check_positive_int, check_tokens
 
 
 class Forest:
-    """A rooted forest in level order (setup once per graph, reused by every product).
+    """A rooted forest in level order (set up once per graph, reused by every product).
 
-    Build with ``from_parent``, ``from_edge_index`` or ``from_scipy``. Attributes (numpy, setup
-    side; ``tensors(device)`` gives the torch versions):
-        n            number of nodes
-        order (n,)   node ids in level order (roots first, then depth 1, ...)
-        position (n,) inverse of order: node id -> level-order position
-        parent_pos (n,) level-order position of each position's parent (-1 for roots)
-        weight (n,)  edge length to the parent in level order (0 for roots)
-        level_starts (depth + 2,) positions where each depth level starts (and the end)
-        height       max depth (edges); weighted_height: max root distance
-        tree_of (n,) the tree of each node id, 0 .. num_trees - 1 (trees numbered by their roots'
-                     level-order positions); num_trees: how many trees
-    ``level_plans()`` gives the per-level fast.segments plans of the edges (built once, any device).
+    Build with ``from_parent``, ``from_edge_index``, ``from_scipy`` or ``from_edges`` (each checks
+    the input is a forest with finite non-negative edge lengths: ValueError naming the argument).
+    Each tree is rooted at its smallest node. Attributes (NumPy; ``tensors(device)`` gives torch
+    versions): n; order (n,) node ids in level order (roots first); position (n,) its inverse;
+    parent_pos (n,) level-order position of each position's parent (-1 for roots); weight (n,) edge
+    length to the parent in level order; level_starts (depth + 2,); height (edges) and
+    weighted_height; tree_of (n,) the tree of each node id; num_trees. O(N log N) set-up.
+
+    >>> from fast import Forest
+    >>> forest = Forest.from_parent([-1, 0, 0, 1, -1])      # trees {0, 1, 2, 3} and {4}
+    >>> forest.n, forest.num_trees, forest.height, forest.roots().tolist()
+    (5, 2, 2, [0, 4])
     """
 
     def __init__(self, parent: np.ndarray, weight: np.ndarray):
@@ -184,12 +183,9 @@ class Forest:
         return self._tensors[key]
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-tree max of FAVOR+ key exponents z (..., n, m) by node id -> (..., n, 1).
-
-        Every tree mask has M_ij = 0 between trees, so a query sees the keys of its own tree only,
-        and one constant per tree cancels exactly in the attention ratio (like PackingMask's
-        per-segment max): a tree whose keys all lie far below another tree's can no longer
-        underflow (fast.favor_attention subtracts these constants before exp).
+        """Per-tree max of FAVOR+ key exponents z (..., n, m) by node id -> (..., n, 1). Every tree mask
+        is 0 between trees, so one constant per tree cancels exactly in the attention ratio (like
+        PackingMask's per-segment max) and a quiet tree can never underflow under a loud one. O(n m).
         """
         check_tokens("z", z, self.n)
         row = z.amax(-1)  # (..., n)
@@ -264,12 +260,13 @@ def _depths(parent: np.ndarray) -> np.ndarray:
 
 
 def forest_diameter(forest: Forest) -> int:
-    """The largest number of edges on a path within one tree of ``forest`` (max over its trees).
+    """The largest number of edges on a path within one tree of ``forest`` (max over its trees; edge
+    lengths are ignored). Two breadth-first passes for all trees at once, O(n) (choromanski22
+    Cor. 6.4). TypeError unless forest is a Forest.
 
-    Two breadth-first passes (choromanski22 Cor. 6.4), all trees at once, O(n) in SciPy's C
-    csgraph: the deepest node of each tree (depths come with the level order: the first pass from
-    the root) is an end of a longest path of that tree; one multi-source BFS from all those ends
-    gives each tree's eccentricity of that end = its diameter. Edge lengths are ignored (hops).
+    >>> from fast import Forest, forest_diameter
+    >>> forest_diameter(Forest.from_parent([-1, 0, 0, 1, -1]))       # the path 3-1-0-2
+    3
     """
     check_forest(forest)
     n = forest.n
@@ -302,14 +299,31 @@ FTable = Union[torch.Tensor, np.ndarray, Sequence[float]]
 
 
 def check_forest(forest: object) -> Forest:
-    """``forest`` is a Forest (a parent array or adjacency is not: build one with Forest.from_*)."""
+    """``forest`` itself when it is a Forest, else TypeError naming forest (a parent array or
+    adjacency is not one: build it with Forest.from_*). O(1).
+
+    >>> from fast.masks.tree.forest import check_forest
+    >>> check_forest([-1, 0])
+    Traceback (most recent call last):
+    ...
+    TypeError: forest must be a fast.masks.tree.Forest, got list
+    """
     if not isinstance(forest, Forest):
         raise TypeError(f"forest must be a fast.masks.tree.Forest, got {type(forest).__name__}")
     return forest
 
 
 def check_unweighted(forest: object, who: str) -> Forest:
-    """``forest`` is a Forest whose edges all have length 1 (Lemmas 6.1 / 6.2 count hops)."""
+    """``forest`` itself when it is a Forest whose edges all have length 1 (Lemmas 6.1 / 6.2 count
+    hops), else ValueError naming ``who`` and the edge lengths (TypeError for a non-Forest). O(n).
+
+    >>> from fast import Forest
+    >>> from fast.masks.tree.forest import check_unweighted
+    >>> check_unweighted(Forest.from_parent([-1, 0], weights=[0.0, 2.0]), "TreeDCMask")
+    Traceback (most recent call last):
+    ...
+    ValueError: TreeDCMask needs an unweighted forest (every edge length 1); ...
+    """
     check_forest(forest)
     edges = forest.parent_pos >= 0
     if not np.all(forest.weight[edges] == 1.0):
@@ -320,7 +334,14 @@ def check_unweighted(forest: object, who: str) -> Forest:
 
 
 def check_f(f: FTable, n: int) -> torch.Tensor:
-    """f (n,) = f(0), ..., f(n - 1) as a floating tensor (kept as given, so it may require grad)."""
+    """f (n,) = f(0), ..., f(n - 1) as a floating tensor (a floating tensor is kept as given, so it may
+    require grad; anything else becomes float64). TypeError for complex or non-numeric f, ValueError
+    naming f for another shape or NaN / inf. O(n).
+
+    >>> from fast.masks.tree.forest import check_f
+    >>> check_f([1, 0.5, 0.25], 3).dtype
+    torch.float64
+    """
     if isinstance(f, torch.Tensor):
         if f.is_complex():
             raise TypeError(f"f must be a real tensor, got {f.dtype}")
@@ -338,8 +359,18 @@ def check_f(f: FTable, n: int) -> torch.Tensor:
 
 
 class DistanceFunctionMask(SymmetricMaskOperator):
-    """Shared members of the masks M_ij = f(dist(i, j)) on an unweighted forest (0 across trees):
-    TreeDiamMask and TreeDCMask set ``forest`` and the table ``f`` (n,)."""
+    """The shared members of the masks M_ij = f(dist(i, j)) on an unweighted forest (0 across trees),
+    TreeDiamMask and TreeDCMask, which set ``forest`` and the table ``f`` (n,): ``nonnegative``
+    (read from f at each call) and the per-tree ``key_stabilizer``. M is symmetric, so rmatmul =
+    matmul.
+
+    >>> import torch
+    >>> from fast import Forest, TreeDiamMask
+    >>> from fast.masks.tree.forest import DistanceFunctionMask
+    >>> op = TreeDiamMask(Forest.from_parent([-1, 0, 1]), torch.tensor([1.0, -0.5, 0.25]))
+    >>> isinstance(op, DistanceFunctionMask), op.nonnegative
+    (True, False)
+    """
 
     forest: Forest
     f: torch.Tensor

@@ -9,12 +9,18 @@ from fast.masks.tree.separator import TreeDCMask
 
 
 def tree_mask_operator(forest: Forest, f: FTable, *, method: str = "auto") -> TreeDiamMask | TreeDCMask:
-    """M_ij = f(dist(i, j)) on an unweighted forest as an operator with ``n`` and ``matmul``.
+    """M_ij = f(dist(i, j)) on an unweighted forest as an operator: TreeDiamMask or TreeDCMask.
 
-    f: (n,) f(0), ..., f(n - 1). method: "diam" (TreeDiamMask, Lemma 6.2, O(n diam c)), "dc"
-    (TreeDCMask, Lemma 6.1, O(n log^2 n c)) or "auto": by Cor. 6.4 the diameter algorithm when
-    diam <= log2(n)^2 (diam = o(log^2 n)), else the separator recursion; diam by two BFS passes
-    (``forest_diameter``).
+    f: (n,) f(0), ..., f(n - 1). method: "diam" (Lemma 6.2, O(n diam c)), "dc" (Lemma 6.1,
+    O(n log^2 n c)) or "auto": by Cor. 6.4 the diameter algorithm when diam <= log2(n)^2, else the
+    separator recursion (diam by two BFS passes, O(n)). ValueError naming method for another value;
+    the masks' own errors for the forest and f.
+
+    >>> import torch
+    >>> from fast import Forest, tree_mask_operator
+    >>> path = Forest.from_parent([-1] + list(range(15)))                    # diameter 15 <= log2(16)^2
+    >>> type(tree_mask_operator(path, torch.ones(16))).__name__
+    'TreeDiamMask'
     """
     if method not in ("auto", "diam", "dc"):
         raise ValueError(f"method must be 'auto', 'diam' or 'dc', got {method!r}")

@@ -13,7 +13,7 @@ from fast.segments import IndexAdd, Segments
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 
 #: The dtype of every scatter (index_add_), Hankel product and FFT of a TreeDCMask product,
-#: whatever the input dtype (TreeDCMask's docstring, "Precision").
+#: whatever the input dtype (docs/papers.md, fast.masks.tree: "Precision of the tree products").
 ACCUMULATE_DTYPE = torch.float64
 #: Step plans (the scatters and gathers of one product step, fast.segments) kept per device off
 #: CPU: those of the last few step layouts (a layout is set by the leading size times the columns
@@ -22,71 +22,32 @@ _LAYOUTS_KEPT = 4
 
 
 class TreeDCMask(DistanceFunctionMask):
-    """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n log^2 n c) (Lemma 6.1).
+    """M_ij = f(dist(i, j)) on an unweighted forest, 0 across trees; O(n log^2 n c) (Lemma 6.1, Eq. 26:
+    split at a centroid v, recurse on both sides, add the cross terms through v as Hankel products
+    z[a] = sum_b f(a + b) y[b], by FFT or, for short rows, a GEMM).
 
-    forest: an unweighted ``Forest``; f: (n,) tensor (or array) f(0), ..., f(n - 1), finite, any
-    sign, may require grad. ``matmul`` takes x (..., n, c). dense_threshold: subproblems with at
-    most max(dense_threshold, 2) nodes are dense blocks (default 64). max_chunk_bytes bounds the
-    transient buffers of one step of the product (default 32 MiB; at least one row or block per
-    step). plan: a ``SeparatorPlan`` of this forest from another mask (``other.plan``), shared
-    instead of planned again (the plan does not depend on f, the device or the dtype).
+    forest: an unweighted ``Forest`` (ValueError otherwise); f: (n,) tensor (or array) f(0), ...,
+    f(n - 1), finite, any sign, may require grad (``check_f``). ``matmul`` (= ``rmatmul``) and
+    ``abs_matmul`` (with |f|) take x (..., n, c). dense_threshold: subproblems with at most
+    max(dense_threshold, 2) nodes are dense blocks (default 64); max_chunk_bytes bounds one step's
+    buffers (default 32 MiB); both positive ints (ValueError naming them). plan: a ``SeparatorPlan``
+    of this forest from another mask (``other.plan``), shared instead of planned again (it does not
+    depend on f, the device or the dtype): TypeError for another type, ValueError for another
+    forest or dense_threshold. The plan takes O(n log n) set-up and memory; recursion depth
+    <= log_{3/2} n (``recursion_depth``, ``num_subproblems``, ``num_dense_blocks``,
+    ``num_fft_rows``). Scatters and FFTs run in float64 (``ACCUMULATE_DTYPE``), deterministic on
+    CUDA (fast.segments). Derivation, memory and precision: docs/papers.md, fast.masks.tree.
 
-    Balanced separator recursion (planned once, in __init__, by separator_plan.SeparatorPlan). For
-    a tree T with more than dense_threshold nodes take a centroid v (every component of T - v has
-    <= |T|/2 nodes), split those components by size into two groups and set T_1 = {v} + group 1,
-    T_2 = {v} + group 2 (each <= 2(|T| - 1)/3 + 1 nodes; V(T_1) u V(T_2) = V(T),
-    V(T_1) n V(T_2) = {v}). This is the paper's two-vertex separator argument with one vertex and
-    2/3 in place of 9/10. With s^k_i = sum_{j in T_k} f(dist(i, j)) x_j (Eq. 26) computed recursively,
-
-        (M x)_i = s^1_i + z^2[dist(i, v)]      for i in T_1 - {v}
-        (M x)_i = s^2_i + z^1[dist(i, v)]      for i in T_2 - {v}
-        (M x)_v = s^1_v + s^2_v - f(0) x_v     (v counted in both)
-        z^k[a] = sum_b f(a + b) y^k[b],  y^k[b] = sum_{j in T_k - {v}, dist(j, v) = b} x_j
-
-    since a path from T_1 - {v} to T_2 - {v} passes v. z = H y with the Hankel matrix
-    H_ab = f(a + b) is a correlation with f, done by FFT (rfft/irfft of size N >= a_max + b_max + 1,
-    5-smooth, so nothing wraps): z[a] = irfft(rfft(y) conj(rfft(f[:N])))[N - a]. Short rows (padded
-    lengths p_a p_b <= HANKEL_DENSE_RATIO N, so p <= ~256) multiply by the Hankel block itself, a
-    batched GEMM that is faster there. Subproblems of at most dense_threshold nodes (and trees of
-    a forest that small, packed together) use the dense block f(dist) with distances counted
-    within the block. The recursion depth is O(log n) (<= log_{3/2} n); each level costs
-    O(n log n c) in FFTs and O(n c) in scatters and gathers, the leaves O(n dense_threshold c):
-    O(n log^2 n c) in all. The plan (index and distance arrays, in preorder so that subproblems are
-    contiguous ranges) takes O(n log n) memory and set-up; ``recursion_depth``, ``num_subproblems``
-    (separator splits plus dense blocks), ``num_dense_blocks`` and ``num_fft_rows`` describe it.
-    Memory of a product: the plan, x, the output and a float64 accumulator of its size, plus
-    buffers bounded by ``max_chunk_bytes`` (without autograd; with it, every step's buffers are
-    kept, O(n log n c) in all). Half precision inputs compute in float32.
-
-    Determinism: every scatter and every gather whose backward is a sum (x by node and by
-    distance bin, f by distance or by a + b) goes through fast.segments: index_add_ and
-    index_select themselves on CPU; on CUDA no atomic add, forward or backward, so the same inputs
-    give the same bits at every run there too (issue 21), with each product step planned once per
-    step layout (the last few layouts kept; the first call with a layout reads the host once per
-    step).
-
-    Precision: every scatter (the index_add_ of x into y and of the products into the result)
-    and every FFT runs in float64 (``ACCUMULATE_DTYPE``) for every input dtype; the gathers, the
-    dense blocks and the short Hankel GEMMs run in the compute dtype; the result is rounded once
-    to x's dtype. Two reasons. (1) An FFT correlation's error is ~u log N |f|_2 |y|_2, relative
-    to norms rather than to each output, so with a decaying f the far entries
-    z[a] = sum_b f(a + b) y[b] of a row holding one loud key drown in float32 round-off (rows of
-    FAVOR+ attention off by 0.1-0.6% on 4096-node paths at q, k std 4-8). In float64 the relative
-    error of a row of M x with x >= 0 is below ~1e-15 log2(N) depth |f|_2 N / f_min (f_min the
-    smallest f(l) over the distances present): < 3e-4 at N = 4096 for f(l) = (1 + l)^-1.5, the
-    float32 round-off of the rest in practice. An f that decays to below ~1e-13 |f|_2 over the
-    tree's distances can still lose far rows to FFT round-off in float64; use TreeDiamMask there.
-    (2) index_add_ is an atomic add on CUDA, and float32 atomic adds flush subnormal inputs and
-    results to zero (PTX ISA, atom/red.add.f32 without .noftz; float64 ones keep them, and so
-    does ordinary float32 arithmetic). FAVOR+ key features span far more than float32's
-    normal range (exponents hundreds apart at q, k std 8), so terms below 2^-126 that a normal
-    row of M x still needs (a query whose largest features meet only tiny key features)
-    vanished on CUDA: numerics/tree-dc at N = 512, d = 128 had 1 of 15,360 float32 rows off by
-    1.9e-3 on an H100 (7e-2 at seed 4 with CUDA's atomics emulated on CPU), with no refusal,
-    while CPU arithmetic (gradual underflow) kept them. No float32 number is subnormal in
-    float64. Cost for float32 inputs (one thread, 64 columns, CPU time, min of 15, against
-    float32 scatters with float64 FFTs): 1.16-1.34x on the mixed forest, 1.07-1.12x on a path,
-    N = 2^12 .. 2^15.
+    >>> import torch
+    >>> from fast import Forest, TreeDCMask
+    >>> path = Forest.from_parent([-1] + list(range(15)))                   # a path of 16 nodes
+    >>> g = torch.Generator().manual_seed(0)
+    >>> f = torch.randn(16, generator=g, dtype=torch.float64)
+    >>> i = torch.arange(16)
+    >>> x = torch.rand(16, 2, generator=g, dtype=torch.float64)
+    >>> op = TreeDCMask(path, f, dense_threshold=2)
+    >>> torch.allclose(op.matmul(x), f[(i[:, None] - i[None]).abs()] @ x), op.recursion_depth
+    (True, 4)
     """
 
     def __init__(self, forest: Forest, f: FTable, *, dense_threshold: int | None = None,

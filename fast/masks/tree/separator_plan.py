@@ -1,13 +1,12 @@
-"""The NumPy plan of the separator recursion of TreeDCMask (choromanski22 Lemma 6.1; docs/papers.md Sec. 2).
+"""The NumPy plan of the separator recursion of TreeDCMask (choromanski22 Lemma 6.1; docs/papers.md
+Sec. 2).
 
-Everything here is set-up, done once per forest (and dense_threshold) and independent of f, the
-device and the dtype: the depth-first preorder, the centroid splits, the Hankel rows of every
-split and the dense blocks of the leaves, flattened into index arrays. separator.TreeDCMask
-copies those arrays to a device once and runs the torch product from them; one plan can serve
-masks with different f (one per head, say). This module imports no torch (a test checks it).
-
-Labels are preorder positions: every subtree is a contiguous range [p, end[p]), so every
-subproblem of the recursion is a few contiguous ranges and the gathers of the product stay local.
+Set-up only, once per forest (and dense_threshold), independent of f, the device and the dtype:
+the depth-first preorder, the centroid splits, the Hankel rows of every split and the dense
+blocks of the leaves, flattened into index arrays; O(n log n) time and memory. One plan can serve
+masks with different f (one per head, say). Labels are preorder positions, so every subproblem
+is a few contiguous ranges and the product's gathers stay local. This module imports no torch
+(a test checks it).
 """
 from __future__ import annotations
 
@@ -22,10 +21,10 @@ if TYPE_CHECKING:  # only for the annotation: forest.py imports torch
     from fast.masks.tree.forest import Forest
 
 #: A cross-term row multiplies by its dense p_out x p_in Hankel block (a GEMM) while
-#: p_out p_in <= HANKEL_DENSE_RATIO N (N the FFT size it would need), else correlates by FFT. The
-#: FFTs (plus the transposes torch makes for an FFT along the token axis) cost ~9 ns per bin and
-#: column against ~0.07 ns per multiply-add in a GEMM (measured, one thread); this bounds the
-#: dense rows to p <= ~256, so the asymptotic cost is unchanged.
+#: p_out p_in <= HANKEL_DENSE_RATIO N (N the FFT size it would need), else correlates by FFT: an
+#: FFT bin and column (with the transposes torch makes for an FFT along the token axis) costs about
+#: a hundred GEMM multiply-adds (measured, one thread). This bounds the dense rows to p <= ~256, so
+#: the asymptotic cost is unchanged.
 HANKEL_DENSE_RATIO = 64
 
 #: Subproblems of at most this many nodes become dense blocks (TreeDCMask's default).
@@ -37,34 +36,27 @@ DENSE_ROW, FFT_ROW = 0, 1
 
 @dataclass(frozen=True, eq=False)
 class SeparatorPlan:
-    """The separator recursion of Lemma 6.1 on one unweighted forest, as NumPy index arrays.
+    """The separator recursion of Lemma 6.1 on one unweighted forest, as NumPy index arrays; build
+    with ``SeparatorPlan.build(forest, dense_threshold)``. Fields (n nodes, R Hankel rows, S and T
+    source and target entries over the rows; positions are preorder positions):
 
-    Build with ``SeparatorPlan.build(forest, dense_threshold)``. Shapes (n nodes, R Hankel rows,
-    S = total source entries, T = total target entries over the rows):
+    - preorder: pre_node (n,) node id at each position, label (n,) its inverse, parent (n,) (-1 for
+      roots), depth (n,), end (n,) (the subtree of p is [p, end[p])), splits (n,) how often p was
+      the separator vertex v (the f(0) x_v fix);
+    - Hankel rows, one per side of a split, sorted by row_key = (kind, z length, y length): kind
+      DENSE_ROW multiplies y by H[a - 1, b - 1] = f(a + b), FFT_ROW correlates with f by FFTs of
+      size z length = y length; y_start, z_start, w_start, src_off, tgt_off (R + 1,) offsets of each
+      row's bins and entries; src_node, src_bin (S,) and tgt_node, tgt_bin (T,) positions and global
+      bins; key_change the rows where the key changes;
+    - blocks: per padded size s (a power of two), (s, nodes (count, s) int64, dists (count, s, s)
+      int32), node n and distance n being padding (f_ext[n] = 0, as across trees);
+    - recursion_depth, num_subproblems (splits plus dense blocks), num_dense_blocks, num_fft_rows.
 
-    preorder
-        pre_node (n,)  node id at preorder position p (x by node id -> x in preorder)
-        label (n,)     preorder position of each node id (inverse of pre_node)
-        parent (n,)    preorder position of the parent of position p (-1 for roots)
-        depth (n,)     depth of position p (edges to its root)
-        end (n,)       the subtree of position p is positions [p, end[p])
-        splits (n,)    how many splits had position p as separator vertex v (the f(0) x_v fix)
-    Hankel rows (one per side of a split, sorted by key; see ``SeparatorPlan.hankel_rows``)
-        row_key        R keys (kind, z length, y length): kind DENSE_ROW (0) multiplies y by the
-                       Hankel block H[a - 1, b - 1] = f(a + b); kind FFT_ROW (1) correlates with f
-                       by FFTs of size z length = y length
-        y_start, z_start, w_start (R + 1,)  offsets of each row's y, z and max(y, z) bins
-        src_off, tgt_off (R + 1,)           offsets of each row's entries in src_* and tgt_*
-        src_node, src_bin (S,)  preorder position of a source and its (global) y bin
-        tgt_node, tgt_bin (T,)  preorder position of a target and its (global) z bin
-        key_change (K,)         rows where the key changes (a product step never mixes keys)
-    dense blocks
-        blocks         per padded size s (a power of two): (s, nodes (count, s) int64,
-                       dists (count, s, s) int32); node n and distance n are padding (f_ext[n] = 0),
-                       as are pairs in different trees
-    statistics
-        recursion_depth, num_subproblems (separator splits plus dense blocks), num_dense_blocks,
-        num_fft_rows
+    >>> from fast import Forest
+    >>> from fast.masks.tree import SeparatorPlan
+    >>> plan = SeparatorPlan.build(Forest.from_parent([-1] + list(range(15))), 4)   # a path of 16 nodes
+    >>> plan.n, plan.recursion_depth, plan.num_dense_blocks, int(plan.splits.sum())
+    (16, 3, 7, 6)
     """
 
     n: int
@@ -299,7 +291,7 @@ def _preorder(n: int, child: np.ndarray, parent: np.ndarray, roots: np.ndarray) 
     """Node ids in depth-first preorder (each tree after the previous one), O(n).
 
     An explicit stack over children grouped by parent (one argsort). scipy's
-    csgraph.depth_first_order is O(degree^2) on high-degree nodes (a star at 2^17: ~10 s).
+    csgraph.depth_first_order is O(degree^2) on high-degree nodes (a star).
     """
     by_parent = np.argsort(parent, kind="stable")
     kids = child[by_parent].tolist()
