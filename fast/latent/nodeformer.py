@@ -424,17 +424,15 @@ def kernelized_gumbel_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Sample s (Eq. 7): z_u^(s) = sum_v kappa~(q_u, k_v) e^(g_sv / tau) v_v / sum_w kappa~(q_u, k_w) e^(g_sw / tau),
     kappa~ at the 1/sqrt(tau) scaling (kernelized_softmax), g_sv standard Gumbel noise per key
-    node (shared by all queries: Eq. 7 stays linear). Output: the mean over the K samples of the
+    node, shared by all queries (so Eq. 7 stays linear). Output: the mean over the K samples of the
     normalised z^(s) (NodeFormer's code; the ratio is a biased estimate of Eq. 6's expectation).
-    e^(g/tau) is folded into the keys' exponents in log space (docs/papers.md): finite for any tau > 0.
+    e^(g/tau) is folded into the keys' exponents in log space: finite for any tau > 0.
 
-    q, k: (..., N, d_qk); v: (..., N, d); projection (m, d_qk) -> (..., N, d).
-    training=True: noise as given (shape (K, *k.shape[:-1]), K = noise.shape[0]; ``samples`` must
-    then be None or K) or drawn by gumbel_noise from ``generator`` (samples: K, default 10).
-    training=False: no noise, the kernelized softmax at the same tau (evaluation mode); passing
-    noise then is a ValueError. The samples are stacked as an extra leading dim K internally.
-    Errors: ValueError naming tau, samples, noise (shape, NaN, given in eval mode), batch, or
-    q/k/v/projection (shapes; NaN or inf).
+    q, k: (..., N, d_qk); v: (..., N, d); projection (m, d_qk) -> (..., N, d). training=True: the
+    noise as given, (K, *k.shape[:-1]) (``samples`` then None or K), or drawn by gumbel_noise from
+    ``generator`` (K = samples, default 10). training=False: no noise, the kernelized softmax at
+    the same tau (evaluation mode). Errors: ValueError naming tau, samples, noise (shape, NaN,
+    given in evaluation mode), batch, or q/k/v/projection (shapes; NaN or inf).
 
     With the noise given, the mean over the samples of dense attention with the keys reweighted:
 
@@ -481,15 +479,11 @@ def _gumbel_core(q, k, v, projection, tau: float, b: BatchIndex | None, samples:
 def adjacency_orders(graph: object, order: int, *, n: int | None = None) -> list[Graph]:
     """[A_1, ..., A_order]: the 0/1 patterns of A^r (wu22 Eq. 8's higher-order adjacency), as fast.Graphs.
 
-    A_1 is the pattern of the (symmetric) input graph with unit weights, self-loops as given;
-    A_r is the pattern of A_1^r: (u, v) stored where some walk of exactly r hops joins u to v
-    (so A_2 has a self-loop at every node with a neighbour: u -> w -> u). graph: anything
-    fast.as_graph accepts; n: the node count (edge indices out of [0, n): as_graph's ValueError).
-    order: int >= 1. Sparse products (torch.sparse.mm), O(sum_r nnz(A_r) * max degree); cached on a
-    fast.Graph input (relational_bias), rebuilt for any other input.
-
-    Not NodeFormer's code, which uses (A + I), (A + I)^2, (A + I)^4, ... (repeated squaring, self-loops
-    re-added): see relational_bias. ValueError naming order (not an int >= 1) or graph (as_graph's).
+    A_1 is the input graph's pattern with unit weights, self-loops as given; A_r stores (u, v)
+    where a walk of exactly r hops joins u to v (so A_2 has a self-loop at every node with a
+    neighbour), unlike NodeFormer's (A + I)^r (relational_bias). graph: anything fast.as_graph
+    accepts, n its node count. Sparse products, O(sum_r nnz(A_r) max degree); cached on a
+    fast.Graph input. ValueError naming order (not an int >= 1) or graph (as_graph's).
 
         >>> import torch
         >>> from fast.latent.nodeformer import adjacency_orders
@@ -626,18 +620,14 @@ def relational_bias(v: torch.Tensor, graph: object, b, *, order: int = 1, normal
                     batch=None) -> torch.Tensor:
     """The relational-bias term of wu22 Eq. 8: sum_{r=1..order} sigmoid(b_r) A~_r v, O(order E d).
 
-    v: (..., N, d) -> (..., N, d). graph: anything fast.as_graph accepts, for N = v.shape[-2]
-    nodes (out-of-range indices: ValueError). A_r: adjacency_orders' 0/1 patterns (unit weights).
-    normalize="sym": A~_r = D_r^-1/2 A_r D_r^-1/2 with D_r the row sums of A_r (NodeFormer's
-    code; isolated rows stay 0); None: A~_r = A_r (Eq. 8 as printed). b: a float or 0-dim tensor
-    (one bias for every order) or a tensor of shape (order,); learnable (gradients reach b and v).
-    batch: optional PyG batch vector, only to check that no edge joins two graphs.
-
-    Pass a fast.Graph built once (fast.as_graph(edge_index, n=N)) in a training loop: the orders A_r
-    and the normalised operators A~_r are built on the first call and cached on that Graph object;
-    any other graph input is canonicalised again, and its orders rebuilt, on every call.
-    Unlike NodeFormer's (A + I)^r patterns (docs/papers.md), A_r has self-loops only as given or
-    where a walk returns: pass a graph with self-loops added to get those.
+    v: (..., N, d) -> (..., N, d). graph: anything fast.as_graph accepts on N = v.shape[-2] nodes.
+    A_r: adjacency_orders' 0/1 patterns. normalize="sym": A~_r = D_r^-1/2 A_r D_r^-1/2, D_r the
+    row sums of A_r (NodeFormer's code; isolated rows stay 0); None: A~_r = A_r (Eq. 8 as
+    printed). b: a float or 0-dim tensor (shared by the orders) or a tensor (order,); learnable.
+    batch: an optional PyG batch vector, only to check that no edge joins two graphs. In a training
+    loop pass a fast.Graph built once: A_r and A~_r are built at the first call and cached on it
+    (any other input is converted, and its orders rebuilt, at every call). NodeFormer's code uses
+    the (A + I)^r patterns: pass a graph with self-loops added to get those (docs/papers.md).
     Errors: ValueError naming v, graph, b (not finite, wrong shape), order, normalize or batch (an
     edge joining two graphs).
 
@@ -802,13 +792,12 @@ def kernelized_attention_rows(q: torch.Tensor, k: torch.Tensor, projection: torc
 
         pi_uv = phi(q_u) . phi(k_v) / (phi(q_u) . sum_{w in graph(u)} phi(k_w))   (v in graph(u); 0 outside)
 
-    at the 1/sqrt(tau) scaling (kernelized_softmax; no Gumbel noise), formed in log space:
-    log pi_uv = LSE_f(zq_uf + zk_vf) - LSE_f(zq_uf + LSE_{w in graph(u)} zk_wf).
-    q, k: (..., N, d_qk); rows: int tensor / sequence (R,) of node ids in [0, N) -> (..., R, N),
-    each row summing to 1 over its graph. O(R N m), in key blocks of bounded memory. For heatmaps.
-    Inputs whose exponents leave the working dtype's range (tiny tau in float32): ValueError naming
-    tau with the numbers, never NaN; ValueError naming rows (out of range), TypeError for
-    non-integer rows. Host reads: the rows' range (one), check_batch's (batch vector), one final flag.
+    at kernelized_softmax's 1/sqrt(tau) scaling (no noise), in log space:
+    log pi_uv = LSE_f(zq_uf + zk_vf) - LSE_f(zq_uf + LSE_{w in graph(u)} zk_wf). q, k: (..., N, d_qk);
+    rows: node ids (R,) in [0, N) -> (..., R, N), each row summing to 1 over its graph. O(R N m) in
+    key blocks of bounded memory; for heatmaps. ValueError naming tau (exponents beyond the
+    dtype's range, with the numbers; never NaN) or rows (out of range); TypeError for non-integer
+    rows. Host reads: the rows' range, check_batch's (with a batch vector), one final flag.
 
         >>> import torch
         >>> q, k, v, w = torch.randn(4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)

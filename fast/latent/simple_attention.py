@@ -130,16 +130,14 @@ def _normalize_robust(x: torch.Tensor, bi: BatchIndex | None, joint: bool) -> to
 def frobenius_normalize(x: torch.Tensor, *, batch=None, joint_heads: bool | None = None) -> torch.Tensor:
     """x / ||x_g||_F per graph g (the tutorial's q~ = Q / ||Q||_F, per graph).
 
-    x: (..., N, c) -> the same shape and dtype. batch: None (one graph) or the sorted batch
-    vector (N,) (module doc). The norm runs over each graph's nodes and the features, and over the
-    head dim -3 too with joint_heads=None (default) and x.dim() >= 4 ((*batch, H, N, c), the
-    authors' code), or joint_heads=True and x.dim() >= 3 ((H, N, c) read as heads); a 3-D x with
-    the default, or joint_heads=False: one norm per leading slice. A graph whose x is all zero gives 0
-    (gradient 0: x / ||x|| has no derivative at 0). Never NaN from finite input. O(N c), one host read.
-
-    Raises:
-        TypeError / ValueError: not a floating tensor, fewer than 2 dims, N = 0, a bad batch
-            vector (naming batch), joint_heads not None/True/False, NaN or inf in x (naming x).
+    x: (..., N, c) -> the same shape and dtype; batch: None (one graph) or the sorted batch vector
+    (N,). The norm runs over each graph's nodes and features and, with ``joint_heads``, over the
+    head dim -3 too: None (default) does so for x.dim() >= 4 ((*batch, H, N, c), the authors'
+    code) and keeps the slices of a 3-D x apart (dim -3 read as a batch); True reads dim -3 of a
+    3-D or larger x as heads; False gives one norm per leading slice. A graph whose x is all zero
+    gives 0 with gradient 0 (x / ||x|| has no derivative at 0); never NaN from finite input.
+    O(N c), one host read. TypeError / ValueError: not a floating tensor, fewer than 2 dims, N = 0,
+    a bad batch vector (naming batch), joint_heads not None/True/False, NaN or inf in x (naming x).
 
         >>> import torch
         >>> from fast.latent.simple_attention import frobenius_normalize
@@ -347,16 +345,9 @@ def sgformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bat
     """SGFormer's simple global attention, per graph, O(N d_qk d).
 
     z_u = (N_g v_u + q~_u^T sum_{v in g} k~_v v_v^T) / (N_g + q~_u^T sum_{w in g} k~_w): DIFFormer
-    (difformer_attention) with the node's own value, times N_g, in the constant term.
-
-    q, k: (..., N, d_qk); v: (..., N, d) -> (..., N, d) in v's dtype (module doc).
-
-    Raises:
-        TypeError / ValueError: bad types or shapes, a bad batch vector (naming batch),
-            joint_heads not None/True/False, NaN or inf in q, k or v (naming it).
-        DenominatorError: a vanished denominator (a one-node graph with q~ . k~ = -1).
-
-    It equals dense attention with the scores N delta_uv + q~_u . k~_v:
+    (difformer_attention) with the node's own value, times N_g, in the constant term. q, k:
+    (..., N, d_qk); v: (..., N, d) -> (..., N, d) in v's dtype (module doc). Errors as
+    difformer_attention's. It equals dense attention with the scores N delta_uv + q~_u . k~_v:
 
         >>> import torch
         >>> from fast.latent.simple_attention import sgformer_attention
