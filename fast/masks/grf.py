@@ -207,11 +207,9 @@ class WalkPrefixes:
         return csr_matrix(ix["crow"], ix["col"], values, self.n)
 
     def value_grad(self, g: torch.Tensor, x: torch.Tensor, transpose: bool, slices: int = 1) -> torch.Tensor:
-        """dL/dvalue_p for y = A x (A = the matrix, or its transpose), g = dL/dy, x (N, C): <g[row_p],
-        x[col_p]> (transpose: <x[row_p], g[col_p]>), a sampled dense-dense product
-        (torch.sparse.sampled_addmm; under double backward chunked gathers, differentiable).
-        slices = S > 1: A is the block-diagonal matrix of S copies, g and x are (S N, C), and the result
-        is (S P,), slice-major.
+        """dL/dvalue_p for y = A x (A the matrix or its transpose), g = dL/dy, x (N, C): <g[row_p], x[col_p]>
+        (transpose: <x[row_p], g[col_p]>), by torch.sparse.sampled_addmm (double backward: chunked
+        gathers). slices = S > 1: A is block-diagonal, g and x (S N, C), the result (S P,) slice-major.
         """
         left, right = (x, g) if transpose else (g, x)
         total = self.nnz * slices
@@ -636,11 +634,9 @@ class GRFMask(LocallyStabilised, MaskOperator):
 
     def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G_q G_k^T, for phi_q, phi_k (..., N, m)
-        and v (..., N, d) with the same leading (batch, head) dims (S slices) and c (S, N) detached
-        (phi_k_j = phi_true_j exp(-c_j)): num_i = exp(-r_i) sum_j M_ij (phi_q_i . phi_true_j) v_j, den_i
-        likewise (docs/papers.md, fast.masks.grf), through fast.algebra.masked_products (gradients reach
-        phi_q, phi_k, v and f on both sides).
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G_q G_k^T for phi_q, phi_k (..., N, m),
+        v (..., N, d) (S slices) and detached key constants c (S, N): the true products times exp(-r_i)
+        (docs/papers.md, fast.masks.grf); gradients reach phi_q, phi_k, v and f on both sides.
         """
         work = phi_k.dtype
         fq, fk = self.features_q, self.features_k
@@ -713,9 +709,8 @@ class GRFAsymMask(LocallyStabilised, MaskOperator):
 
     def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = G (shapes as GRFMask's): G's values
-        times exp(c_j - r_i) per slice, num_i = exp(-r_i) times the true one, den_i likewise; through
-        fast.algebra.masked_products (gradients reach phi_q, phi_k, v and alpha).
+        """As GRFMask's with M = G: G's values times exp(c_j - r_i) per slice; gradients reach phi_q, phi_k,
+        v and alpha.
         """
         work = phi_k.dtype
         g = self.features

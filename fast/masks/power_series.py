@@ -168,11 +168,9 @@ class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
 
     def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with M = sum_k alpha_k W^k, for phi_q, phi_k
-        (..., N, m) and v (..., N, d) with the same leading (batch, head) dims (S slices) and c (S, N)
-        detached (phi_k_j = phi_true_j exp(-c_j)): Horner with a per-node log scale, num_i =
-        exp(-l_i) sum_j M_ij (phi_q_i . phi_true_j) v_j, den_i likewise (docs/papers.md,
-        fast.masks.power_series); gradients reach phi_q, phi_k, v and alpha.
+        """(num (..., N, d), den (..., N)) of Algorithm 1 for phi_q, phi_k (..., N, m), v (..., N, d) (S
+        slices) and detached key constants c (S, N): Horner with a per-node log scale, the true products
+        times exp(-l_i) (docs/papers.md, fast.masks.power_series); gradients reach phi_q, phi_k, v, alpha.
         """
         return plain_attend(_StabilisedHorner(self, c), phi_q, phi_k, v)
 
@@ -182,12 +180,9 @@ class PowerSeriesMask(LocallyStabilised, SymmetricMaskOperator):
 
 class _StabilisedHorner(MaskOperator):
     """The per-call operator of PowerSeriesMask's stabilised attend with key constants c (S, N):
-    M'_ij = M_ij exp(c_j - l_i) per slice, by Horner with a per-node log scale (docs/papers.md,
-    fast.masks.power_series). Formed once here (no gradient): per step s = 1..K the block-diagonal
-    CSR A_s (and its transpose) with values W_ij exp(l_j - l'_i) <= 1 (l the scales before the
-    step, l' after), and the gains exp(c - l') of the added term (0 where a constant alpha_k = 0 is
-    skipped). matmul / rmatmul (x (..., N, c), leading dims = the S slices) are then K SpMMs and K
-    fused multiply-adds, differentiable in x and alpha (parameters()).
+    M'_ij = M_ij exp(c_j - l_i) per slice (docs/papers.md, fast.masks.power_series). Formed once (no
+    gradient): per Horner step a block-diagonal CSR with values W_ij exp(l_j - l'_i) <= 1 and the gains
+    exp(c - l') of the added term; matmul / rmatmul are then K SpMMs, differentiable in x and alpha.
     """
 
     def __init__(self, mask: PowerSeriesMask, c: torch.Tensor):

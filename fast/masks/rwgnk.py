@@ -115,11 +115,8 @@ class RWGNKMask(LocallyStabilised, SymmetricMaskOperator):
 
     def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of Algorithm 1 with K = Psi Psi^T, for phi_q, phi_k (..., N, m)
-        and v (..., N, d) with the same leading (batch, head) dims and c (S, N) detached
-        (phi_k_j = phi_true_j exp(-c_j)): Psi's values times fast.masks.grf.stabilising_factors on both
-        sides, num_i = exp(-r_i) sum_j K_ij (phi_q_i . phi_true_j) v_j, den_i likewise; gradients reach
-        phi_q, phi_k and v.
+        """(num (..., N, d), den (..., N)) of Algorithm 1 with K = Psi Psi^T: Psi's values times
+        fast.masks.grf.stabilising_factors on both sides (as GRFMask's); gradients reach phi_q, phi_k, v.
         """
         work = phi_k.dtype
         p = self._prefixes

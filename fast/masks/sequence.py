@@ -123,15 +123,12 @@ class CausalMask(MaskOperator):
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of causal linear attention by the chunked scan.
-
-        phi_q, phi_k: (..., N, m); v: (..., N, d), with the same leading dims (as the driver passes
-        them); ValueError naming the argument otherwise. key_log_scale: None, or c (..., N, 1)
-        (broadcastable to phi_k's leading dims; detached) saying that the key features passed in are
-        phi_k_j = phi_true_j exp(-c_j). Then num_i = sum_{j <= i} (phi_q_i . phi_k_j) exp(c_j - r_i) v_j
-        with r_i = max_{j <= i} c_j (den_i likewise): the true products times exp(-r_i), which cancels
-        in num / den, with every factor exp of a non-positive number (docs/papers.md,
-        fast.masks.sequence). ValueError for non-finite key_log_scale. Backward is the transposed scan.
+        """(num (..., N, d), den (..., N)) of causal linear attention by the chunked scan, for phi_q,
+        phi_k (..., N, m) and v (..., N, d) with the same leading dims (ValueError naming the argument
+        otherwise). key_log_scale: None, or detached constants c (..., N, 1) with phi_k_j =
+        phi_true_j exp(-c_j); the result is then the true (num_i, den_i) times exp(-r_i), r_i =
+        max_{j <= i} c_j, with every factor <= 1 (docs/papers.md, fast.masks.sequence). ValueError for
+        non-finite key_log_scale.
         """
         self._check_attend_inputs(phi_q, phi_k, v)
         if key_log_scale is None:
@@ -479,15 +476,11 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _scan_into(x: torch.Tensor, out: torch.Tensor, reverse: bool = False,
                level: torch.Tensor | None = None) -> torch.Tensor:
-    """The inclusive scan of x (..., n, a, b) along axis -3, written into ``out`` (same shape; may be
-    x itself):
-        out_t = x_t + f_t out_{t-1}   (reverse: out_t = x_t + f_t out_{t+1}),
-    f = 1 without ``level``, else exp(level_{t-1} - level_t) (reverse: exp(level_t - level_{t+1}))
-    for a non-decreasing level (..., n), every factor exp of a non-positive number. Two levels of
-    Python loops over slices (~3 sqrt(n) slice operations, about two passes over out): inside
-    blocks of b = isqrt(n) elements, then each block's carry from its finished neighbour
-    (torch.cumsum along a middle axis of a large tensor is strided and much slower on CPU). No
-    autograd (callers run it without grad mode); returns out.
+    """The inclusive scan of x (..., n, a, b) along axis -3 written into ``out`` (may be x itself):
+    out_t = x_t + f_t out_{t-1} (reverse: out_t = x_t + f_t out_{t+1}), f = 1 without ``level``, else
+    exp(-|level step|) for a non-decreasing level (..., n). Two levels of loops over contiguous
+    slices (blocks of isqrt(n), then the carries): torch.cumsum along a middle axis of a large tensor
+    is strided and much slower on CPU. No autograd; returns out.
     """
     n = x.shape[-3]
     if n == 0:

@@ -26,17 +26,14 @@ class TreeDCMask(DistanceFunctionMask):
     split at a centroid v, recurse on both sides, add the cross terms through v as Hankel products
     z[a] = sum_b f(a + b) y[b], by FFT or, for short rows, a GEMM).
 
-    forest: an unweighted ``Forest`` (ValueError otherwise); f: (n,) tensor (or array) f(0), ...,
-    f(n - 1), finite, any sign, may require grad (``check_f``). ``matmul`` (= ``rmatmul``) and
-    ``abs_matmul`` (with |f|) take x (..., n, c). dense_threshold: subproblems with at most
-    max(dense_threshold, 2) nodes are dense blocks (default 64); max_chunk_bytes bounds one step's
-    buffers (default 32 MiB); both positive ints (ValueError naming them). plan: a ``SeparatorPlan``
-    of this forest from another mask (``other.plan``), shared instead of planned again (it does not
-    depend on f, the device or the dtype): TypeError for another type, ValueError for another
-    forest or dense_threshold. The plan takes O(n log n) set-up and memory; recursion depth
-    <= log_{3/2} n (``recursion_depth``, ``num_subproblems``, ``num_dense_blocks``,
-    ``num_fft_rows``). Scatters and FFTs run in float64 (``ACCUMULATE_DTYPE``), deterministic on
-    CUDA (fast.segments). Derivation, memory and precision: docs/papers.md, fast.masks.tree.
+    forest: an unweighted ``Forest`` (ValueError otherwise); f: (n,) f(0), ..., f(n - 1), finite,
+    any sign, may require grad (``check_f``). ``matmul`` (= ``rmatmul``) and ``abs_matmul`` (with |f|)
+    take x (..., n, c). dense_threshold (default 64) and max_chunk_bytes (one step's buffers,
+    default 32 MiB): positive ints (ValueError naming them). plan: another mask's ``plan`` of this
+    forest, shared (it does not depend on f, the device or the dtype); TypeError for another type,
+    ValueError for another forest or dense_threshold. The plan costs O(n log n) set-up and memory,
+    recursion depth <= log_{3/2} n. Scatters and FFTs run in float64 (``ACCUMULATE_DTYPE``),
+    deterministic on CUDA. Derivation, memory and precision: docs/papers.md, fast.masks.tree.
 
     >>> import torch
     >>> from fast import Forest, TreeDCMask
@@ -169,16 +166,11 @@ class TreeDCMask(DistanceFunctionMask):
 
     def _cross_terms(self, xs: torch.Tensor, f: torch.Tensor, out: torch.Tensor, grad: bool, steps: dict,
                      f_grad: bool) -> torch.Tensor:
-        """Adds the Hankel products through the separators to out (B, n + 1, c), ACCUMULATE_DTYPE;
-        returns it. xs, f: the compute dtype. y is accumulated and z added in out's dtype (no
-        float32 atomic add); dense rows multiply in the compute dtype, FFT rows transform in out's.
-
-        Rows (one per side of a split) are sorted by key and processed in steps of one key that
-        fit ``max_chunk_bytes``: y (B, rows, y length, c) by index_add of x at distance bins, then
-        z = H y (dense rows) or z = irfft(rfft(y) conj(rfft(f[:N]))) (FFT rows: a correlation,
-        z[a] at bin N - a), gathered at the targets' bins and added to their rows. Each step's
-        gathers and sums go through fast.segments, planned once per step (``steps``): on CPU
-        index_select and index_add_ themselves, on CUDA no atomic add, forward or backward.
+        """Adds the Hankel products through the separators to out (B, n + 1, c) (ACCUMULATE_DTYPE) and
+        returns it; xs, f in the compute dtype. Rows are processed in steps of one key that fit
+        ``max_chunk_bytes``: y by segment sums of x at distance bins, z = H y (dense rows, a GEMM) or
+        z = irfft(rfft(y) conj(rfft(f[:N]))) (FFT rows, z[a] at bin N - a), gathered at the targets' bins
+        and added to their rows, every step's gathers and sums through fast.segments plans (``steps``).
         """
         B, n, c = xs.shape
         p = self.plan
