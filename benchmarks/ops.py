@@ -202,7 +202,7 @@ def maskbench_elu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     """Linear attention with ELU+1 features phi(x) = elu(x) + 1 (m = d): (B, H, N, d) -> (B, H, N, d).
 
     As a user writes it: fast.EluPlusOne's features, which are positive, so the guard is told so
-    (features_nonnegative=True) instead of testing their sign (fast.attention's module doc)."""
+    (features_nonnegative=True) instead of testing their sign (docs/papers.md, fast.attention)."""
     return fast.masked_linear_attention(_ELU_PLUS_ONE(q), _ELU_PLUS_ONE(k), v, features_nonnegative=True)
 
 
