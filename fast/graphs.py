@@ -107,7 +107,6 @@ def _check_range(idx: torch.Tensor, n: int, what: str, name: str) -> None:
 def _canonical(rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor, n: int, symmetrize: bool, name: str):
     """(crow, col, weight) of W from unsorted COO triples: duplicates summed, zeros dropped,
     symmetry checked (or max(W, W^T) when symmetrize). All on rows' device, O(E log E)."""
-    device = rows.device
     keys = rows * n + cols
     if keys.numel() > 1 and not bool((keys[1:] > keys[:-1]).all()):  # not already sorted and unique
         keys, inverse = torch.unique(keys, sorted=True, return_inverse=True)

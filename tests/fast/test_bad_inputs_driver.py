@@ -14,7 +14,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fast
 from fast import (CausalMask, DenseMask, EluPlusOne, FavorPlus, Hyperbolic, Identity, MaskOperator, PackingMask,
                   PaddingMask, ReLU, TrigRFF, favor_attention, favor_features, gaussian_projection,
                   masked_linear_attention, softmax_attention)

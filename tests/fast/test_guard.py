@@ -8,9 +8,7 @@ outputs of ~1e16 (what the code did before the relative floor).
 """
 from __future__ import annotations
 
-import math
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,7 +18,7 @@ import fast
 from fast import (CausalMask, DenominatorError, DenseMask, LowRankMask, PackingMask, PaddingMask, favor_attention,
                   masked_linear_attention, softmax_attention)
 from fast.operator import MaskOperator
-from tests.helpers import gen, positive, randn, rel_frobenius
+from tests.helpers import gen, positive, randn
 
 #: float64 keys whose sum cancels to round-off: 0.1 + 0.2 - 0.3 = 5.55e-17, not 0.
 CANCELLING = (0.1, 0.2, -0.3)

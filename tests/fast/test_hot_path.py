@@ -25,7 +25,7 @@ import fast
 from fast import (CausalMask, DenominatorError, DenseMask, PackingMask, PaddingMask, SparseMask, favor_attention,
                   favor_features, masked_linear_attention, softmax_attention)
 from fast.masks import sequence as S
-from tests.helpers import GenericMask, assert_unchanged, gen, positive, randn, unit_rows
+from tests.helpers import GenericMask, assert_unchanged, gen, positive, randn
 
 FEW = settings(max_examples=25, deadline=None)
 N = 12

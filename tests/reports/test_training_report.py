@@ -8,7 +8,6 @@ import html
 import math
 
 import numpy as np
-import pytest
 
 from reports.page import render_page
 from reports.sections.training import epoch_curves, latent_stats, plot_latent, plot_training_curves, training_view

@@ -8,7 +8,7 @@ import torch
 import fast.segments as segments
 from fast.masks.tree.forest import (DEFAULT_MAX_CHUNK_BYTES, DistanceFunctionMask, Forest, FTable, check_f,
                                    check_unweighted)
-from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, FFT_ROW, SeparatorPlan
+from fast.masks.tree.separator_plan import DEFAULT_DENSE_THRESHOLD, DENSE_ROW, SeparatorPlan
 from fast.segments import IndexAdd, Segments
 from fast.validation import check_positive_int, check_tokens, compute_dtype
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import fast.segments as segments
-import fast.latent.simple_attention as sa
 import reference.latent.simple_attention as ref
 from fast.errors import DenominatorError
 from fast.latent.simple_attention import difformer_attention, frobenius_normalize, sgformer_attention

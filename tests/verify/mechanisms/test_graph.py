@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-import reference.graphs as ref_graphs
 import reference.walks as ref_walks
 from fast.masks.diffusion import DiffusionMask
 from fast.masks.grf import GRFAsymMask, GRFMask
@@ -29,7 +28,6 @@ from tests.verify.mechanisms.helpers import (
     protocol_update_case,
     variant_reasons,
 )
-from verify import problems as P
 from verify.mechanisms import get, mechanisms
 from verify.mechanisms import graph as M
 from verify.problems import rng_for
