@@ -1,7 +1,8 @@
-"""Experiments the report charts besides the sweeps: FAVOR+ error vs m, and the mask gallery.
+"""Experiments the report charts besides the sweeps: FAVOR+ error vs m, FAVOR+ attention against
+exact softmax, and the mask gallery.
 
-Both return results.schema records (FavorError, Gallery) that measure writes to the
-results JSON; reports/ only draws them.
+Each returns a results.schema record (FavorError, FavorAccuracy, Gallery) that measure writes
+to the results JSON; reports/ only draws them.
 
 FAVOR+ error vs m (docs/papers.md Sec. 0). For one fixed pair (x, y) the FAVOR+ estimate
 phi(x).phi(y) of SM(x, y) = exp(x.y) is unbiased with variance (Performer Lemma 1, wu22 Lemma 1)
@@ -12,6 +13,14 @@ so its RMSE is sqrt(Var), a line of slope -1/2 on log-log axes. We draw many ind
 projections per m (iid and orthogonal, reference.features.gaussian_projection) and compare the
 empirical RMSE, with a CI, to that line; orthogonal features should sit on or below it.
 NumPy only, seeded Generators, no global RNG.
+
+FAVOR+ attention against exact softmax. The kernel's error above is for one pair; what a user
+sees is the attention output, a ratio of two sums of such estimates. favor_accuracy draws
+q, k ~ N(0, std^2 I_d), v ~ N(0, I_d) at d = 64, one orthogonal projection per (seed, m), and
+reports ||favor_attention - softmax_attention||_F / ||softmax_attention||_F, with and without a
+causal mask. The logits q.k / sqrt(d) then have standard deviation std^2, and the estimator's
+relative variance grows like exp(|x+y|^2) ~ exp(4 std^2 sqrt(d)) (the formula above with
+x = q / d^(1/4)), so the error climbs steeply with std and falls only like m^(-1/2).
 
 Mask gallery. Every mechanism computes out_i = sum_j M_ij K(q_i, k_j) v_j / sum_j M_ij K(q_i, k_j);
 the gallery holds M itself, ``mech.dense_mask(mech.problem(n, seed))`` (default variant) at
@@ -24,11 +33,16 @@ from typing import Iterable
 import numpy as np
 from scipy import stats
 
-from results.schema import FavorError, FavorErrorCurve, Gallery, MaskPanel
+from results.schema import FavorAccuracy, FavorAccuracyCurve, FavorError, FavorErrorCurve, Gallery, MaskPanel
 
 FAVOR_D = 16  # input width, as in the registry's sequence problems
 FAVOR_NORM = 0.7  # |x| = |y| = 0.7, |x+y|^2 ~ 1: the relative error is visible but moderate
 FAVOR_DRAWS = {True: 1000, False: 4000}  # quick, full
+#: favor_accuracy's grid: d, the q, k standard deviations, the m, and (N, seeds) per (quick, full).
+ACCURACY_D = 64
+ACCURACY_STD = (0.0625, 0.125, 0.25, 0.5, 1.0)
+ACCURACY_M = (16, 64, 128, 256, 512)
+ACCURACY_SIZE = {True: (512, 2), False: (1024, 4)}
 GALLERY_N = 64  # a power of two (hypercube masks) and a square (8 x 8 grid masks)
 GALLERY_SEED = 0
 
@@ -95,6 +109,60 @@ def favor_error(draws: int = 2000, max_m: int = 256, seed: int = 0, progress: bo
             half = stats.t.ppf(0.5 + confidence / 2, len(grid) - 2) * fit.stderr
             res.curves.append(FavorErrorCurve("orthogonal" if orthogonal else "iid", list(grid), rmse, low, high,
                                               float(fit.slope), float(fit.slope - half), float(fit.slope + half)))
+    return res
+
+
+# ------------------------------------------------------------------------------ FAVOR+ accuracy
+
+
+def favor_accuracy(n: int = 1024, seeds: int = 4, std: Iterable[float] = ACCURACY_STD,
+                   m: Iterable[int] = ACCURACY_M, d: int = ACCURACY_D, orthogonal: bool = True,
+                   progress: bool = False) -> FavorAccuracy:
+    """FAVOR+ attention (fast.favor_attention, unmasked and with fast.CausalMask(n)) against exact
+    softmax attention (fast.softmax_attention, with the causal -inf mask), float32 on CPU.
+
+    For each seed s, std and m: q, k ~ N(0, std^2) and v ~ N(0, 1), all (n, d), and one projection
+    (m, d) (fast.gaussian_projection, ``orthogonal``), from ``torch.Generator().manual_seed(s)``
+    (the same q, k directions and v at every std and m, so the curves differ by std and m alone).
+    Each curve holds, per std, the mean and max over seeds of ||out - exact||_F / ||exact||_F.
+    Cost: O(seeds |std| |m| n (n + m) d), about 3 s at n = 512, 2 seeds on one core.
+
+    Raises ValueError for n < 2, seeds < 1, or an empty or non-positive grid.
+
+    >>> from measure.experiments import favor_accuracy
+    >>> acc = favor_accuracy(n=32, seeds=1, std=[0.25], m=[16], d=8)
+    >>> [(c.mask, c.m, len(c.error)) for c in acc.curves]
+    [('none', 16, 1), ('causal', 16, 1)]
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from fast import CausalMask, favor_attention, gaussian_projection, softmax_attention
+
+    std, m = [float(s) for s in std], sorted({int(x) for x in m})
+    if n < 2 or seeds < 1:
+        raise ValueError(f"n must be >= 2 and seeds >= 1, got n={n}, seeds={seeds}")
+    if not std or not m or min(std) <= 0 or m[0] < 1:
+        raise ValueError(f"std and m must be non-empty and positive, got std={std}, m={m}")
+    causal_logits = torch.zeros(n, n).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf)
+    masks = {"none": (None, None), "causal": (CausalMask(n), causal_logits)}
+    errors = {(name, mm): np.empty((seeds, len(std))) for name in masks for mm in m}
+    with tqdm(total=seeds * len(std), desc="favor+ accuracy", unit="cell", disable=not progress) as bar:
+        for s in range(seeds):
+            g = torch.Generator().manual_seed(s)
+            q0, k0, v = (torch.randn(n, d, generator=g) for _ in range(3))
+            projections = {mm: gaussian_projection(mm, d, orthogonal=orthogonal, generator=g) for mm in m}
+            for j, sd in enumerate(std):
+                q, k = sd * q0, sd * k0
+                for name, (op, logits) in masks.items():
+                    exact = softmax_attention(q, k, v, logits)
+                    for mm in m:
+                        out = favor_attention(q, k, v, projections[mm], op)
+                        errors[name, mm][s, j] = float(torch.linalg.norm(out - exact) / torch.linalg.norm(exact))
+                bar.update(1)
+    res = FavorAccuracy(d, n, seeds, orthogonal, std, m)
+    for (name, mm), e in errors.items():
+        res.curves.append(FavorAccuracyCurve(name, mm, [float(x) for x in e.mean(0)], [float(x) for x in e.max(0)]))
     return res
 
 

@@ -102,6 +102,9 @@ def collect(opts: Options) -> Results:
                 mechs, opts.quick, opts.device, opts.progress, status=status)) or []
     with _stage("favor_error", secs, load, 1):
         res.favor_error = _guard("favor_error", errors, lambda: stages.favor_stage(opts.quick, opts.progress))
+    with _stage("favor_accuracy", secs, load, stages.ACCURACY_THREADS):
+        res.favor_accuracy = _guard("favor_accuracy", errors,
+                                    lambda: stages.favor_accuracy_stage(opts.quick, opts.progress))
     with _stage("gallery", secs, load, 1):
         res.gallery = _guard("gallery", errors, lambda: stages.gallery_stage(mechs, opts.progress, status))
     if opts.verify_json:

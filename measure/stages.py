@@ -141,6 +141,27 @@ def favor_stage(quick: bool, progress: bool = True):
     return favor_error(draws=FAVOR_DRAWS[quick], progress=progress)
 
 
+#: Torch threads of the FAVOR+ accuracy stage: its calls are small (N <= 1024), and two threads on
+#: a busy 2-core machine ran it ~10x slower than one (oversubscription).
+ACCURACY_THREADS = 1
+
+
+def favor_accuracy_stage(quick: bool, progress: bool = True):
+    """FAVOR+ attention against exact softmax over (q, k std, m) (measure.experiments.favor_accuracy)
+    at the mode's (N, seeds), torch pinned to ACCURACY_THREADS for the stage (restored after)."""
+    import torch
+
+    from measure.experiments import ACCURACY_SIZE, favor_accuracy
+
+    n, seeds = ACCURACY_SIZE[quick]
+    old = torch.get_num_threads()
+    torch.set_num_threads(ACCURACY_THREADS)
+    try:
+        return favor_accuracy(n, seeds, progress=progress)
+    finally:
+        torch.set_num_threads(old)
+
+
 def gallery_stage(mechs, progress: bool = True, status: Status = lambda msg: None):
     """The mask gallery (measure.experiments.mask_gallery) at N = 64."""
     from measure.experiments import mask_gallery

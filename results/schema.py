@@ -11,6 +11,8 @@ reference/ (reports/ imports this module and nothing that measures). One file ho
       "comparisons": [Comparison],        fast vs dense twin per (mechanism, variant)
       "memory": [MemoryCurve],            peak memory vs N per (mechanism, impl), child processes
       "favor_error": FavorError | null,   FAVOR+ RMSE vs m against the variance formula
+      "favor_accuracy": FavorAccuracy | null,  FAVOR+ attention vs exact softmax over (q, k std, m);
+                                          absent from older files
       "gallery": Gallery | null,          dense masks of small instances (matrices included)
       "checks": [CheckResult] | null,     python -m verify's results (the --json list, unchanged)
       "checks_note": str,                 how the checks were obtained, or why they are missing
@@ -266,6 +268,44 @@ class FavorError:
 
 
 @dataclass
+class FavorAccuracyCurve:
+    """One m and one mask ("none" | "causal"): FAVOR+'s relative error at each q, k std, the mean
+    and the max over seeds."""
+
+    mask: str
+    m: int
+    error: list[float]
+    error_max: list[float]
+
+
+@dataclass
+class FavorAccuracy:
+    """FAVOR+ attention against exact softmax attention (measure.experiments.favor_accuracy): the
+    relative error ||out - exact||_F / ||exact||_F over a grid of q, k standard deviations ``std``
+    and feature counts ``m``, at width ``d`` and length ``n``, ``seeds`` seeds per cell."""
+
+    d: int
+    n: int
+    seeds: int
+    orthogonal: bool
+    std: list[float]
+    m: list[int]
+    curves: list[FavorAccuracyCurve] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "FavorAccuracy | None":
+        if d is None:
+            return None
+        return cls(**{**d, "curves": [FavorAccuracyCurve(**c) for c in d.get("curves", [])]})
+
+    def curve(self, mask: str, m: int) -> "FavorAccuracyCurve | None":
+        return next((c for c in self.curves if (c.mask, c.m) == (mask, m)), None)
+
+
+@dataclass
 class MaskPanel:
     """One mechanism's dense mask at size n (default variant): summary and the matrix itself
     (rows = queries); matrix None when building it failed (``error`` says why)."""
@@ -468,6 +508,7 @@ class Results:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     schema: str = SCHEMA
     training: Training | None = None  # the training demo (issue 13); absent from older files
+    favor_accuracy: FavorAccuracy | None = None  # FAVOR+ vs exact softmax (issue 23); absent from older files
 
     # ------------------------------------------------------------------ lookups
 
@@ -506,6 +547,7 @@ class Results:
             "checks_note": self.checks_note,
             "stage_seconds": self.stage_seconds,
             "training": None if self.training is None else self.training.to_dict(),
+            "favor_accuracy": None if self.favor_accuracy is None else self.favor_accuracy.to_dict(),
         })
 
     @classmethod
@@ -530,6 +572,7 @@ class Results:
             stage_seconds=d.get("stage_seconds", {}),
             schema=schema,
             training=Training.from_dict(d.get("training")),
+            favor_accuracy=FavorAccuracy.from_dict(d.get("favor_accuracy")),
         )
 
     def write(self, path: str | Path) -> Path:

@@ -12,7 +12,7 @@ import pytest
 from measure import pipeline, stages, timing
 from measure.cli import main, parse_args
 from measure.environment import BUSY_OTHER, LoadLog
-from measure.experiments import favor_error
+from measure.experiments import favor_accuracy, favor_error
 from measure.pipeline import Options, collect
 from results.check import CheckResult
 from results.schema import MemoryCurve, MemoryPoint, Results
@@ -48,6 +48,8 @@ def synthetic(monkeypatch):
     monkeypatch.setattr(timing, "measure", lambda runner, device="cpu", min_time=0: runner())
     monkeypatch.setattr(stages, "favor_stage",
                         lambda quick, progress=True: favor_error(draws=20, grid=[2, 4, 8], progress=False))
+    monkeypatch.setattr(stages, "favor_accuracy_stage",
+                        lambda quick, progress=True: favor_accuracy(n=16, seeds=1, std=[0.25], m=[8], d=8))
     try:
         yield mech
     finally:
@@ -88,11 +90,13 @@ def test_pipeline_holds_every_variant_and_round_trips(synthetic, tmp_path):
     assert panel.id == MECH_ID and panel.n == 64 and np.array(panel.matrix).shape == (64, 64)
     assert panel.nonzero_fraction == pytest.approx((64 * 65 / 2) / 64**2)
     assert back.favor_error.m == [2, 4, 8] and len(back.favor_error.curves) == 2
+    assert back.favor_accuracy.m == [8] and {c.mask for c in back.favor_accuracy.curves} == {"none", "causal"}
     env = back.environment
     assert env["mode"] == "quick" and env["sweep_threads"] == 1 and env["sweep_rounds"] == 3
-    assert "load_warning" in env and set(env["load"]["stages"]) == {"sweeps", "favor_error", "gallery"}
+    assert "load_warning" in env and set(env["load"]["stages"]) == {"sweeps", "favor_error", "favor_accuracy",
+                                                                      "gallery"}
     assert all(st["cpu_s"] >= 0 for st in env["load"]["stages"].values())
-    assert set(back.stage_seconds) == {"sweeps", "favor_error", "gallery"}
+    assert set(back.stage_seconds) == {"sweeps", "favor_error", "favor_accuracy", "gallery"}
     assert back.checks is None and "--skip-verify" in back.checks_note
 
 

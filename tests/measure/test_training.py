@@ -149,6 +149,7 @@ def test_pipeline_runs_the_stage_unless_skipped_or_only(monkeypatch):
     fake = Training("quick", {"epochs": 1}, seeds=[0])
     monkeypatch.setattr(stages, "sweeps_stage", lambda *a, **k: ([], []))
     monkeypatch.setattr(stages, "favor_stage", lambda *a, **k: None)
+    monkeypatch.setattr(stages, "favor_accuracy_stage", lambda *a, **k: None)
     monkeypatch.setattr(stages, "gallery_stage", lambda *a, **k: None)
     monkeypatch.setattr(stages, "training_stage", lambda quick, progress=True, status=None: fake)
     base = {"quick": True, "skip_memory": True, "skip_verify": True, "progress": False, "argv": []}
