@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import torch
 
@@ -508,14 +509,22 @@ def _orders(g: Graph, order: int) -> list[Graph]:
         return out
     n = g.n
     idx = torch.stack([a1.row, a1.col])
-    a = torch.sparse_coo_tensor(idx, a1.weight, (n, n)).coalesce()
+    # check_invariants=False: the indices come from a Graph (sorted, in range), and saying so
+    # explicitly stops torch warning that its checks are "implicitly disabled".
+    a = torch.sparse_coo_tensor(idx, a1.weight, (n, n), check_invariants=False).coalesce()
     p = a
     for _ in range(order - 1):
-        p = torch.sparse.mm(p, a).coalesce()
+        with warnings.catch_warnings():
+            # COO @ COO runs through torch's CSR kernels, which announce "Sparse CSR tensor support
+            # is in beta state" on first use; this product of 0/1 patterns is exact, so only that
+            # notice is ignored.
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state",
+                                    category=UserWarning)
+            p = torch.sparse.mm(p, a).coalesce()
         keep = p.values() > 0
         pi = p.indices()[:, keep]
         p = torch.sparse_coo_tensor(pi, torch.ones(pi.shape[1], dtype=torch.float64, device=pi.device),
-                                    (n, n)).coalesce()
+                                    (n, n), check_invariants=False).coalesce()
         out.append(_pattern(as_graph(p.indices(), n=n, name="graph")))
     return out
 

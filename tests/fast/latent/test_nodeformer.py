@@ -12,9 +12,6 @@ import reference.latent.nodeformer as R
 from fast.graphs import Graph
 from tests.helpers import DEVICES, EQUIV_TOL, gen, np_, randn, rel_frobenius
 
-pytestmark = [pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning"),
-              pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled:UserWarning")]
-
 #: three graphs of uneven sizes (3, 5, 4 nodes)
 N = 12
 BATCH = torch.tensor([0] * 3 + [1] * 5 + [2] * 4)
