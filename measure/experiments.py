@@ -40,7 +40,7 @@ FAVOR_NORM = 0.7  # |x| = |y| = 0.7, |x+y|^2 ~ 1: the relative error is visible 
 FAVOR_DRAWS = {True: 1000, False: 4000}  # quick, full
 #: favor_accuracy's grid: d, the q, k standard deviations, the m, and (N, seeds) per (quick, full).
 ACCURACY_D = 64
-ACCURACY_STD = (0.0625, 0.125, 0.25, 0.5, 1.0)
+ACCURACY_STD = tuple(2.0 ** (k / 2) for k in range(-8, 1))  # 1/16 to 1 in half-octaves
 ACCURACY_M = (16, 64, 128, 256, 512)
 ACCURACY_SIZE = {True: (512, 2), False: (1024, 4)}
 GALLERY_N = 64  # a power of two (hypercube masks) and a square (8 x 8 grid masks)
