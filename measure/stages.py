@@ -178,13 +178,6 @@ def gallery_stage(mechs, progress: bool = True, status: Status = lambda msg: Non
 # ------------------------------------------------------------------------------ checks
 
 
-def check_belongs_to(check_id: str, mech_id: str) -> bool:
-    """Whether a check id is about one mechanism: "<family>/<id>", "<family>/<id>/...", and the
-    scale family's "<family>/<id>-<suffix>" (scale/linear-train)."""
-    family, _, tail = check_id.partition("/")
-    return tail == mech_id or tail.startswith(mech_id + "/") or (family == "scale" and tail.startswith(mech_id + "-"))
-
-
 def load_checks(path: str | Path) -> list:
     """Checks from a ``python -m verify --json`` file (a list of results; a {"checks": [...]} object
     is accepted too)."""
@@ -204,9 +197,9 @@ def checks_stage(quick: bool, device: str, cache: dict, only_mechanisms: list[st
                  progress: bool = True, status: Status = lambda msg: None) -> tuple[list | None, str]:
     """Run verify.runner.run_checks (quick or full) sharing the sweep cache, so complexity/<id>
     reuses the sweeps of the same grid; returns (results or None, note). only_mechanisms: run only
-    the checks about these mechanisms (``check_belongs_to``)."""
+    the checks about these mechanisms (``verify.runner.check_belongs_to``)."""
     from results.check import Context
-    from verify.runner import run_checks
+    from verify.runner import check_belongs_to, run_checks
 
     mode = "--quick" if quick else "full"
     kwargs: dict = {"quick": quick, "device": device, "progress": progress}

@@ -6,8 +6,9 @@ stopped at any point keeps the lines and the JSON of the checks that finished.
 
 Exit status: 0 if nothing failed, 1 if any check failed, 2 on bad arguments. Arguments are all
 checked before any check runs: the seed (an int >= 0), the device (it must hold a tensor here;
-"meta" is refused), --only prefixes (non-empty, matching some check) and the --json path (its
-folder is created and the file must be writable; nothing is left behind if the run then fails).
+"meta" is refused), --only values (non-empty, each matching some check; an unknown one is answered
+with the ids that contain it or are close to it) and the --json path (its folder is created and the
+file must be writable; nothing is left behind if the run then fails).
 """
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="deterministic CI subset (under 3 minutes on 2 cores)")
     ap.add_argument("--only", action="append", metavar="ID", type=_non_empty("a check id prefix such as equivalence/"),
-                    help="run checks whose id starts with ID (repeatable), e.g. --only equivalence/causal")
+                    help="run checks whose id starts with ID, e.g. --only equivalence/causal; a mechanism id "
+                         "(or any check's name after its family) runs every check about it (--only nodeformer: "
+                         "equivalence/nodeformer, ..., scale/nodeformer-train); repeatable")
     ap.add_argument("--device", default="cpu", help="torch device for fast/ (cpu, cuda, cuda:1, ...)")
     ap.add_argument("--seed", type=_int_at_least(0, "seeds seed numpy and torch generators"), default=0,
                     help="base seed of every check, an int >= 0 (default 0)")

@@ -56,21 +56,83 @@ def check_device(device) -> str:
     return device
 
 
-def select(checks: list[Check], only: list[str] | None = None, quick: bool = False) -> list[Check]:
-    """Keep quick checks in quick mode, and those whose id starts with any of ``only``.
+def check_belongs_to(check_id: str, mech_id: str) -> bool:
+    """Whether a check id is about one mechanism (or, generally, has that name after its family):
+    "<family>/<id>", "<family>/<id>/...", and the scale family's "<family>/<id>-<suffix>"
+    (scale/linear-train). O(len(check_id)).
 
-    Raises ValueError if ``only`` matches nothing (a typo should not pass as "all green") or holds
-    an empty prefix (it would select everything).
+        >>> from verify.runner import check_belongs_to
+        >>> check_belongs_to("scale/linear-train", "linear"), check_belongs_to("equivalence/linear-x", "linear")
+        (True, False)
+    """
+    family, _, tail = check_id.partition("/")
+    return tail == mech_id or tail.startswith(mech_id + "/") or (family == "scale" and tail.startswith(mech_id + "-"))
+
+
+def _names(checks: list[Check]) -> list[str]:
+    """The names after the family ("nodeformer" of equivalence/nodeformer, "tree-dc" of
+    equivalence/tree-dc/path), in the checks' order: the bare values --only accepts besides id
+    prefixes."""
+    return list(dict.fromkeys(c.id.split("/")[1] for c in checks))
+
+
+def _matches(check_id: str, value: str, names: set[str]) -> bool:
+    """--only's rule: the id starts with value, or value is a name (_names; a mechanism id, say) and
+    the check is about it (check_belongs_to: scale/nodeformer-train is about nodeformer)."""
+    return check_id.startswith(value) or (value in names and check_belongs_to(check_id, value))
+
+
+#: the most suggestions an unknown --only value lists (the rest are counted)
+_SUGGESTIONS = 12
+
+
+def _suggest(value: str, checks: list[Check]) -> str:
+    """The error for an --only value that matches no check, with 'did you mean' suggestions: the
+    valid values that contain it (for a bare value the names after the family, such as mechanism
+    ids; for one with a "/" the ids and family prefixes), else difflib's close matches."""
+    ids, names = [c.id for c in checks], _names(checks)
+    paths = list(dict.fromkeys([cid.partition("/")[0] + "/" for cid in ids] + ids))
+    pools = (paths, names) if "/" in value else (names, paths)
+    low = value.lower()
+    near = next((hits for pool in pools if (hits := [x for x in pool if low in x.lower()])), [])
+    if not near:
+        import difflib
+
+        near = next((hits for pool in pools if (hits := difflib.get_close_matches(value, pool, n=6, cutoff=0.6))), [])
+    why = "no id starts with it" + ("" if "/" in value else " and no check id has it as its name (a mechanism id)")
+    lines = [f"--only {value} matches no check: {why}"]
+    if near:
+        more = len(near) - _SUGGESTIONS
+        lines.append("did you mean: " + ", ".join(near[:_SUGGESTIONS]) + (f" (and {more} more)" if more > 0 else ""))
+    lines.append("python -m verify --list shows every id")
+    return "\n".join(lines)
+
+
+def select(checks: list[Check], only: list[str] | None = None, quick: bool = False) -> list[Check]:
+    """Keep quick checks in quick mode, and those that any value of ``only`` selects: an id prefix
+    (``equivalence/``, ``scale/causal``, an exact id), or a name after a family, such as a
+    mechanism id (``nodeformer``: every check about it, check_belongs_to).
+
+    Raises ValueError if a value of ``only`` matches no check at all (a typo should not pass as
+    "all green"; the message suggests ids that contain it or are close to it), if the quick
+    selection is empty because every match is a full-only check, or if ``only`` holds an empty
+    prefix (it would select everything).
     """
     chosen = [c for c in checks if (c.quick or not quick)]
     if only is not None and any(not isinstance(p, str) or not p for p in only):
         raise ValueError(f"--only needs non-empty check id prefixes (an empty one would select every check), "
                          f"got {only}")
     if only:
-        chosen = [c for c in chosen if any(c.id.startswith(p) for p in only)]
+        names = set(_names(checks))
+        unknown = [p for p in only if not any(_matches(c.id, p, names) for c in checks)]
+        if unknown:
+            raise ValueError("\n".join(_suggest(p, checks) for p in unknown))
+        chosen = [c for c in chosen if any(_matches(c.id, p, names) for p in only)]
         if not chosen:
-            known = ", ".join(c.id for c in checks)
-            raise ValueError(f"--only {only} matches no check; known ids: {known}")
+            full = [c.id for c in checks if any(_matches(c.id, p, names) for p in only)]
+            more = f" (and {len(full) - _SUGGESTIONS} more)" if len(full) > _SUGGESTIONS else ""
+            raise ValueError(f"--only {' '.join(only)} matches no check of --quick, only checks that run without "
+                             f"--quick: {', '.join(full[:_SUGGESTIONS])}{more}")
     return chosen
 
 

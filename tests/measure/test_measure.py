@@ -188,14 +188,6 @@ def test_cli_rejects_bad_arguments(synthetic, tmp_path):
     assert opts.only == [MECH_ID, "linear"] and out.name == "results.json" and not opts.quick
 
 
-def test_check_belongs_to():
-    assert stages.check_belongs_to("complexity/linear", "linear")
-    assert stages.check_belongs_to("scale/linear-train", "linear")
-    assert stages.check_belongs_to("equivalence/tree-dc/path", "tree-dc")
-    assert not stages.check_belongs_to("equivalence/linear-x", "linear")  # only scale/ has suffixes
-    assert not stages.check_belongs_to("complexity/causal", "linear")
-
-
 def test_load_warning_rule():
     log = LoadLog(cpus=2)
     log.stages = {"sweeps": {"threads": 1, "start": [0.4, 0, 0], "end": [1.2, 0, 0]},

@@ -162,7 +162,92 @@ def test_runner_select_refuses_an_empty_prefix():
 def test_unknown_only_in_a_seed_sweep_fails_before_the_first_seed(monkeypatch, capsys):
     monkeypatch.setattr(runner, "all_checks", _tiny_checks)
     monkeypatch.setattr(runner, "run_checks", lambda **kw: pytest.fail("a seed ran"))
-    usage_error(["--seeds", "3", "--only", "nope", "--no-progress"], capsys, "--only ['nope'] matches no check")
+    usage_error(["--seeds", "3", "--only", "nope", "--no-progress"], capsys, "--only nope matches no check")
+
+
+def _mech_checks(quick_train: bool = True) -> list[Check]:
+    def check(cid, quick=True):
+        return Check(cid, "t", "s", "bound", run=lambda ctx: Outcome("pass", 0.0), quick=quick, threshold=1.0,
+                     compare="<=")
+
+    return [check("equivalence/nodeformer"), check("equivalence/nodeformer-gumbel"), check("equivalence/difformer"),
+            check("complexity/nodeformer"), check("complexity/nodeformer-gumbel"), check("scale/nodeformer"),
+            check("scale/nodeformer-train", quick=quick_train), check("wu22/theorem-1"), check("perf/linear"),
+            check("performer/prf-variance")]
+
+
+def _use(monkeypatch, checks) -> None:
+    """Every path of main (--list imports verify.checks.all_checks; the runs use runner's) sees checks()."""
+    import verify.checks
+
+    monkeypatch.setattr(runner, "all_checks", checks)
+    monkeypatch.setattr(verify.checks, "all_checks", checks)
+
+
+def test_check_belongs_to():
+    assert runner.check_belongs_to("complexity/linear", "linear")
+    assert runner.check_belongs_to("scale/linear-train", "linear")
+    assert runner.check_belongs_to("equivalence/tree-dc/path", "tree-dc")
+    assert not runner.check_belongs_to("equivalence/linear-x", "linear")  # only scale/ has suffixes
+    assert not runner.check_belongs_to("complexity/causal", "linear")
+    assert not runner.check_belongs_to("equivalence/nodeformer-gumbel", "nodeformer")  # another mechanism
+
+
+def test_only_a_mechanism_id_selects_every_check_about_it():
+    """A bare name that starts no id selects the checks about it (scale's -train too), not those of a
+    mechanism whose id it merely begins (nodeformer-gumbel)."""
+    ids = [c.id for c in runner.select(_mech_checks(), ["nodeformer"])]
+    assert ids == ["equivalence/nodeformer", "complexity/nodeformer", "scale/nodeformer", "scale/nodeformer-train"]
+    assert [c.id for c in runner.select(_mech_checks(), ["theorem-1", "difformer"])] == ["equivalence/difformer",
+                                                                                         "wu22/theorem-1"]
+    with pytest.raises(ValueError, match="did you mean: nodeformer, nodeformer-gumbel, nodeformer-train"):
+        runner.select(_mech_checks(), ["node"])  # a name, not the start of one (scale/'s suffix rule aside)
+
+
+def test_only_prefixes_and_exact_ids_keep_their_meaning():
+    checks = _mech_checks()
+    assert [c.id for c in runner.select(checks, ["equivalence/nodeformer"])] == ["equivalence/nodeformer",
+                                                                                 "equivalence/nodeformer-gumbel"]
+    assert [c.id for c in runner.select(checks, ["perf"])] == ["perf/linear", "performer/prf-variance"]  # prefix first
+    assert [c.id for c in runner.select(checks, ["scale/nodeformer-train"])] == ["scale/nodeformer-train"]
+
+
+def test_unknown_only_suggests_what_contains_it_briefly(capsys, monkeypatch):
+    """The error names the value, suggests at most 12 valid values that contain it (counting the
+    rest), points to --list, and never dumps every id."""
+    _use(monkeypatch, lambda: [Check(f"fam{i}/nodeformer-v{i}", "t", "s", "bound", run=lambda ctx: Outcome("pass", 0.0),
+                                     threshold=1.0, compare="<=") for i in range(20)])
+    err = usage_error(["--list", "--only", "nodeform"], capsys, "--only nodeform matches no check",
+                      "did you mean: nodeformer-v0, nodeformer-v1", "(and 8 more)",
+                      "python -m verify --list shows every id")
+    assert "nodeformer-v12" not in err and "[" not in err.split("error:")[1]
+
+
+def test_unknown_only_suggests_close_matches(monkeypatch, capsys):
+    _use(monkeypatch, _mech_checks)
+    usage_error(["--list", "--only", "nodeformr"], capsys, "did you mean: nodeformer", "--list shows every id")
+    usage_error(["--list", "--only", "equivalnce/"], capsys, "did you mean: equivalence/")
+    err = usage_error(["--list", "--only", "zzz"], capsys, "--only zzz matches no check", "--list shows every id")
+    assert "did you mean" not in err
+
+
+def test_only_matching_only_full_checks_in_quick_mode_says_so(monkeypatch, capsys):
+    _use(monkeypatch, lambda: _mech_checks(quick_train=False))
+    usage_error(["--list", "--quick", "--only", "scale/nodeformer-train"], capsys,
+                "matches no check of --quick, only checks that run without --quick: scale/nodeformer-train")
+
+
+def test_one_unknown_only_value_among_good_ones_is_refused(monkeypatch, capsys):
+    """A typo next to a valid value must not pass as 'all green' for the valid one alone."""
+    _use(monkeypatch, _mech_checks)
+    usage_error(["--list", "--only", "perf/", "--only", "nodefromer"], capsys, "--only nodefromer matches no check")
+
+
+def test_only_nodeformer_on_the_real_registry(capsys):
+    assert cli.main(["--list", "--quick", "--only", "nodeformer"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert "equivalence/nodeformer" in ids and "scale/nodeformer-train" in ids
+    assert all(i.split("/", 1)[1] in ("nodeformer", "nodeformer-train") for i in ids)
 
 
 # ---------------------------------------------------------------------------------------- --json
