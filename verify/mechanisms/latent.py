@@ -34,6 +34,11 @@ Temperatures: tau = 1 (Eq. 5 as printed: the kernel exp(q.k / sqrt(d))) for node
 relational-bias and edge-loss; TAU_GUMBEL = 0.25 (NodeFormer's default) for nodeformer-gumbel, with
 K = GUMBEL_SAMPLES = 3 samples (the default 10 only multiplies the cost).
 
+Dense twins (dense_setup, issue 23): every record also has an O(N^2) torch twin of the same
+function, its (N, N) kernel or score matrix formed explicitly and masked by the same-graph
+matrix (the adjacency for the bias and edge terms), so that the sweeps give each a crossover
+against dense attention (quick, 2^7 .. 2^11: about 0.5-0.8 s of timing each).
+
 Rooflines: perf/<id> times the forward of the user-facing function on (1, 4, N, 64) inputs with
 m = 64 (measure.roofline.attention_inputs) against the fp32 matmul rate with its useful FLOP count
 (``*_flops`` below), reported only.
@@ -247,6 +252,119 @@ def _simple_ref(fn):
     return lambda p: fn(p.q, p.k, p.v, batch=batch_of(p))
 
 
+# ---------------------------------------------------------------------------------- dense twins
+#
+# The O(N^2) torch twins (verify.dense's role for the masked FAVOR+ records): the same function as
+# the fast path, with the (N, N) matrices formed explicitly, so that the sweeps time a fair race in
+# one framework and each record gets a crossover. The FAVOR+ features are fast.favor_features'
+# (stabilised: per-query constants and one per slice for the keys, which cancel in every
+# normalisation below); the graph mask is the block-diagonal "same graph" matrix.
+
+
+def _same_graph(p: Problem, device, dtype) -> torch.Tensor:
+    return torch.as_tensor(_packing_dense(p), device=device, dtype=dtype)
+
+
+def _dense_kernel(p: Problem, device, dtype, requires_grad: bool):
+    """(A, v, same): A = phi(q) phi(k)^T (..., N, N) at wu22 Eq. 5's 1/sqrt(tau) scaling, v, and
+    the same-graph mask (N, N); A as a closure of the tensors, so that it is timed."""
+    q, k, v, w = _tensors(p, device, dtype, requires_grad)
+    s = p.extras["tau"] ** -0.5
+    same = _same_graph(p, device, dtype)
+
+    def kernel(extra_keys: torch.Tensor | None = None) -> torch.Tensor:
+        phi_q, phi_k = fast.favor_features(q * s, k * s, w)
+        if extra_keys is not None:
+            phi_k = phi_k * extra_keys[..., :, None]
+        return (phi_q @ phi_k.transpose(-1, -2)) * same
+    return kernel, v, same
+
+
+def _nodeformer_dense(p: Problem, device, dtype, requires_grad: bool = False):
+    kernel, v, _ = _dense_kernel(p, device, dtype, requires_grad)
+
+    def run():
+        a = kernel()
+        return (a @ v) / a.sum(-1, keepdim=True)
+    return run
+
+
+def _gumbel_dense(p: Problem, device, dtype, requires_grad: bool = False):
+    kernel, v, _ = _dense_kernel(p, device, dtype, requires_grad)
+    g = torch.as_tensor(p.extras["noise"], device=device, dtype=torch.promote_types(dtype, torch.float32))
+    tau = p.extras["tau"]
+
+    def run():
+        outs = []
+        for gs in g:  # exp(g / tau) per key, less its slice maximum (a constant that cancels)
+            scale = torch.exp((gs - gs.amax(-1, keepdim=True)) / tau).to(v.dtype)
+            a = kernel(scale)
+            outs.append((a @ v) / a.sum(-1, keepdim=True))
+        return torch.stack(outs).mean(0)
+    return run
+
+
+def _normalized_orders(p: Problem, device, dtype) -> list[torch.Tensor]:
+    """[A~_1, ..., A~_order] dense (N, N): the 0/1 pattern of A^r, D^-1/2 A D^-1/2 under "sym"."""
+    a = sp.csr_matrix((adjacency(p) != 0).astype(float))
+    out, power = [], a
+    for r in range(p.extras["order"]):
+        power = power if r == 0 else sp.csr_matrix(power @ a)  # set-up, sparse: not timed
+        pattern = torch.as_tensor(power.toarray() > 0, device=device).to(dtype)
+        if p.extras["normalize"] == "sym":
+            deg = pattern.sum(1)
+            inv = torch.where(deg > 0, deg.clamp(min=1) ** -0.5, torch.zeros_like(deg))
+            pattern = inv[:, None] * pattern * inv[None, :]
+        out.append(pattern)
+    return out
+
+
+def _relational_dense(p: Problem, device, dtype, requires_grad: bool = False):
+    kernel, v, _ = _dense_kernel(p, device, dtype, requires_grad)
+    orders = _normalized_orders(p, device, dtype)
+    gates = torch.sigmoid(_bias(p, device, dtype))
+
+    def run():
+        a = kernel()
+        out = (a @ v) / a.sum(-1, keepdim=True)
+        for gate, ar in zip(gates, orders):
+            out = out + gate * (ar @ v)
+        return out
+    return run
+
+
+def _edge_dense(p: Problem, device, dtype, requires_grad: bool = False):
+    kernel, _, _ = _dense_kernel(p, device, dtype, requires_grad)
+    edges = torch.as_tensor(_adjacency_dense(p) != 0, device=device)
+    deg = edges.sum(1).clamp(min=1).to(dtype)
+
+    def run():
+        a = kernel()
+        log_pi = torch.log(a) - torch.log(a.sum(-1, keepdim=True))
+        return (torch.where(edges, log_pi, torch.zeros_like(log_pi)).sum(-1) / deg).unsqueeze(-1)
+    return run
+
+
+def _simple_dense(own_value: bool):
+    """DIFFormer (own_value False) / SGFormer (True) with the masked score matrix
+    M = same (1 + q~ k~^T) formed explicitly, q~ and k~ fast.frobenius_normalize's."""
+
+    def setup(p: Problem, device, dtype, requires_grad: bool = False):
+        q, k, v, _ = _tensors(p, device, dtype, requires_grad)
+        batch, same = _fast_batch(p, device), _same_graph(p, device, dtype)
+        sizes = same.sum(-1, keepdim=True)
+
+        def run():
+            qn = fast.frobenius_normalize(q, batch=batch)
+            kn = fast.frobenius_normalize(k, batch=batch)
+            dots = same * (qn @ kn.transpose(-1, -2))
+            den = sizes + dots.sum(-1, keepdim=True)
+            num = (sizes * v if own_value else same @ v) + dots @ v
+            return num / den
+        return run
+    return setup
+
+
 def _packing_dense(p: Problem) -> np.ndarray:
     """The (N, N) mask of the all-pair mechanisms: 1 within a graph, 0 across."""
     b = p.extras["batch_index"]
@@ -353,7 +471,7 @@ def _problem(**fixed):
 
 register(Mechanism(
     id="nodeformer", title="NodeFormer kernelized softmax message passing", source="wu22 Eq. 5", complexity="N",
-    make_problem=_problem(), reference=_nodeformer_ref, fast_setup=_nodeformer_setup,
+    make_problem=_problem(), reference=_nodeformer_ref, fast_setup=_nodeformer_setup, dense_setup=_nodeformer_dense,
     dense_mask=_packing_dense, variants=batched_variants("grid-2d", reads_edges=False), **SIZES,
     linear=True, fast_mask=_packing_fast, draw=projection_draw, scale=True, scale_train=True,
     roofline=_roofline("nodeformer"),
@@ -362,14 +480,15 @@ register(Mechanism(
 register(Mechanism(
     id="nodeformer-gumbel", title="NodeFormer kernelized Gumbel-softmax (K samples)", source="wu22 Eqs. 6-7, 14-17",
     complexity="N", make_problem=_problem(gumbel=True, tau=TAU_GUMBEL), reference=_gumbel_ref,
-    fast_setup=_gumbel_setup, dense_mask=_packing_dense, variants=batched_variants("grid-2d", reads_edges=False),
+    fast_setup=_gumbel_setup, dense_setup=_gumbel_dense, dense_mask=_packing_dense, variants=batched_variants("grid-2d", reads_edges=False),
     **SIZES, exact=True, draw=gumbel_draw, roofline=_roofline("gumbel"),
     notes=(f"tau = {TAU_GUMBEL}, K = {GUMBEL_SAMPLES} samples of Gumbel noise per key node (given: equivalence is "
            "exact on identical noise), the mean of the K normalised outputs."),
 ))
 register(Mechanism(
     id="relational-bias", title="NodeFormer relational bias sigma(b) A v", source="wu22 Eq. 8", complexity="N + E",
-    make_problem=_problem(), reference=_relational_ref, fast_setup=_relational_setup, dense_mask=_adjacency_dense,
+    make_problem=_problem(), reference=_relational_ref, fast_setup=_relational_setup, dense_setup=_relational_dense,
+    dense_mask=_adjacency_dense,
     variants=(*batched_variants("grid-2d", reads_edges=True),
               Variant("raw", "grid-2d, raw adjacency (Eq. 8 as printed)", params={"normalize": None}, sweep=False),
               Variant("order-2", "grid-2d, orders 1 and 2 (walks of exactly 2 hops), one bias each",
@@ -379,7 +498,7 @@ register(Mechanism(
 ))
 register(Mechanism(
     id="edge-loss", title="NodeFormer edge-level loss terms (log-space)", source="wu22 Eqs. 10, 12",
-    complexity="N + E", make_problem=_problem(), reference=_edge_ref, fast_setup=_edge_setup,
+    complexity="N + E", make_problem=_problem(), reference=_edge_ref, fast_setup=_edge_setup, dense_setup=_edge_dense,
     dense_mask=_adjacency_dense, variants=batched_variants("grid-2d", reads_edges=True), **SIZES,
     cost_factor=cost_factor_n_plus_e, cost_factor_name="(N+E)/N", roofline=_roofline("edge"), output_columns=1,
     notes=("output: the per-node terms l_u = (1/d_u) sum_{v in N(u)} log pi_uv as (..., N, 1); the loss is "
@@ -388,14 +507,16 @@ register(Mechanism(
 register(Mechanism(
     id="difformer", title="DIFFormer simple attention", source="the tutorial (DIFFormer)", complexity="N",
     make_problem=_problem(shift=SHIFT_DIF, signed_keys=True), reference=_simple_ref(ref_simple.difformer_attention),
-    fast_setup=_simple_setup(fast.difformer_attention), dense_mask=_packing_dense,
+    fast_setup=_simple_setup(fast.difformer_attention), dense_setup=_simple_dense(own_value=False),
+    dense_mask=_packing_dense,
     variants=batched_variants("grid-2d", reads_edges=False), **SIZES, roofline=_roofline("difformer"),
     notes="(sum_v v_v + q~ . sum_v k~_v v_v^T) / (N + q~ . sum_w k~_w), Frobenius norms per graph over heads.",
 ))
 register(Mechanism(
     id="sgformer", title="SGFormer simple global attention", source="SGFormer", complexity="N",
     make_problem=_problem(shift=SHIFT_SG), reference=_simple_ref(ref_simple.sgformer_attention),
-    fast_setup=_simple_setup(fast.sgformer_attention), dense_mask=_packing_dense,
+    fast_setup=_simple_setup(fast.sgformer_attention), dense_setup=_simple_dense(own_value=True),
+    dense_mask=_packing_dense,
     variants=batched_variants("grid-2d", reads_edges=False), **SIZES, scale=True, scale_train=True,
     roofline=_roofline("sgformer"),
     notes="(N v_u + q~ . sum_v k~_v v_v^T) / (N + q~ . sum_w k~_w), Frobenius norms per graph over heads.",
