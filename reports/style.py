@@ -4,9 +4,12 @@ the one way a figure is saved.
 
 Conventions on every figure: log-log axes for time and memory vs N (base-2 N axis); filled
 points entered a fit, hollow ones did not; legends sit outside the axes (below a panel, or right
-of it), never over data; a panel with many lines cycles a marker list through a qualitative
-colormap, so every line differs in colour and marker. Each section module (reports.sections.*)
-draws its own figures with these helpers; nothing here knows a section.
+of it), never over data; a panel with many lines cycles markers through tab10's ten colours and
+changes the dash every ten lines, so lines of one colour differ in marker and dash; ``save`` wraps
+titles wider than their panel and hides tick labels that would touch (``tidy``), and
+``text_overlaps`` lists any text that still runs into another (tests/reports/test_figure_layout.py
+runs it on every figure). Each section module (reports.sections.*) draws its own figures with
+these helpers; nothing here knows a section.
 
 >>> from reports.style import line_styles, slug
 >>> line_styles(2)
@@ -35,9 +38,11 @@ from results.schema import SweepResult  # noqa: E402
 DPI = 110
 #: Colour of the fast path and of its dense twin, the same on every figure.
 COLORS = {"fast": "tab:blue", "dense": "tab:red"}
-#: Markers cycled with the colours; 9 is coprime to 10 and 20, so (colour, marker) pairs repeat
-#: only after 90 (tab10) or 180 (tab20) lines.
+#: Markers cycled with the colours; 9 is coprime to 10, so (colour, marker) pairs repeat only
+#: after 90 lines.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
+#: Line styles, one per ten lines: the 11th line has the 1st one's colour, but dashed.
+DASHES = ("-", "--", ":", "-.")
 #: Grey guide lines through a reference point: (label, f(N), line style).
 GUIDES = (("N", lambda n: n, "--"), ("N log N", lambda n: n * np.log(n), "-."), ("N²", lambda n: n**2, ":"))
 GUIDE_COLOR = "0.55"
@@ -46,14 +51,28 @@ MAX_PANELS = 36
 
 
 def line_styles(n: int) -> list[tuple[str, str]]:
-    """(colour, marker) of n lines: tab10 up to ten lines, tab20 beyond, markers always cycled.
+    """(colour, marker) of n lines: the ten tab10 colours (tab20's pale halves are hard to tell
+    from their dark ones) with the markers cycled, so no two of the first 90 lines share both.
+    Lines drawn with connecting segments add ``dashes(n)``.
 
     >>> from reports.style import line_styles
-    >>> len(set(line_styles(13)))
-    13
+    >>> styles = line_styles(16)
+    >>> len(set(styles)), len({c for c, _ in styles})
+    (16, 10)
     """
-    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    cmap = plt.get_cmap("tab10")
     return [(matplotlib.colors.to_hex(cmap(i % cmap.N)), MARKERS[i % len(MARKERS)]) for i in range(n)]
+
+
+def dashes(n: int) -> list[str]:
+    """Line style of each of n lines: solid for the first ten, dashed for the next ten, ...; with
+    ``line_styles`` a line differs from any other in colour or in dash, and in marker.
+
+    >>> from reports.style import dashes
+    >>> dashes(12)[9:]
+    ['-', '--', '--']
+    """
+    return [DASHES[(i // 10) % len(DASHES)] for i in range(n)]
 
 
 def slug(text: str) -> str:
@@ -87,11 +106,60 @@ def grid(n_panels: int, ncols: int = 3, w: float = 4.3, h: float = 3.9):
 
 
 def save(fig, out_dir: Path, name: str) -> str:
-    """Write ``fig`` to ``out_dir / name`` (PNG at DPI), close it, and return ``name``."""
+    """Write ``fig`` to ``out_dir / name`` (PNG at DPI) after ``tidy``, close it, and return ``name``."""
+    tidy(fig)
     # bbox "tight" keeps the legends placed outside the axes inside the picture.
     fig.savefig(out_dir / name, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return name
+
+
+def tidy(fig) -> None:
+    """Make every figure legible the same way, whatever drew it: a panel title wider than its
+    panel is wrapped onto more lines (two titles side by side would run into each other), and a
+    tick label that would touch its neighbour is hidden (log axes label minor ticks such as
+    "3×10⁴" beside "4×10⁴" on narrow panels), major labels kept first. Draws the figure twice.
+
+    >>> import matplotlib.pyplot as plt
+    >>> from reports.style import text_overlaps, tidy
+    >>> fig, axes = plt.subplots(1, 2, figsize=(6, 3), layout="constrained")
+    >>> for ax in axes:
+    ...     _ = ax.set_title("a long panel title that is far wider than its own panel is")
+    >>> len(text_overlaps(fig)) > 0, tidy(fig), text_overlaps(fig)
+    (True, None, [])
+    >>> plt.close(fig)
+    """
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    wrapped = False
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        width, text = ax.get_window_extent(renderer).width, ax.title.get_text()
+        extent = ax.title.get_window_extent(renderer).width
+        if text and extent > width:
+            chars = max(12, int(len(text) * width / extent * 0.95))
+            ax.title.set_text(textwrap.fill(" ".join(text.split()), chars))
+            wrapped = True
+    if wrapped:
+        fig.canvas.draw()
+    for ax in fig.axes:
+        if ax.get_visible():
+            _thin_tick_labels(ax, renderer)
+
+
+def _thin_tick_labels(ax, renderer, gap: float = 2.0) -> None:
+    """Hide the tick labels of ``ax`` that would touch an already kept one (major ones kept first)."""
+    for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+        kept: list = []
+        for label in (*axis.get_ticklabels(), *axis.get_ticklabels(minor=True)):
+            if not label.get_visible() or not label.get_text().strip() or not _in_view(label, ax, name):
+                continue
+            b = label.get_window_extent(renderer)
+            if any(b.padded(gap / 2).overlaps(k.padded(gap / 2)) for k in kept):
+                label.set_visible(False)
+            else:
+                kept.append(b)
 
 
 def legend_below(ax, ncol: int = 1, title: str | None = None, fontsize: float = 7) -> None:
@@ -190,3 +258,62 @@ def sweep_label(name: str, s: SweepResult, fit=None) -> str:
     if s.error is not None:
         text += f"; failed at N = {pow2_text(s.error_n)}" if s.error_n else "; failed"
     return text
+
+
+def _drawn_texts(fig) -> list:
+    """The visible, non-empty Text artists of a drawn figure: titles, suptitle, axis labels, the
+    tick labels inside their axis' range, legend texts and titles, annotations."""
+    from matplotlib.text import Text
+
+    hidden_axes = [ax for ax in fig.axes if not ax.get_visible()]
+    ticks: dict[int, tuple] = {}  # id(tick label) -> (axes, axis name): kept only inside the view
+    for ax in fig.axes:
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            for label in (*axis.get_ticklabels(), *axis.get_ticklabels(minor=True)):
+                ticks[id(label)] = (ax, name)
+    out = []
+    for t in fig.findobj(Text):
+        if not t.get_visible() or not t.get_text().strip() or t.axes in hidden_axes:
+            continue
+        if id(t) in ticks and not _in_view(t, *ticks[id(t)]):
+            continue
+        out.append(t)
+    return out
+
+
+def _in_view(label, ax, name: str) -> bool:
+    """Whether a tick label of ``ax``'s ``name`` ("x" or "y") axis is drawn: matplotlib keeps the
+    labels of ticks outside the view limits but does not draw them."""
+    box, pos = ax.get_window_extent(), label.get_window_extent()
+    lo, hi, mid = ((box.x0, box.x1, (pos.x0 + pos.x1) / 2) if name == "x" else
+                   (box.y0, box.y1, (pos.y0 + pos.y1) / 2))
+    return lo - 1 <= mid <= hi + 1
+
+
+def text_overlaps(fig, pad: float = 0.5) -> list[str]:
+    """Every pair of drawn texts whose boxes intersect (each box shrunk by ``pad`` pixels, so that
+    texts which only touch pass), and every pair of legends whose boxes intersect, as readable
+    lines; [] when nothing collides. Draws the figure (Agg) first. O(T²) for T texts.
+
+    >>> import matplotlib.pyplot as plt
+    >>> from reports.style import text_overlaps
+    >>> fig, ax = plt.subplots()
+    >>> _ = ax.text(0.5, 0.5, "left"); _ = ax.text(0.5, 0.5, "right")
+    >>> text_overlaps(fig)
+    ["'left' overlaps 'right'"]
+    >>> plt.close(fig)
+    """
+    fig.canvas.draw()
+    boxes = []
+    for t in _drawn_texts(fig):
+        b = t.get_window_extent()
+        if b.width > 2 * pad and b.height > 2 * pad:
+            boxes.append((t.get_text(), b.padded(-pad)))
+    legends = [lg for ax in fig.axes if ax.get_visible() and (lg := ax.get_legend()) is not None]
+    legends += list(fig.legends)
+    found = [f"{a!r} overlaps {b!r}" for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:]
+             if ba.overlaps(bb)]
+    lboxes = [lg.get_window_extent().padded(-pad) for lg in legends]
+    found += [f"legend {i} overlaps legend {j}" for i in range(len(lboxes)) for j in range(i + 1, len(lboxes))
+              if lboxes[i].overlaps(lboxes[j])]
+    return found

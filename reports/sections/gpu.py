@@ -203,11 +203,11 @@ def plot_gpu_sweeps(run: GpuRun | None, out_dir: Path, name: str = "gpu_sweeps.p
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12.5, 5.2), layout="constrained")
     styles = style.line_styles(len(curves))
-    for c, (color, marker) in zip(curves, styles):
+    for c, (color, marker), dash in zip(curves, styles, style.dashes(len(curves))):
         n = np.asarray(c["sizes"], float)
-        ax_t.plot(n, np.asarray(c["seconds"], float) * 1e3, "-", color=color, marker=marker, ms=4, lw=1)
+        ax_t.plot(n, np.asarray(c["seconds"], float) * 1e3, dash, color=color, marker=marker, ms=4, lw=1)
         peaks = np.maximum(np.asarray(c.get("peak_bytes") or [np.nan] * len(n), float), 4096.0) / 2**20
-        ax_m.plot(n, peaks, "-", color=color, marker=marker, ms=4, lw=1, label=c["mechanism"])
+        ax_m.plot(n, peaks, dash, color=color, marker=marker, ms=4, lw=1, label=c["mechanism"])
     all_n = [n for c in curves for n in c["sizes"]]
     g = np.geomspace(min(all_n), max(all_n), 50)
     for ax, values in ((ax_t, [c["seconds"][-1] * 1e3 for c in curves]),

@@ -36,9 +36,9 @@ def _commit_axis(ax, commits: list[str]) -> None:
 def _history_lines(ax, lines, commits: list[str]) -> list[float]:
     """Plot each line over the commit positions (gaps where a commit has no value); returns the values."""
     values = []
-    for line, (color, marker) in zip(lines, style.line_styles(len(lines))):
+    for line, (color, marker), dash in zip(lines, style.line_styles(len(lines)), style.dashes(len(lines))):
         y = np.asarray([np.nan if v is None else v for v in line.values], float)
-        ax.plot(range(len(commits)), y, "-", marker=marker, color=color, ms=5, lw=1.2, label=line.label)
+        ax.plot(range(len(commits)), y, dash, marker=marker, color=color, ms=5, lw=1.2, label=line.label)
         values += [v for v in y if np.isfinite(v)]
     return values
 
@@ -110,8 +110,8 @@ def plot_track(series: dict[str, list[AsvSeries]], commits: list[str], out_dir: 
     x_of = {c: i for i, c in enumerate(commits)}
     for ax, bench in zip(axes, benches):
         lines = series[bench]
-        for s, (color, marker) in zip(lines, style.line_styles(len(lines))):
-            ax.plot([x_of[c] for c in s.commits], s.values, "-", marker=marker, color=color, ms=4, lw=1,
+        for s, (color, marker), dash in zip(lines, style.line_styles(len(lines)), style.dashes(len(lines))):
+            ax.plot([x_of[c] for c in s.commits], s.values, dash, marker=marker, color=color, ms=4, lw=1,
                     label=s.label)
         values = [v for s in lines for v in s.values if v is not None]
         if values and min(values) > 0 and max(values) / min(values) > 30:

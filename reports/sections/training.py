@@ -223,9 +223,14 @@ def plot_training_curves(results: Results, out_dir: Path, name: str = "training_
             ax.set_xlabel("epoch", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(True, alpha=0.25)
-    style.legend_below(axes[-1][0], ncol=max(1, len(models)))
-    style.legend_below(axes[-1][1], ncol=max(1, len(models)))
-    style.legend_below(axes[-1][2], ncol=max(1, len(models)))
+    # one legend for all panels (three legends below the last row ran into each other): a colour
+    # per model, then what the solid, dashed and dotted lines are
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=styles[m][0], lw=1.3, label=model_title(m)) for m in models]
+    handles += [Line2D([], [], color="0.3", ls=ls, lw=1.1, label=what) for ls, what in
+                (("-", "training loss; test accuracy"), ("--", "edge loss (Eq. 10)"), (":", "training accuracy"))]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 8), frameon=False, fontsize=8)
     return style.save(fig, Path(out_dir), name)
 
 
