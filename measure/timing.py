@@ -74,6 +74,9 @@ def pinned_threads(n: int | None = 1):
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 #: glibc's defaults, restored after a sweep (the trim threshold's dynamic adjustment stays off).
 _GLIBC_MMAP_MAX, _GLIBC_TRIM_THRESHOLD = 65536, 128 * 1024
+#: M_TRIM_THRESHOLD -1: never trim the heap (mallopt(3)); any finite int (at most 2 GiB) is
+#: exceeded by the temporaries of some sweep (softmax at N = 2^14: 1.75 GiB), see steady_heap.
+_NO_TRIM = -1
 
 
 def _libc():
@@ -95,16 +98,21 @@ def steady_heap():
     again at every call, and below it reuses the heap. The fault cost is the kernel's, and its
     regime change bends a fit: packing at N = 2^16 (d = m = 16) took 33 538 faults and 53 of its
     81 ms of CPU per call in system time here, 9.5x the faults of N = 2^14, a slope of 1.45 where
-    the arithmetic's is 0.97. With mmap off (M_MMAP_MAX = 0) and no trimming (M_TRIM_THRESHOLD
-    1 GiB) the buffers of the warm-up call are reused. glibc only (elsewhere a no-op); the memory
-    measurements run in child processes of their own and are not affected.
+    the arithmetic's is 0.97. With mmap off (M_MMAP_MAX = 0) and trimming off (M_TRIM_THRESHOLD
+    -1, "disables trimming completely", mallopt(3)) the buffers of the warm-up call are reused.
+    A finite threshold is not enough: softmax at N = 2^14 frees about 1.75 GiB of temporaries, and
+    with a 1 GiB threshold glibc trimmed the heap in whichever later call's free merged them into
+    the top chunk, which depended on the process's heap layout: in about half the processes N = 512
+    paid 90-185 ms of system time per call for returning the pages (0.65 ms of user time, 100x its
+    cost, no page faults) and the larger N faulted them back in. glibc only (elsewhere a no-op); the
+    memory measurements run in child processes of their own and are not affected.
     """
     libc = _libc()
     if libc is None:
         yield
         return
     libc.mallopt(_M_MMAP_MAX, 0)
-    libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
+    libc.mallopt(_M_TRIM_THRESHOLD, _NO_TRIM)
     try:
         yield
     finally:
