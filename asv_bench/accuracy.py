@@ -10,6 +10,7 @@ rounding plus any approximation the fast path makes. Tracking it across commits 
 change that keeps the tests' tolerances but loses accuracy. N runs over the attention grid up
 to max(dense_sizes), where the reference runs; the budget and the missing twins are skipped as
 in common.skip_reason. The pass/fail tolerances live in verify/ (equivalence checks), not here.
+The value is kept to 4 significant digits (common.significant), like every track_ value.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class _AccuracyBenchmark:
 
     def track_relative_error(self, implementation, n):
         truth = self.mechanism.reference(self.prepared.problem)
-        return relative_error(truth, self.prepared.runner())
+        return common.significant(relative_error(truth, self.prepared.runner()))
 
 
 def _benchmark_class(mech: Mechanism) -> type | None:

@@ -90,6 +90,23 @@ GRID_STRIDE = 2
 #: Dense float64 N x N copies the reference holds at once (reference/attention.py checks 2).
 DENSE_COPIES = 2
 
+#: Significant digits of what the track_ benchmarks return. asv stores that value and prints it
+#: with json.dumps, all 17 digits of a float; 4 are more than any of them resolves (exponents and
+#: GFLOP/s vary from run to run in the second or third digit, a relative error of float32
+#: rounding in the second), and they keep `make bench`'s output readable.
+SIGNIFICANT_DIGITS = 4
+
+
+def significant(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
+    """``value`` rounded to ``digits`` significant digits, as a float (NaN and inf unchanged); what
+    every track_ benchmark returns. O(1).
+
+        >>> from asv_bench.common import significant
+        >>> significant(1.0123456789), significant(3.14159e-07), significant(0.0)
+        (1.012, 3.142e-07, 0.0)
+    """
+    return float(f"{float(value):.{digits}g}")
+
 #: asv timing settings shared by the generated classes (see attention.py for the why).
 TIME_SETTINGS = dict(
     # (min samples, max samples, max seconds): slow calls (~1 s) stop after 3 samples, fast

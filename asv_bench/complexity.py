@@ -8,17 +8,19 @@ The value is the slope of log t against log N from a small in-process sweep of t
 variant's fast path: measure.timing.sweep over EXPONENT_POINTS sizes a factor GRID_FACTOR apart
 (4 points over 64x = 1.8 decades), one torch thread, SWEEP_ROUNDS interleaved rounds, median per
 N; then the project's one fit rule (measure.timing.fit_times: points under MIN_FIT_S are left
-out, but the largest four always enter, so with four points all of them do). For a mechanism
+out, but the largest four always enter, so with four points all of them do), kept to 4
+significant digits (common.significant). For a mechanism
 with a cost factor (complexity "N diam": the diameter) the fitted quantity is time / cost
 factor, the points chosen by raw time, as verify's complexity check does. So every value reads
-against the exponent of the class without log factors: about 1 for "N" (a little below at these
-N, where fixed costs still show), a little above 1 for "N log N", about 2 for "N^2".
+against the exponent of the class without log factors: about 1 for "N" (below at these N, where
+fixed per-call costs still show: far below for the cheapest, e.g. difformer ~0.5, as
+docs/benchmarks.md explains), a little above 1 for "N log N", about 2 for "N^2".
 
 Why here, and how it differs from verify: asv spreads time_attention's points over separate
 processes (up to 2x apart on our 2-core machines), so a slope fitted from them is noise; this
 sweep times all N in one process, as docs/methods.md asks. It is shorter than the complexity
-check's (4 points, 3 rounds, top N at most the quick sweep's), so all twelve mechanisms take
-about 40 s per commit here; the pass/fail thresholds stay in verify/checks/complexity.py. A jump
+check's (4 points, 3 rounds, top N at most the quick sweep's), so the 23 mechanisms take about
+40 s per commit here; the pass/fail thresholds stay in verify/checks/complexity.py. A jump
 in this series across commits means a change altered how the fast path scales, not only its
 speed.
 
@@ -127,7 +129,7 @@ class _ExponentBenchmark:
                                       f"{EXPONENT_POINTS} sizes (registry fast sizes too small)")
 
     def track_exponent(self):
-        return fitted_exponent(self.mechanism, self.sizes)
+        return common.significant(fitted_exponent(self.mechanism, self.sizes))
 
 
 def _benchmark_class(mech: Mechanism) -> type:

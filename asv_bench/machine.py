@@ -3,7 +3,8 @@
     machine.MatmulPeak.track_matmul_gflops   params: threads ("1", "all"); unit GFLOP/s
 
 A 2048 x 2048 float32 torch matmul (2 n^3 flops) is timed in-process: one warm-up, then five
-measurements of >= 0.2 s each (measure.timing.measure), and the best is reported, since noise
+measurements of >= 0.2 s each (measure.timing.measure), and the best is reported (to 4
+significant digits, common.significant, as every track_ value), since noise
 only ever lowers the rate and the peak is what a kernel's rate is compared with (docs/methods.md,
 "Roofline"). "1" matches the single thread of the attention benchmarks; "all" is torch's
 default thread count on this machine (both cores here), reported separately as docs/methods.md
@@ -49,4 +50,4 @@ class MatmulPeak:
 
         matmul()  # warm-up: first-call allocation and MKL initialisation
         seconds = min(measure(matmul, min_time=self.min_time) for _ in range(self.measurements))
-        return 2.0 * self.size**3 / seconds / 1e9
+        return common.significant(2.0 * self.size**3 / seconds / 1e9)

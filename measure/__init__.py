@@ -31,17 +31,10 @@ it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time
    into ``training``; --skip-training leaves it out, and so does --only (a run restricted to some
    mechanisms: the demo belongs to none of them).
 
-Time, quick, all 12 mechanisms, on an idle Xeon pinned to 2 cores (taskset; the old ``python -m
-reports --quick`` took 360 s there: sweeps 94, tree stage 16, memory 79, FAVOR+ 3, verify 151,
-figures 12): sweeps 158 s (default variants ~75 s of timing as before, the tree variants that
-replace the tree stage ~60 s, of which tree-diam on the path and caterpillar at N = 2^11 ~33 s),
-memory 57 s, favor_error 3 s, gallery < 0.1 s, checks ~200 s (the complexity checks now cost ~0
-s through the cache; the scale checks take ~180 s, ~113 s of it the new scale/<id>-train). The
-smoke run ``--quick --skip-memory --only linear --only tree-dc`` on a shared 2-core EPYC (1-minute
-load 2.2-2.9, under nice) took 67 s: sweeps 39 s (9 sweeps: linear fast/dense, tree-dc fast/dense
-and its five tree variants), favor_error 5 s, gallery < 0.1 s, checks 22 s (6 checks; the two
-complexity checks 0.1 s each from the cache, scale/linear 8 s, scale/linear-train 9 s).
-Full mode was not timed here (the old full report took ~16 min on 2 cores).
+Time, 23 mechanisms, 2 cores, ``make report`` (so rendering included): quick 7.1 minutes in a
+fresh clone, venv included (sweeps 126 s, memory 86 s, checks 137 s, training 12 s, rendering
+20 s; README); full 53.1 minutes at 462e2e7 on a machine busy with other work, load average 4-8
+(sweeps 1362 s, memory 814 s, checks 899 s, training 65 s, rendering 37 s; issue 23).
 
 Exit status: 0 when the JSON was written (even if checks failed: ``python -m verify`` is the
 gate), 2 on bad arguments.

@@ -85,7 +85,7 @@ def _reporter(json_path: str | None, progress: bool):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="deterministic CI subset (under 3 minutes on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="deterministic CI subset (about 3.5 minutes of check time on 2 cores)")
     ap.add_argument("--only", action="append", metavar="ID", type=_non_empty("a check id prefix such as equivalence/"),
                     help="run checks whose id starts with ID, e.g. --only equivalence/causal; a mechanism id "
                          "(or any check's name after its family) runs every check about it (--only nodeformer: "
