@@ -76,6 +76,8 @@ def seconds_text(t: float | None) -> str:
     if not finite(t):
         return number(t)
     a = abs(t)
+    if a >= 1000:  # "1,360 s", not "1.36e+03 s"
+        return f"{t:,.0f} s"
     if a >= 1 or a == 0:
         return f"{t:.3g} s"
     if a >= 1e-3:
@@ -158,3 +160,94 @@ def read_json(path) -> tuple[bool, Any, str]:
         return True, json.loads(p.read_text(encoding="utf-8")), ""
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return True, None, f"{type(exc).__name__}: {exc}"
+
+
+def duration_text(t: float | None) -> str:
+    """A wall time for people: "22 min 40 s", "1 h 3 min", "42 s", "1.3 s"; below a second as
+    seconds_text ("420 ms").
+
+    >>> from reports.format import duration_text
+    >>> duration_text(1360.4), duration_text(3790), duration_text(42.2), duration_text(0.42)
+    ('22 min 40 s', '1 h 3 min', '42 s', '420 ms')
+    """
+    if not finite(t) or abs(t) < 10:
+        return seconds_text(t)
+    s = round(abs(float(t)))
+    sign = "−" if t < 0 else ""
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    if h:
+        return f"{sign}{h} h {m} min"
+    return f"{sign}{m} min {sec} s" if m else f"{sign}{sec} s"
+
+
+def load_text(load: Any) -> str:
+    """A (1, 5, 15)-minute load average triple as "2.1 / 2.4 / 2.9 (1, 5, 15 min)"; anything else
+    via value_text.
+
+    >>> from reports.format import load_text
+    >>> load_text([2.1, 2.4, 2.93])
+    '2.1 / 2.4 / 2.93 (1, 5, 15 min)'
+    """
+    if isinstance(load, (list, tuple)) and len(load) == 3 and all(finite(x) for x in load):
+        return " / ".join(f"{x:.3g}" for x in load) + " (1, 5, 15 min)"
+    return value_text(load)
+
+
+def _key_unit(key: str) -> str:
+    """The unit a details key names by its spelling: "seconds", "bytes" or ""."""
+    k = key.lower()
+    if k.endswith(("seconds", "_s", "_sec", "_secs")) or k in SECOND_UNITS:
+        return "seconds"
+    if k.endswith(("bytes", "_b")) or k in BYTE_UNITS:
+        return "bytes"
+    return ""
+
+
+def brief_text(x: Any, key: str = "", max_items: int = 8) -> str:
+    """One value of a check's details in one short line: numbers at three digits (seconds and
+    bytes in their units where the key says so: "*_seconds", "*_bytes"), lists as "1, 2, 3, …
+    (40 values)", small dicts as "a: 1, b: 2", anything longer cut at 200 characters.
+
+    >>> from reports.format import brief_text
+    >>> brief_text(0.0123, "fit_seconds"), brief_text(list(range(40))), brief_text({"a": 1.23456})
+    ('12.3 ms', '0, 1, 2, 3, 4, 5, 6, 7, … (40 values)', 'a: 1.23')
+    """
+    unit = _key_unit(key)
+    if isinstance(x, (list, tuple)):
+        head = ", ".join(brief_text(v, key, max_items) for v in x[:max_items])
+        text = head + (f", … ({len(x)} values)" if len(x) > max_items else "")
+    elif isinstance(x, dict):
+        text = ", ".join(f"{k}: {brief_text(v, str(k), max_items)}" for k, v in list(x.items())[:max_items])
+        text += f", … ({len(x)} entries)" if len(x) > max_items else ""
+    elif unit == "seconds" and finite(x) and abs(x) >= 60:
+        text = duration_text(x)
+    elif unit and finite(x):
+        text = with_unit(x, unit)
+    elif isinstance(x, int) and not isinstance(x, bool):
+        text = f"{x:,}"
+    else:
+        text = number(x) if x is None or isinstance(x, (int, float)) else str(x)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def details_rows(details: Any, skip: tuple[str, ...] = ("plots",)) -> list[tuple[str, str]]:
+    """A check's details as (key, value text) rows for a small two-column table: one row per top
+    key, nested dicts one level deep as "outer.inner", every value through brief_text; keys in
+    ``skip`` (the curves drawn elsewhere) left out.
+
+    >>> from reports.format import details_rows
+    >>> details_rows({"n": 4096, "fit": {"slope": 1.0312, "r2": 0.999}, "elapsed_seconds": 1360.4, "plots": []})
+    [('n', '4,096'), ('fit.slope', '1.03'), ('fit.r2', '0.999'), ('elapsed_seconds', '22 min 40 s')]
+    """
+    if not isinstance(details, dict):
+        return [] if details in (None, "", {}) else [("value", brief_text(details))]
+    rows: list[tuple[str, str]] = []
+    for k, v in details.items():
+        if k in skip:
+            continue
+        if isinstance(v, dict) and v and len(v) <= 12 and not any(isinstance(x, dict) for x in v.values()):
+            rows += [(f"{k}.{kk}", brief_text(vv, str(kk))) for kk, vv in v.items()]
+        else:
+            rows.append((str(k), brief_text(v, str(k))))
+    return rows

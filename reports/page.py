@@ -30,6 +30,10 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The page's sections in order: its table of contents, its numbered headings, its figures.
 SECTIONS = (summary, gallery, time_vs_n, crossover, memory, peers, roofline, variants, verification, numerics, favor,
             training, gpu, history, environment)
+#: Sections shown folded (their heading only, one click opens them): the long ones a reader scanning the page
+#: for "is it right, is it fast" does not need open; the page stays under 15,000 px at 1400 px wide
+#: (tests/reports/test_page_height.py).
+FOLDED = ("gallery", "time", "peers", "variants", "training", "gpu", "history", "environment")
 
 
 @dataclass(frozen=True)
@@ -38,16 +42,18 @@ class Part:
 
     >>> from reports.page import summary, Part
     >>> Part.of(summary)
-    Part(id='summary', title='Summary', template='sections/summary.html.j2')
+    Part(id='summary', title='Summary', template='sections/summary.html.j2', open=True)
     """
 
     id: str
     title: str
     template: str
+    open: bool = True  # False: shown folded (FOLDED)
 
     @classmethod
     def of(cls, section) -> "Part":
-        return cls(section.ID, section.TITLE, f"sections/{section.__name__.rsplit('.', 1)[-1]}.html.j2")
+        return cls(section.ID, section.TITLE, f"sections/{section.__name__.rsplit('.', 1)[-1]}.html.j2",
+                   section.ID not in FOLDED)
 
 
 def figure_defaults() -> dict[str, Any]:
@@ -124,6 +130,8 @@ def render_page(results: Results, figures: dict[str, Any], history: AsvHistory |
     >>> page = render_page(Results({"mode": "quick"}), {})
     >>> page.startswith("<!DOCTYPE html>"), '<h2>15. Environment</h2>' in page
     (True, True)
+    >>> '<p class="allpass"' in page  # no checks in this results file: no verdict line either
+    False
     """
     if histories is None:
         histories = mechanism_histories(history, [m.id for m in results.mechanisms]) if history is not None else []

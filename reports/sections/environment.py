@@ -19,18 +19,62 @@ TITLE = "Environment"
 FIGURES: dict[str, Any] = {}
 
 
+def load_rows(load) -> list[tuple[str, str]]:
+    """The environment's "load" record as readable rows: one per stage ("load: sweeps", "load 3.4 /
+    2 / 1 (1, 5, 15 min) at start, 3.1 / 2.1 / 1 at end; 2 threads; other processes 1.4 cores;
+    CPU 12 min 3 s"), then the run's worst other load; a record of another shape as value_text.
+
+    >>> from reports.sections.environment import load_rows
+    >>> load_rows({"cpus": 2, "stages": {"sweeps": {"threads": 2, "start": [3.4, 2.0, 1.0], "end": None}}})
+    [('load: sweeps', 'load 3.4 / 2 / 1 (1, 5, 15 min) at start; 2 threads')]
+    """
+    if not isinstance(load, dict):
+        return [("load", fmt.load_text(load))]
+    stages = load.get("stages") if isinstance(load.get("stages"), dict) else {
+        k: v for k, v in load.items() if isinstance(v, dict)}  # the older flat form {stage: {start, end}}
+    rows = []
+    for name, st in stages.items():
+        parts = []
+        # "load 3.4 / 2 / 1 (1, 5, 15 min) at start, 3.1 / 2.1 / 1 at end": the periods named once
+        ends = [f"{fmt.load_text(st[k])} at {k}" for k in ("start", "end") if st.get(k)]
+        if ends:
+            parts.append("load " + ", ".join([ends[0]] + [e.replace(" (1, 5, 15 min)", "") for e in ends[1:]]))
+        if st.get("threads") is not None:
+            parts.append(f"{st['threads']} threads")
+        if fmt.finite(st.get("other_load")):
+            parts.append(f"other processes {st['other_load']:.2g} cores")
+        if fmt.finite(st.get("cpu_s")):
+            parts.append(f"CPU {fmt.duration_text(st['cpu_s'])}")
+        rows.append((f"load: {name}", "; ".join(parts) or fmt.DASH))
+    if fmt.finite(load.get("max_other_load")):
+        rows.append(("load: worst", f"other processes used up to {load['max_other_load']:.2g} cores"
+                     + (f" of {load['cpus']} CPUs" if load.get("cpus") else "")))
+    return rows
+
+
 def env_rows(results: Results) -> list[tuple[str, str]]:
-    """(key, value as text) of every environment entry, then the stages' wall times if recorded.
+    """(key, value as text) of every environment entry (load per stage, byte counts in MiB/GiB,
+    nested dicts as "key: value" lists), then the stages' wall times ("22 min 40 s") if recorded.
 
     >>> from reports.sections.environment import env_rows
     >>> from results.schema import Results
-    >>> env_rows(Results({"threads": 2, "load": [1.5, 2]}, stage_seconds={"sweeps": 12.0}))
-    [('threads', '2'), ('load', '[1.5, 2]'), ('stage wall times', 'sweeps 12 s')]
+    >>> rows = env_rows(Results({"threads": 2, "load": [1.5, 2, 2.5]}, stage_seconds={"sweeps": 1362.0, "render": 37.2}))
+    >>> rows[1:]
+    [('load', '1.5 / 2 / 2.5 (1, 5, 15 min)'), ('stage wall times', 'sweeps 22 min 42 s, render 37 s, total 23 min 19 s')]
     """
-    rows = [(k, fmt.value_text(v)) for k, v in (results.environment or {}).items()]
+    rows: list[tuple[str, str]] = []
+    for k, v in (results.environment or {}).items():
+        if k == "load":
+            rows += load_rows(v)
+        elif k == "load_warning":
+            rows.append((k, fmt.value_text(v) if v else "none: the machine was quiet enough"))
+        else:
+            rows.append((k, fmt.brief_text(v, k, max_items=12) if isinstance(v, (dict, list, tuple)) or
+                         k.endswith("bytes") else fmt.value_text(v)))
     if results.stage_seconds:
-        rows.append(("stage wall times", ", ".join(f"{k} {fmt.seconds_text(v)}"
-                                                    for k, v in results.stage_seconds.items())))
+        times = [f"{k} {fmt.duration_text(v)}" for k, v in results.stage_seconds.items()]
+        total = sum(v for v in results.stage_seconds.values() if fmt.finite(v))
+        rows.append(("stage wall times", ", ".join(times) + f", total {fmt.duration_text(total)}"))
     return rows
 
 

@@ -32,6 +32,10 @@ TITLE = "GPU: tests, checks, time, memory and peers on CUDA"
 FIGURES: dict[str, Any] = {"gpu_sweeps": None, "gpu_peers": None}
 SCHEMA = "maskbench-gpu/1"
 COMMAND = "make gpu-check"
+#: A real run of ``make gpu-check`` shipped with the sources: the section shows it, labelled as a
+#: sample, when the user has no GPU run of their own (a clone without a GPU still sees what the
+#: section holds).
+SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "runs" / "gpu-h200-2026-11-27.json"
 
 
 @dataclass
@@ -43,6 +47,29 @@ class GpuRun:
     found: bool = False
     error: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    #: set when this is the shipped sample shown in place of the user's missing run: the path of the run
+    #: that was looked for
+    sample_for: str = ""
+
+
+def gpu_or_sample(run: GpuRun | None, sample: str | Path = SAMPLE) -> GpuRun | None:
+    """``run`` when it was found (even unreadable: the page says why); else the shipped sample
+    run (``sample_for`` naming where the user's run was looked for), or ``run`` when there is no
+    readable sample either.
+
+    >>> from reports.sections.gpu import GpuRun, gpu_or_sample
+    >>> gpu_or_sample(GpuRun("reports/out/gpu.json")).sample_for
+    'reports/out/gpu.json'
+    >>> gpu_or_sample(GpuRun("x.json"), sample="no-such.json").sample_for
+    ''
+    """
+    if run is not None and run.found:
+        return run
+    shipped = load_gpu(sample)
+    if not shipped.found or shipped.error:
+        return run
+    shipped.sample_for = run.path if run is not None else ""
+    return shipped
 
 
 def load_gpu(path: str | Path) -> GpuRun:
@@ -86,6 +113,8 @@ class GpuView:
     path: str
     error: str = ""
     command: str = COMMAND
+    sample_for: str = ""  # the shipped sample is shown: where the user's own run was looked for
+    sample_label: str = ""  # "NVIDIA H200, 2026-11-27, commit 462e2e7"
     env_rows: list[tuple[str, str]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     stage_rows: list[tuple[str, str, str]] = field(default_factory=list)  # stage, seconds, note
@@ -159,6 +188,12 @@ def gpu_view(run: GpuRun | None) -> GpuView:
     d = run.data
     view = GpuView(found=True, path=run.path, env_rows=_env_rows(d.get("environment") or {}),
                    failures=[str(x) for x in d.get("failures") or []])
+    if run.sample_for or run.path == str(SAMPLE):
+        env = d.get("environment") or {}
+        view.sample_for = run.sample_for or "reports/out/gpu.json"
+        view.sample_label = ", ".join(str(x) for x in (env.get("gpu"), str(env.get("date") or "")[:10],
+                                                      env.get("git_commit") and f"commit {env['git_commit']}") if x)
+        view.path = str(Path("docs") / "runs" / Path(run.path).name)  # as a reader of the repository finds it
     seconds = d.get("stage_seconds") or {}
     for stage in ("tests", "checks", "sweeps", "peers"):
         view.stage_rows.append((stage, fmt.seconds_text(seconds.get(stage)), _stage_note(d.get(stage))))

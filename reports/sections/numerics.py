@@ -87,6 +87,18 @@ def numerics_failing(cell: dict) -> bool:
     return bool(cell["silent"] or cell["disallowed"] or cell["reference_disallowed"] or cell["errors"])
 
 
+def numerics_clean(cells: list[dict]) -> bool:
+    """True when every cell reads "0" (nothing refused, silently wrong or raised): such a panel is
+    folded into one line of text instead of drawn.
+
+    >>> from reports.sections.numerics import numerics_clean
+    >>> numerics_clean([{"refusals": 0, "silent": 0, "errors": 0}]), numerics_clean([])
+    (True, False)
+    """
+    return bool(cells) and not any(c.get("refusals") or c.get("silent") or c.get("errors") or c.get("disallowed")
+                                   or c.get("reference_disallowed") for c in cells)
+
+
 def numerics_label(cell: dict) -> str:
     """"0", or "r 512!" (refused rows, "!" when some were disallowed), "s 3" (silent errors),
     "e 512" (rows of calls that raised), one per line."""
@@ -118,7 +130,10 @@ def plot_numerics(results: Results, out_dir: Path, name: str = "numerics.png") -
         cells = numerics_cells(r)
         dtypes = numerics_dtypes(cells)
         panels += [(r, t, [c for c in cells if c["dtype"] == t]) for t in dtypes] or [(r, None, [])]
-    panels = panels[:style.MAX_PANELS]
+    # all-zero panels are folded into one line on the page (numerics_view), not drawn
+    panels = [p for p in panels if not numerics_clean(p[2])][:style.MAX_PANELS]
+    if not panels:
+        return None
     fig, axes = style.grid(len(panels), ncols=4, w=3.2, h=2.7)
     norm = PowerNorm(NUMERICS_GAMMA, vmin=0.0, vmax=1.0)
     blues, reds = plt.get_cmap(NUMERICS_REFUSAL_CMAP), plt.get_cmap(NUMERICS_ERROR_CMAP)
@@ -210,6 +225,9 @@ class NumericsView:
     dims: str
     stds: str
     tolerance: str
+    clean: list[str] = field(default_factory=list)  # "causal · float32": panels all 0, folded, not drawn
+    clean_cells: int = 0
+    drawn: int = 0  # panels drawn (those with a refusal, a silent error or an error)
 
 
 def numerics_view(results: Results) -> NumericsView | None:
@@ -219,8 +237,16 @@ def numerics_view(results: Results) -> NumericsView | None:
     if not checks:
         return None
     rows, all_dtypes, sizes, dims, stds, tol = [], [], set(), set(), set(), {}
+    clean, clean_cells, drawn = [], 0, 0
     for r in checks:
         cells = numerics_cells(r)
+        for dtype in numerics_dtypes(cells) or [None]:
+            mine = [c for c in cells if c["dtype"] == dtype]
+            if numerics_clean(mine):
+                clean.append(f"{r.id.split('/', 1)[-1]} · {dtype}")
+                clean_cells += len(mine)
+            else:
+                drawn += 1
         sizes |= {int(c["n"]) for c in cells}
         dims |= {int(c["d"]) for c in cells}
         stds |= {float(c["std"]) for c in cells}
@@ -243,7 +269,8 @@ def numerics_view(results: Results) -> NumericsView | None:
     return NumericsView(rows, all_dtypes, ", ".join(fmt.pow2_text(n) for n in sorted(sizes)) or fmt.DASH,
                         ", ".join(str(d) for d in sorted(dims)) or fmt.DASH,
                         ", ".join(f"{s:g}" for s in sorted(stds)) or fmt.DASH,
-                        ", ".join(f"{k} {fmt.number(v)}" for k, v in tol.items()) or fmt.DASH)
+                        ", ".join(f"{k} {fmt.number(v)}" for k, v in tol.items()) or fmt.DASH,
+                        clean, clean_cells, drawn)
 
 
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:

@@ -110,8 +110,18 @@ def roofline_entries(results: Results) -> list[RooflineEntry]:
     return sorted(entries, key=lambda e: order.index(e.baseline) if e.baseline in order else len(order))
 
 
-def met_text(meets: bool | None) -> str:
-    return "none" if meets is None else ("yes" if meets else "no")
+def met_text(meets: bool | None, fraction: float | None = None, target: float | None = None) -> str:
+    """"met", "MISSED: 0.51 < 0.70" (the numbers where both are known), or "none" (no target).
+
+    >>> from reports.sections.roofline import met_text
+    >>> met_text(True), met_text(False, 0.512, 0.7), met_text(None)
+    ('met', 'MISSED: 0.51 < 0.70', 'none')
+    """
+    if meets is None:
+        return "none"
+    if meets:
+        return "met"
+    return "MISSED" + (f": {fraction:.2f} < {target:.2f}" if fraction is not None and target is not None else "")
 
 
 def _gflops_text(x: float | None) -> str:
@@ -169,7 +179,7 @@ def roofline_view(results: Results) -> RooflineView | None:
             (f"≥ {fmt.number(e.target, '.2f')}" + (f" at N = {fmt.pow2_text(e.target_n)}"
                                                    if e.target_n is not None and e.target_n != e.N else ""))
             if e.target is not None else "none",
-            met_text(e.meets_target), {True: "pass", False: "fail", None: "skip"}[e.meets_target],
+            met_text(e.meets_target, e.fraction, e.target), {True: "pass", False: "fail", None: "skip"}[e.meets_target],
             e.status, e.what, e.reasons))
     baselines = list(dict.fromkeys(e.baseline for e in entries if e.baseline != "none"))
     settings = []

@@ -50,7 +50,23 @@ class CheckRow:
     reasons: list[str]
     note: str
     seconds: str
-    details: str
+    details: list[tuple[str, str]]  # (key, value with its unit): format.details_rows
+    anchor: str = ""  # the row's id on the page ("check-equivalence_causal"), where the failures list links
+
+
+#: Statuses that are neither pass nor fail (an amber cell): a check that could not conclude, e.g.
+#: "inconclusive: machine busy" from a complexity check under load.
+SETTLED = ("pass", "fail", "skip")
+
+
+def check_anchor(check_id: str) -> str:
+    """The page anchor of a check's row.
+
+    >>> from reports.sections.verification import check_anchor
+    >>> check_anchor("equivalence/toeplitz-1d")
+    'check-equivalence_toeplitz-1d'
+    """
+    return "check-" + style.slug(check_id)
 
 
 def check_reasons(r: CheckResult) -> list[str]:
@@ -69,8 +85,11 @@ def check_reasons(r: CheckResult) -> list[str]:
                 out.append(str(d["error"]))
         if not out:
             out.append("no reason recorded (see details)")
-    elif r.status == "skip" and d.get("reason"):
+    elif r.status != "pass" and d.get("reason"):  # skipped, or inconclusive
         out.append(str(d["reason"]))
+    elif r.status not in SETTLED:
+        given = getattr(r, "reasons", None) or d.get("reasons") or []
+        out += [given] if isinstance(given, str) else [str(x) for x in given]
     return list(dict.fromkeys(out))
 
 
@@ -89,7 +108,60 @@ def check_row(r: CheckResult) -> CheckRow:
         reasons=check_reasons(r) if r.status != "pass" else [],
         note="" if r.status != "pass" else str(d.get("note", "")),
         seconds=fmt.seconds_text(r.seconds) if r.seconds else fmt.DASH,
-        details=fmt.json_text(d) if d else "")
+        details=fmt.details_rows(d, skip=("plots", "statistic", "reasons", "reason", "compare", "unit", "note")),
+        anchor=check_anchor(r.id))
+
+
+@dataclass
+class CheckFamily:
+    """The checks whose ids share a prefix ("equivalence", "complexity", a paper), shown as one
+    collapsible table: the description their rows share said once (``what``), a tally, and
+    ``open`` when a row failed or could not conclude (those stay in sight)."""
+
+    name: str
+    what: str
+    rows: list[CheckRow]
+    tally: dict[str, int]
+    open: bool
+
+    @property
+    def flagged(self) -> list[CheckRow]:
+        """The rows that failed or could not conclude: in sight when the family is open."""
+        return [r for r in self.rows if r.status not in ("pass", "skip")]
+
+    @property
+    def others(self) -> list[CheckRow]:
+        """The rows that passed or were skipped: one more click away when the family is open."""
+        return [r for r in self.rows if r.status in ("pass", "skip")]
+
+
+def check_families(rows: list[CheckRow]) -> list[CheckFamily]:
+    """``rows`` grouped by id prefix, in first-seen order; a statistic description that more than
+    one row of a family shares moves to the family (and leaves those rows), so it appears once.
+
+    >>> from reports.sections.verification import check_families, check_row
+    >>> from results.check import CheckResult
+    >>> rows = [check_row(CheckResult(f"equivalence/{m}", m, "src", "equivalence", "pass", 1e-7, 1e-5, 0.1,
+    ...                                {"statistic": "max relative error"})) for m in ("a", "b")]
+    >>> [(f.name, f.what, [r.what for r in f.rows], f.tally["pass"]) for f in check_families(rows)]
+    [('equivalence', 'max relative error', ['', ''], 2)]
+    """
+    groups: dict[str, list[CheckRow]] = {}
+    for r in rows:
+        groups.setdefault(r.id.split("/", 1)[0], []).append(r)
+    out = []
+    for name, members in groups.items():
+        whats = [r.what for r in members if r.what]
+        shared = max(set(whats), key=whats.count) if whats else ""
+        if whats.count(shared) < 2:
+            shared = ""
+        for r in members:
+            if shared and r.what == shared:
+                r.what = ""
+        statuses = [r.status for r in members]
+        tally = {st: statuses.count(st) for st in dict.fromkeys(["pass", "fail", "skip"] + statuses)}
+        out.append(CheckFamily(name, shared, members, tally, any(st not in ("pass", "skip") for st in statuses)))
+    return out
 
 
 # ------------------------------------------------------------------------------- the curves checks record
@@ -198,9 +270,12 @@ def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict
 
 
 def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
-    """{"checks": a CheckRow per check (None: the checks were not run), "tally": {status: count},
-    "checks_note", "compare_missing": some check recorded a threshold but not which way it
-    compares, "check_figures": figures["checks"]}.
+    """{"checks": a CheckRow per check (None: the checks were not run), "check_families": them
+    grouped (check_families), "tally": {status: count} (pass, fail, skip, then any other status
+    such as "inconclusive"), "check_failures" / "check_unsettled": the rows that failed / could not
+    conclude (the page lists them first, linked to their rows), "checks_note", "compare_missing":
+    some check recorded a threshold but not which way it compares, "check_figures":
+    figures["checks"]}.
 
     >>> from reports.sections.verification import view
     >>> from reports.sections import PageInputs
@@ -210,7 +285,13 @@ def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     """
     results = inputs.results
     checks = [check_row(r) for r in results.checks] if results.checks is not None else None
-    tally = None if checks is None else {s: sum(c.status == s for c in checks) for s in ("pass", "fail", "skip")}
+    tally = None
+    if checks is not None:
+        statuses = [c.status for c in checks]
+        tally = {s: statuses.count(s) for s in dict.fromkeys(["pass", "fail", "skip"] + statuses)}
     compare_missing = checks is not None and any(c.sign is None and c.threshold is not None for c in checks)
-    return {"checks": checks, "tally": tally, "checks_note": results.checks_note, "compare_missing": compare_missing,
+    return {"checks": checks, "check_families": check_families(checks) if checks else [], "tally": tally,
+            "check_failures": [c for c in checks or [] if c.status == "fail"],
+            "check_unsettled": [c for c in checks or [] if c.status not in SETTLED],
+            "checks_note": results.checks_note, "compare_missing": compare_missing,
             "check_figures": figures["checks"]}

@@ -75,9 +75,12 @@ def test_page_has_the_gpu_section(tmp_path, kind):
     section = html[html.index('<section id="gpu">'):html.index('<section id="history">')]
     assert '<a href="#gpu">' in html and "13. GPU" in section and "14. History" in html
     assert MALICIOUS not in html  # escaped
-    if kind == "missing":
-        assert "No GPU run was found" in section and "make gpu-check" in section
+    if kind == "missing":  # the shipped sample run, labelled as such, with the command that replaces it
+        assert "Sample, not your run" in section and "docs/runs/gpu-h200-2026-11-27.json" in section
+        assert "NVIDIA H200, 2026-11-27" in section and "Run <code>make gpu-check</code>" in section
+        assert "gpu_sweeps.png" in section
         return
+    assert "Sample, not your run" not in section
     assert "NVIDIA H100 80GB HBM3" in section and "580.159.03" in section and "2.11.0+cu130" in section
     assert GPU_FAILED_TEST in section and GPU_FAILED_CHECK in section and "same seed, different bits" in section
     if kind == "stopped":

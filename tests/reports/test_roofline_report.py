@@ -41,11 +41,11 @@ def test_view_rows():
     lin = rows["linear"]
     assert (lin.baseline, lin.n, lin.d, lin.m, lin.seconds, lin.gflops, lin.gflops_executed, lin.peak_gflops,
             lin.fraction, lin.target, lin.met, lin.met_class, lin.status) == (
-        "matmul", "2¹⁶", "64", "64", "20 ms", "31", "34.1", "50", "0.620", "≥ 0.70", "no", "fail", "pass")
+        "matmul", "2¹⁶", "64", "64", "20 ms", "31", "34.1", "50", "0.620", "≥ 0.70", "MISSED: 0.62 < 0.70", "fail", "pass")
     assert (rows["causal"].n, rows["causal"].target, rows["causal"].met, rows["causal"].met_class) == (
-        "2¹⁴", "≥ 0.50 at N = 2¹⁶", "yes", "pass")
+        "2¹⁴", "≥ 0.50 at N = 2¹⁶", "met", "pass")
     fft = rows["toeplitz-1d"]
-    assert (fft.n, fft.baseline_seconds, fft.gflops, fft.target, fft.met) == ("2¹⁴", "16 ms", "–", "≥ 0.67", "yes")
+    assert (fft.n, fft.baseline_seconds, fft.gflops, fft.target, fft.met) == ("2¹⁴", "16 ms", "–", "≥ 0.67", "met")
     assert (rows["tree-x"].target, rows["tree-x"].met, rows["tree-x"].met_class) == ("none", "none", "skip")
     assert rows["broken"].status == "fail" and rows["broken"].reasons == [PERF_FAIL_REASON]
     assert rows["skipped"].fraction == "–" and rows["skipped"].status == "skip"
@@ -64,7 +64,10 @@ def test_section_renders_table_and_figure(tmp_path):
     assert section.count("<tr><td><code>perf/") == 6
     assert html.escape(PERF_FAIL_REASON) in section and "<baseline>" not in section
     assert PERF_SKIP_REASON in section
-    assert '<td class="fail">no</td>' in section and '<td class="pass">yes</td>' in section
+    # a missed target is red twice (the fraction and "MISSED"), and named in a box above the table
+    assert '<td class="fail">MISSED: 0.62 &lt; 0.70</td>' in section and '<td class="pass">met</td>' in section
+    assert '<td class="num fail">0.620</td>' in section
+    assert "<b>Targets missed</b>" in section and "<code>perf/linear</code> 0.620 against ≥ 0.70" in section
     assert '<td class="skip">none</td>' in section and '<td class="fail">FAIL</td>' in section
     assert "3 met, 1 missed, 2 without a target" in section
 
