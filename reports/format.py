@@ -95,6 +95,8 @@ def with_unit(x: Any, unit: str | None) -> str:
         return bytes_text(x)
     if u.lower() in SECOND_UNITS:
         return seconds_text(x)
+    if u.lower() in ("count", "rows") and finite(x) and float(x).is_integer():
+        return count_text(x)  # "3,080", not "3.08e+03"
     return number(x)
 
 

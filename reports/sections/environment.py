@@ -40,7 +40,7 @@ def load_rows(load) -> list[tuple[str, str]]:
         if ends:
             parts.append("load " + ", ".join([ends[0]] + [e.replace(" (1, 5, 15 min)", "") for e in ends[1:]]))
         if st.get("threads") is not None:
-            parts.append(f"{st['threads']} threads")
+            parts.append(f"{st['threads']} thread" + ("s" if st["threads"] != 1 else ""))
         if fmt.finite(st.get("other_load")):
             parts.append(f"other processes {st['other_load']:.2g} cores")
         if fmt.finite(st.get("cpu_s")):
