@@ -12,7 +12,10 @@ per call of the whole process (user + system over all its threads, ``time.proces
 around the same measurements. The work of such a call is single-threaded, so its CPU seconds are
 its cost, and they do not count the time the thread waits for a core: on a loaded machine wall
 times rise and scatter with the load while CPU seconds stay close to the idle wall times.
-``Sweep.cpu_view`` gives the sweep on that clock with each point the MINIMUM over rounds (load only
+Contention (``wait_share``, ``machine_busy``): beside each CPU measurement the sweep records the
+share of its wall time the timing thread did not run (1 - CPU / wall, ``wait_rounds``), and the
+1-minute load average before and after (``load``), so a check can tell a busy machine from a
+slow path. ``Sweep.cpu_view`` gives the sweep on that clock with each point the MINIMUM over rounds (load only
 adds CPU time, through shared caches and memory bandwidth, so the least disturbed round is the
 best estimate of the cost); verify.checks.complexity judges on it. ``merge_rounds`` pools the
 rounds of a re-timed sweep with the first one (the checks' retry).
@@ -40,7 +43,7 @@ from scipy import stats
 
 from results.schema import Comparison, Fit, SweepResult
 
-__all__ = ["MIN_MEASURE_S", "MIN_FIT_S", "FIT_MIN_POINTS", "CLOCKS", "Fit", "Sweep", "pinned_threads", "measure",
+__all__ = ["BUSY_LOAD_PER_CPU", "BUSY_WAIT_SHARE", "wait_share", "load_average", "machine_busy", "MIN_MEASURE_S", "MIN_FIT_S", "FIT_MIN_POINTS", "CLOCKS", "Fit", "Sweep", "pinned_threads", "measure",
            "cpu_clock_applies", "sweep", "sweep_key", "merge_rounds", "fit_points", "fit_exponent", "fit_times",
            "crossover", "crossover_interval", "speedup_interval", "compare", "measured_crossover", "environment"]
 
@@ -54,6 +57,67 @@ FIT_MIN_POINTS = 4
 CROSSOVER_REPLICATES = 2000
 #: The clocks a Sweep's seconds can be on, and how a point summarises its rounds on each.
 CLOCKS = {"wall": "median", "cpu": "min"}
+#: A sweep's machine was busy when the timing thread waited for a core this share of the wall time
+#: of its measurements (median over them; 0-0.05 on an idle machine, about 0.5 beside one CPU
+#: burner per core) ...
+BUSY_WAIT_SHARE = 0.15
+#: ... or when the other processes' load (the 1-minute load average less the timing thread) reached
+#: this many per CPU: neighbours on the other cores share the caches and the memory bandwidth, which
+#: raises CPU seconds per call (0-30% here) without any wait.
+BUSY_LOAD_PER_CPU = 0.5
+
+
+def wait_share(cpu_seconds: float, wall_seconds: float) -> float:
+    """The share of a single-threaded measurement's wall time its thread did not run: 1 - CPU / wall,
+    clipped to [0, 1] (0: it had a core throughout). NaN when the wall time is not positive.
+
+    >>> from measure.timing import wait_share
+    >>> wait_share(0.01, 0.04), wait_share(0.02, 0.02)
+    (0.75, 0.0)
+    """
+    if not wall_seconds > 0:
+        return math.nan
+    return min(1.0, max(0.0, 1.0 - cpu_seconds / wall_seconds))
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (os.getloadavg), None where the system has none.
+
+    >>> from measure.timing import load_average
+    >>> load_average() is None or load_average() >= 0
+    True
+    """
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_busy(load, waits, cpus: int | None = None) -> str | None:
+    """Why the machine was too busy to trust a timing fit, or None: the median of ``waits`` (wait
+    shares, NaN ignored) is at least BUSY_WAIT_SHARE, or the largest of ``load`` (1-minute load
+    averages sampled around the sweeps; None entries ignored) less 1 (the timing thread itself) is at
+    least BUSY_LOAD_PER_CPU x ``cpus`` (default os.cpu_count()).
+
+    >>> from measure.timing import machine_busy
+    >>> machine_busy([1.1, 0.9], [0.01, 0.02], cpus=2) is None
+    True
+    >>> machine_busy([4.2], [0.5, 0.6], cpus=2)
+    'machine busy: load average 4.2 on 2 CPUs, the timing thread waited for a core 55% of its time'
+    """
+    cpus = cpus or os.cpu_count() or 1
+    loads = [float(x) for x in (load or []) if x is not None and math.isfinite(x)]
+    shares = np.asarray([w for w in (waits or []) if w is not None], float)
+    shares = shares[np.isfinite(shares)]
+    wait = float(np.median(shares)) if shares.size else None
+    peak = max(loads) if loads else None
+    if not ((wait is not None and wait >= BUSY_WAIT_SHARE)
+            or (peak is not None and peak - 1.0 >= BUSY_LOAD_PER_CPU * cpus)):
+        return None
+    said = [] if peak is None else [f"load average {peak:.2g} on {cpus} CPUs"]
+    if wait is not None:
+        said.append(f"the timing thread waited for a core {wait:.0%} of its time")
+    return "machine busy: " + ", ".join(said)
 
 
 @contextlib.contextmanager
@@ -242,7 +306,9 @@ class Sweep:
     the rounds done). cpu_rounds[r][i]: the same measurement in CPU seconds of the process per call
     (``cpu_clock_applies``; None where not recorded). clock, summary: what seconds and all_rounds
     hold ("wall" and "median" for a measured sweep; ``cpu_view`` gives "cpu" and "min").
-    point_budget: the sweep's (None: every round at every N). cost_factors[i]:
+    point_budget: the sweep's (None: every round at every N). wait_rounds[r][i]: ``wait_share`` of
+    that measurement (with cpu_rounds); load: the 1-minute load averages sampled before and after
+    the sweep (``Sweep.busy``). cost_factors[i]:
     mech.cost_factor of the problem at sizes[i] (None without one); metrics: {name: [value at
     each size]} from mech.metrics. error, error_n: the first exception ("N = n: Type: message")
     and its N; larger N were not tried, the points before it are kept.
@@ -265,11 +331,18 @@ class Sweep:
     error_n: int | None = None
     point_budget: float | None = None
     cpu_rounds: list[list[float]] | None = None
+    wait_rounds: list[list[float]] | None = None
+    load: list[float | None] = field(default_factory=list)
     clock: str = "wall"
     summary: str = "median"
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def busy(self, cpus: int | None = None) -> str | None:
+        """``machine_busy`` of this sweep's load samples and wait shares (None: it was not busy)."""
+        waits = [w for row in (self.wait_rounds or []) for w in row]
+        return machine_busy(self.load, waits, cpus)
 
     def cpu_view(self) -> "Sweep | None":
         """This sweep on the CPU clock: all_rounds = cpu_rounds and each point the minimum over its
@@ -393,6 +466,7 @@ def sweep(
     cost: list[float | None] = []
     metric_rows: list[dict] = []
     on_host = str(device).split(":")[0] == "cpu"
+    load_before = load_average()
     with pinned_threads(threads), torch.inference_mode(), (steady_heap() if on_host else contextlib.nullcontext()):
         runners = []
         for n in sizes:
@@ -414,6 +488,7 @@ def sweep(
         table = np.full((rounds, len(runners)), np.nan)
         on_cpu = cpu_clock_applies(device, threads)
         cpu_table = np.full((rounds, len(runners)), np.nan)
+        wait_table = np.full((rounds, len(runners)), np.nan)
         spent = np.zeros(len(runners))  # seconds of timed measurements per N (point_budget)
         width = len(runners)
         for i in range(rounds):
@@ -424,12 +499,14 @@ def sweep(
                     counted = Counted(runners[j])
                     c0, t0 = time.process_time(), time.perf_counter()
                     t = measure(counted, device)
-                    spent[j] += time.perf_counter() - t0
+                    wall = time.perf_counter() - t0
+                    spent[j] += wall
                     cpu = time.process_time() - c0
                     if not (math.isfinite(t) and t > 0):
                         raise ValueError(f"timing gave {t} s")
                     if on_cpu and counted.calls:
                         cpu_table[i, j] = cpu / counted.calls
+                        wait_table[i, j] = wait_share(cpu, wall)
                 except Exception as exc:  # noqa: BLE001 - same as a setup failure at this N
                     error, error_n = f"N = {ok_sizes[j]:,}: {type(exc).__name__}: {exc}", ok_sizes[j]
                     width = j
@@ -442,7 +519,7 @@ def sweep(
     if progress is not None and done < total:
         progress.update(total - done)  # the points not measured after an error
     ok_sizes, cost, metric_rows, table = ok_sizes[:width], cost[:width], metric_rows[:width], table[:, :width]
-    cpu_table = cpu_table[:, :width]
+    cpu_table, wait_table = cpu_table[:, :width], wait_table[:, :width]
     names = list(dict.fromkeys(k for row in metric_rows for k in row))
     metrics = {k: [None if row.get(k) is None else float(row[k]) for row in metric_rows] for k in names}
     result = Sweep(
@@ -450,7 +527,8 @@ def sweep(
         seconds=[float(x) for x in np.nanmedian(table, axis=0)] if width else [], rounds=rounds,
         all_rounds=table.tolist() if width else [], variant=v.name, seed=seed,
         cost_factors=None if mech.cost_factor is None else cost, metrics=metrics, error=error, error_n=error_n,
-        point_budget=point_budget, cpu_rounds=cpu_table.tolist() if on_cpu and width else None)
+        point_budget=point_budget, cpu_rounds=cpu_table.tolist() if on_cpu and width else None,
+        wait_rounds=wait_table.tolist() if on_cpu and width else None, load=[load_before, load_average()])
     if cache is not None:
         cache[key] = result
     return result
@@ -475,13 +553,16 @@ def merge_rounds(first: Sweep, again: Sweep) -> Sweep:
         return [[float(row[at[n]]) if n in at else math.nan for n in first.sizes] for row in rows]
 
     rows = [list(map(float, r)) for r in first.all_rounds] + aligned(again.all_rounds)
-    cpu = None
+    cpu = waits = None
     if first.cpu_rounds is not None and again.cpu_rounds is not None:
         cpu = [list(map(float, r)) for r in first.cpu_rounds] + aligned(again.cpu_rounds)
+    if first.wait_rounds is not None and again.wait_rounds is not None:
+        waits = [list(map(float, r)) for r in first.wait_rounds] + aligned(again.wait_rounds)
     table = np.asarray(rows, float).reshape(len(rows), len(first.sizes))
     with np.errstate(all="ignore"):
         seconds = [float(np.nanmedian(c)) if np.isfinite(c).any() else math.nan for c in table.T]
     return replace(first, seconds=seconds, all_rounds=rows, rounds=first.rounds + again.rounds, cpu_rounds=cpu,
+                   wait_rounds=waits, load=list(first.load) + list(again.load),
                    error=first.error or again.error, error_n=first.error_n if first.error else again.error_n)
 
 

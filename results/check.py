@@ -21,7 +21,10 @@ from typing import Any, Callable
 #: measurement, the issue's speed targets are reported in its details.
 KINDS = ("equivalence", "statistical", "bound", "complexity", "scale", "erratum", "guard", "reproducibility",
          "numerics", "perf")
-STATUSES = ("pass", "fail", "skip")
+#: "inconclusive": the check ran but could not decide (complexity/<id> on a busy machine, or an
+#: interval too wide around a passing estimate); details["reason"] says why. Neither a pass nor a
+#: failure: ``python -m verify`` exits 3 when nothing failed but something was inconclusive.
+STATUSES = ("pass", "fail", "skip", "inconclusive")
 #: How a statistic is compared with its threshold for a pass ("<=": statistic <= threshold);
 #: "" where the check is not one comparison (or has no threshold).
 COMPARES = ("<=", ">=", "<", ">", "")

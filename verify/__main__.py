@@ -4,7 +4,9 @@ Each check prints one line as it finishes (verify.runner.progress_line), with th
 without it (--no-progress), and --json PATH is rewritten after every check, so a run that is
 stopped at any point keeps the lines and the JSON of the checks that finished.
 
-Exit status: 0 if nothing failed, 1 if any check failed, 2 on bad arguments. Arguments are all
+Exit status: 0 if every check passed or was skipped, 1 if any check failed, 3 if none failed but
+some were inconclusive (e.g. "inconclusive: machine busy" from complexity/<id>: not a pass, so a
+gate does not open on it; rerun on a quieter machine), 2 on bad arguments. Arguments are all
 checked before any check runs: the seed (an int >= 0), the device (it must hold a tensor here;
 "meta" is refused), --only values (non-empty, each matching some check; an unknown one is answered
 with the ids that contain it or are close to it) and the --json path (its folder is created and the
@@ -135,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{r.id} raised:\n{r.details.get('traceback') or r.details['error']}", file=sys.stderr)
     if args.json:
         write_json(results, args.json)
-    return 1 if any(r.status == "fail" for r in results) else 0
+    if any(r.status == "fail" for r in results):
+        return 1
+    return 3 if any(r.status == "inconclusive" for r in results) else 0
 
 
 if __name__ == "__main__":

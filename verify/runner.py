@@ -252,14 +252,19 @@ def format_table(results: list[CheckResult]) -> str:
     n_pass = sum(r.status == "pass" for r in results)
     n_fail = sum(r.status == "fail" for r in results)
     n_skip = sum(r.status == "skip" for r in results)
+    unsettled = [r for r in results if r.status == "inconclusive"]
     lines.append("(pass if: statistic <op> threshold, plus any further conditions a failing check lists below)")
-    lines.append(f"\n{n_pass} passed, {n_fail} failed, {n_skip} skipped")
+    lines.append(f"\n{n_pass} passed, {n_fail} failed, {n_skip} skipped"
+                 + (f", {len(unsettled)} inconclusive (neither passed nor failed)" if unsettled else ""))
     failing = [r for r in results if r.status == "fail"]
     if failing:
         lines.append("\nWhy they failed:")
         for r in failing:
             lines.append(f"{r.id}:")
             lines.extend(f"  - {reason}" for reason in r.reasons)
+    if unsettled:
+        lines.append("\nWhy they could not conclude:")
+        lines.extend(f"{r.id}:\n  - {r.details.get('reason') or 'no reason recorded'}" for r in unsettled)
     return "\n".join(lines)
 
 
@@ -272,7 +277,8 @@ def progress_line(res: CheckResult, i: int, total: int) -> str:
     if res.compare and res.threshold is not None:
         value += f" {res.compare} {format_value(res.threshold, res.unit)}"
     line = f"[{i:>{width}}/{total}] {status:<4}  {res.id}  {value}  ({res.seconds:.1f} s)"
-    reasons = res.reasons
+    reasons = res.reasons or ([str(res.details["reason"])] if res.status == "inconclusive"
+                              and isinstance(res.details, dict) and res.details.get("reason") else [])
     return f"{line}: {reasons[0]}" if reasons else line
 
 

@@ -627,3 +627,65 @@ def test_steady_heap_keeps_large_buffers_instead_of_faulting_them_in_at_every_ca
     outside, inside = json.loads(proc.stdout.splitlines()[-1])
     assert min(outside) > 8000
     assert sorted(inside)[5] < 500, inside  # at most 3 of 8 calls grow the heap; the others fault nothing
+
+
+# ------------------------------------------------------------------------------ contention
+
+
+def test_wait_share_and_machine_busy_rules():
+    assert timing.wait_share(0.01, 0.04) == pytest.approx(0.75) and timing.wait_share(0.05, 0.04) == 0.0
+    assert math.isnan(timing.wait_share(0.01, 0.0))
+    assert timing.machine_busy([0.9, 1.2], [0.0, 0.02, math.nan], cpus=2) is None  # the timing thread alone
+    by_wait = timing.machine_busy([1.0], [0.1, 0.5, 0.6], cpus=2)
+    assert by_wait.startswith("machine busy: ") and "waited for a core 50%" in by_wait
+    # neighbours on the other core only: no wait, but they share caches and bandwidth
+    assert "load average 2" in timing.machine_busy([1.0, 2.0], [0.0, 0.01], cpus=2)
+    assert timing.machine_busy([1.9], [0.0], cpus=2) is None  # less than half a core per CPU of others
+    assert timing.machine_busy([None], [], cpus=2) is None and timing.machine_busy([], None, cpus=2) is None
+
+
+def test_sweep_detects_contention_with_a_fake_clock(monkeypatch):
+    """Fake clocks: in round 1 the thread ran only a quarter of each measurement's wall time (three
+    quarters waiting for a core), in round 0 all of it. wait_rounds records 0 and 0.75 per point,
+    load the two samples around the sweep, and Sweep.busy() reads them; the CPU seconds per call
+    are those of the fake CPU clock."""
+    clock = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(timing.time, "process_time", lambda: clock["cpu"])
+    loads = iter([1.0, 1.1, 4.5, 4.6])
+    monkeypatch.setattr(timing, "load_average", lambda: next(loads))
+    state = {"measurements": 0}
+
+    def fake_measure(runner, device="cpu", min_time=0):
+        share = 1.0 if state["measurements"] < 3 else 0.25  # round 0 (3 sizes) quiet, round 1 contended
+        state["measurements"] += 1
+        t = runner()
+        clock["wall"] += t
+        clock["cpu"] += t * share
+        return t
+
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    quiet_then_busy = timing.sweep(_record(cost=False), "fast", (16, 32, 64), rounds=2)
+    np.testing.assert_allclose(quiet_then_busy.wait_rounds, [[0.0] * 3, [0.75] * 3])
+    np.testing.assert_allclose(quiet_then_busy.cpu_rounds[1], [0.25e-6 * n for n in (16, 32, 64)])
+    assert quiet_then_busy.load == [1.0, 1.1]
+    assert quiet_then_busy.busy(cpus=2) is not None  # median wait 0.375 over its 6 measurements
+    state["measurements"] = 0
+    quiet = timing.sweep(_record(cost=False), "fast", (16, 32, 64), rounds=1)
+    np.testing.assert_allclose(quiet.wait_rounds, [[0.0] * 3], atol=1e-12)
+    assert quiet.load == [4.5, 4.6]
+    assert "load average 4.6 on 2 CPUs" in quiet.busy(cpus=2)  # no wait, but a loaded machine
+    monkeypatch.setattr(timing, "load_average", lambda: 1.0)
+    state["measurements"] = 0
+    assert timing.sweep(_record(cost=False), "fast", (16, 32, 64), rounds=1).busy(cpus=2) is None
+    json.dumps(quiet.to_dict())
+
+
+def test_merge_rounds_pools_waits_and_load():
+    first = Sweep("m", "fast", "cpu", "float32", 1, [8, 16], [1.0, 2.0], 1, all_rounds=[[1.0, 2.0]],
+                  cpu_rounds=[[1.0, 2.0]], wait_rounds=[[0.0, 0.1]], load=[1.0, 1.2])
+    again = Sweep("m", "fast", "cpu", "float32", 1, [8], [1.0], 1, all_rounds=[[1.0]], cpu_rounds=[[1.0]],
+                  wait_rounds=[[0.6]], load=[3.0, 3.5])
+    m = timing.merge_rounds(first, again)
+    assert m.load == [1.0, 1.2, 3.0, 3.5] and m.wait_rounds[0] == [0.0, 0.1]
+    assert m.wait_rounds[1][0] == 0.6 and math.isnan(m.wait_rounds[1][1])

@@ -9,6 +9,9 @@ check runs a child process (scale/), names it by ``module:attribute``
   the key features and the key-value summary of ALL N keys: (N / CHUNK) x O(N) = O(N^2 / CHUNK).
   Its output is right (equivalence passes) and its sweep up to 2^16 is linear (complexity/ passes);
   at 2^20 it does 16 times the key-side work. scale/<id> must fail it.
+- QUADRATIC: the "linear" record whose fast path is dense softmax attention on the same q, k, v
+  (O(N^2 d), slope about 2 over its grid 2^9..2^13): complexity/<id> must fail it, on a quiet
+  and on a busy machine (`python -m tests.verify.planted_mechanisms` runs that check for real).
 - BUSY: a runner that spins on the CPU for BUSY_S seconds whatever N (the worker's watchdog must
   stop it once it passes its budget).
 """
@@ -43,6 +46,11 @@ def _hidden_quadratic_setup(problem, device, dtype, requires_grad: bool = False)
     return runner
 
 
+def _quadratic_setup(problem, device, dtype, requires_grad: bool = False):
+    q, k, v, _ = favor_tensors(problem, device, dtype, requires_grad)
+    return lambda: fast.softmax_attention(q, k, v)  # the planted bug: an N x N score matrix
+
+
 def _busy_setup(problem, device, dtype, requires_grad: bool = False):
     q, k, v, w = favor_tensors(problem, device, dtype, requires_grad)
 
@@ -59,5 +67,23 @@ _LINEAR = get("linear")
 HIDDEN_QUADRATIC = dataclasses.replace(
     _LINEAR, id="hidden-quadratic", title="Unmasked FAVOR+ with a query-chunk loop that redoes all keys (planted)",
     fast_setup=_hidden_quadratic_setup, dense_setup=None, scale=True, scale_train=False)
+QUADRATIC = dataclasses.replace(
+    _LINEAR, id="planted-quadratic", title="Unmasked attention whose fast path is dense softmax (planted)",
+    fast_setup=_quadratic_setup, fast_sizes=tuple(2**p for p in range(9, 14)),
+    quick_fast_sizes=tuple(2**p for p in range(9, 14)), scale=False, scale_train=False)
 BUSY = dataclasses.replace(_LINEAR, id="busy", title="A runner that spins for a minute (planted)",
                            fast_setup=_busy_setup, dense_setup=None, scale=True, scale_train=False)
+
+
+if __name__ == "__main__":  # complexity/<id> of QUADRATIC, timed for real (quick mode): it must fail
+    import json
+    import sys
+
+    from results.check import Context
+    from verify.checks.complexity import check_for
+
+    r = check_for(QUADRATIC).evaluate(Context(quick=True))
+    print(json.dumps({"status": r.status, "statistic": r.statistic, "reasons": r.reasons,
+                      "busy": r.details.get("busy"), "fit": r.details["fast"].get("fit"),
+                      "attempts": [(a["verdict"], a["busy"]) for a in r.details["attempts"]]}, indent=1))
+    sys.exit(0 if r.status == "fail" else 1)

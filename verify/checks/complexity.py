@@ -28,13 +28,22 @@ from failing a correct fast path (with the speed-up interval above), and none le
   more rounds (not cached) and decides on all rounds pooled, so a burst of load during one sweep
   is outvoted. A real regression fails both times; it costs only the retry's time.
 - Inconclusive is not failed, but only when the interval is wide and the estimate right. After
-  the retry, a test that still does not pass is "inconclusive" (status "skip",
-  details["inconclusive"] = True, details["reason"]) only when its point estimate passes the
+  the retry, a test that still does not pass is "inconclusive" (status "inconclusive",
+  details["inconclusive"] = True, details["reason"]) when its point estimate passes the
   threshold by a margin (the slope at most threshold - SLOPE_MARGIN for "<", at least threshold +
   SLOPE_MARGIN for ">"; a speed-up slope of at least SPEEDUP_MARGIN, where a correct fast path
-  against an N^2 twin shows about 1) and only its interval crosses the threshold. An estimate on
-  the wrong side of the threshold, or within the margin of it, fails: a quadratic fast path
-  (slope ~2 against 1.35) or a speed-up that does not grow (slope ~0) is never inconclusive.
+  against an N^2 twin shows about 1) and only its interval crosses the threshold.
+- A busy machine cannot fail a check, only an implementation can. Every sweep records the share
+  of each measurement's wall time its thread waited for a core and the load average around it
+  (measure.timing.Sweep.busy). When the final attempt's sweeps ran on a busy machine, a test that
+  does not pass is "inconclusive: machine busy" unless it fails by more than load can explain:
+  a slope whose whole interval lies LOAD_SLACK beyond the threshold (lower CI >= 1.65 for class N;
+  a quadratic fast path reads about 2), or a speed-up whose whole interval lies below
+  SPEEDUP_MARGIN. Load raises CPU seconds per call by tens of percent, more at large working sets,
+  which bends a slope by tenths, never by 0.3 over two decades with a whole interval beyond it.
+  On a quiet machine an estimate on the wrong side of the threshold, or within the margin of it,
+  fails: a quadratic fast path (slope ~2 against 1.35) or a speed-up that does not grow (slope ~0)
+  fails, loaded and idle.
 
 details["attempts"] lists each attempt's rounds, fits and verdict; details["clock"] the clock;
 details["fast"]["seconds"] stay the sweep's wall medians (the report's), "cpu_seconds" beside them
@@ -65,6 +74,9 @@ SLOPE_MARGIN = 0.2
 #: ... and a speed-up test (lower CI of the speed-up slope > 0) only if the speed-up slope is at
 #: least this (a correct fast path against an O(N^2) twin: about 1).
 SPEEDUP_MARGIN = 0.5
+#: On a busy machine (measure.timing.Sweep.busy) a slope test fails only when its whole interval lies
+#: this far beyond the threshold (exponent units): what load can bend a slope by, at most.
+LOAD_SLACK = 0.3
 #: On an accelerator a call costs a floor (kernel launches, host reads) that the quick grid may
 #: never leave: a slope over such times says nothing about the work. A size counts as having left
 #: the floor when its time is at least this multiple of the sweep's smallest time; with fewer than
@@ -139,10 +151,21 @@ class _Judgement:
     failed: list[str] = field(default_factory=list)
     unsure: list[str] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    #: tests that failed on a busy machine by less than load can explain (``busy_allows``)
+    loaded: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
-        return "fail" if self.failed else "inconclusive" if self.unsure else "pass"
+        return "fail" if self.failed else "inconclusive" if self.unsure or self.loaded else "pass"
+
+
+def busy_allows(fit, compare: str, threshold: float) -> bool:
+    """Whether load can explain a slope test that ``fit`` fails: False only when its whole interval
+    lies LOAD_SLACK beyond ``threshold`` (lower CI >= threshold + LOAD_SLACK for "<", upper CI
+    <= threshold - LOAD_SLACK for ">"). A planted quadratic (slope ~2 against 1.35) is not allowed."""
+    if compare == "<":
+        return fit.low < threshold + LOAD_SLACK
+    return fit.high > threshold - LOAD_SLACK
 
 
 def _one_sided(fit, compare: str, threshold: float, margin: float, what: str, where: str) -> tuple[str, str]:
@@ -163,9 +186,21 @@ def _one_sided(fit, compare: str, threshold: float, margin: float, what: str, wh
     return "fail", f"{reason} (estimate {fit.slope:.2f})"
 
 
+def sweeps_busy(fs, ds) -> str | None:
+    """measure.timing.machine_busy over the fast and dense sweeps of an attempt together (their load
+    samples and wait shares), None when the machine was not busy."""
+    from measure.timing import machine_busy
+
+    load = list(fs.load) + (list(ds.load) if ds is not None else [])
+    waits = [w for s in (fs, ds) if s is not None for row in (s.wait_rounds or []) for w in row]
+    return machine_busy(load, waits)
+
+
 def _judge(mech: Mechanism, fs, ds, ctx: Context) -> _Judgement:
     """The claim's tests on one attempt's sweeps (fast ``fs``, dense ``ds`` or None), judged on
-    ``judged_times`` of each."""
+    ``judged_times`` of each; a failing test goes to ``loaded`` when the sweeps ran on a busy
+    machine (``sweeps_busy``) and ``busy_allows`` it."""
+    busy = sweeps_busy(fs, ds)
     compare, threshold = claim_rule(mech.complexity)
     tested = tested_class(mech.complexity)
     fv = judged_times(fs)
@@ -192,8 +227,12 @@ def _judge(mech: Mechanism, fs, ds, ctx: Context) -> _Judgement:
         j.statistic = fit.high if compare == "<" else fit.low
         j.details["statistic"] = f"{end} 95% CI of the log-log slope of {quantity} (class {tested})"
         verdict, reason = _one_sided(fit, compare, threshold, SLOPE_MARGIN, f"{quantity} slope", f" (class {tested})")
-        if verdict != "pass":
+        if verdict == "fail" and busy and busy_allows(fit, compare, threshold):
+            j.loaded.append(reason)
+        elif verdict != "pass":
             (j.failed if verdict == "fail" else j.unsure).append(reason)
+    if busy:
+        j.details["busy"] = busy
     if ds is not None:
         dv = judged_times(ds)
         fd = fit_times(dv.sizes, dv.seconds)[1]
@@ -216,7 +255,10 @@ def _judge(mech: Mechanism, fs, ds, ctx: Context) -> _Judgement:
                 low, j.details["speedup"]["interval_method"] = fr.low, "t-interval of the fit (too few rounds)"
             if not low > 0:
                 reason = f"speed-up over the dense twin does not grow with N (slope CI low {low:.2f}"
-                if fr.slope >= SPEEDUP_MARGIN:
+                top = fr.high if high is None else high
+                if busy and top >= SPEEDUP_MARGIN:  # load can flatten a speed-up, not make it all < 0.5
+                    j.loaded.append(f"{reason}, estimate {fr.slope:.2f}, CI high {top:.2f})")
+                elif fr.slope >= SPEEDUP_MARGIN:
                     j.unsure.append(f"{reason}, though its estimate {fr.slope:.2f} grows: interval too wide to decide)")
                 else:
                     j.failed.append(f"{reason}, estimate {fr.slope:.2f})")
@@ -233,7 +275,8 @@ def _attempt(j: _Judgement, rounds: int) -> dict:
     return {"rounds": rounds, "verdict": j.verdict, "statistic": j.statistic,
             "fit": fast.get(f"fit_time_over_{name}") if name else fast.get("fit"),
             "speedup_fit": j.details.get("speedup", {}).get("fit"),
-            "speedup_interval": j.details.get("speedup", {}).get("interval"), "reasons": j.failed + j.unsure}
+            "speedup_interval": j.details.get("speedup", {}).get("interval"), "busy": j.details.get("busy"),
+            "reasons": j.failed + j.loaded + j.unsure}
 
 
 def launch_bound(s, device) -> str | None:
@@ -287,11 +330,16 @@ def _run(mech: Mechanism, ctx: Context) -> Outcome:
     if dense_floor is not None:
         details["speedup_skipped"] = dense_floor
     if j.failed:
-        return judged(False, j.statistic, j.failed + j.unsure, **details)
+        return judged(False, j.statistic, j.failed + j.loaded + j.unsure, **details)
+    if j.loaded:
+        busy = j.details["busy"]
+        reason = (f"inconclusive: {busy} (not a failure: after {fs.rounds} rounds these tests fail by less than "
+                  f"load can explain; rerun on a quieter machine): " + "; ".join(j.loaded + j.unsure))
+        return Outcome("inconclusive", j.statistic, {**details, "inconclusive": True, "reason": reason, "reasons": []})
     if j.unsure:
         reason = (f"inconclusive after {fs.rounds} rounds (not a failure: the estimates pass, the intervals are too "
-                  "wide to decide; was the machine busy?): " + "; ".join(j.unsure))
-        return Outcome("skip", j.statistic, {**details, "inconclusive": True, "reason": reason, "reasons": []})
+                  "wide to decide): " + "; ".join(j.unsure))
+        return Outcome("inconclusive", j.statistic, {**details, "inconclusive": True, "reason": reason, "reasons": []})
     return judged(True, j.statistic, [], **details)
 
 

@@ -143,11 +143,14 @@ def test_noisy_linear_times_pass(monkeypatch, noise_seed):
 # on these numbers; no test times anything.
 
 
-def _loaded_sweeps(monkeypatch, laws: dict, wall_load, cpu_load, calls: list | None = None, cpu: bool = True):
+def _loaded_sweeps(monkeypatch, laws: dict, wall_load, cpu_load, calls: list | None = None, cpu: bool = True,
+                   load: list | None = None):
     """Replace measure.timing.sweep: round r of attempt a (0: the first sweep of an impl, 1: its
     retry) at N measures laws[impl](N) * wall_load(a, impl, r, N) wall seconds and
     laws[impl](N) * cpu_load(a, impl, r, N) CPU seconds (no cpu_rounds if not ``cpu``: an
-    accelerator's sweep). ``calls`` records (impl, rounds, cache is None) of every sweep."""
+    accelerator's sweep), each with the wait share 1 - CPU / wall that the real sweep records;
+    ``load``: the load averages sampled around each sweep (none: an unknown load). ``calls``
+    records (impl, rounds, cache is None) of every sweep."""
     attempts: dict[str, int] = {}
 
     def fake(mech, impl, sizes, *, variant=None, rounds=3, device="cpu", seed=0, cache=None, **kw):
@@ -157,9 +160,10 @@ def _loaded_sweeps(monkeypatch, laws: dict, wall_load, cpu_load, calls: list | N
         sizes = list(sizes)
         wall = [[laws[impl](n) * wall_load(a, impl, r, n) for n in sizes] for r in range(rounds)]
         cpus = [[laws[impl](n) * cpu_load(a, impl, r, n) for n in sizes] for r in range(rounds)]
+        waits = [[max(0.0, 1 - c / w) for c, w in zip(cr, wr)] for cr, wr in zip(cpus, wall)]
         return Sweep(mech.id, impl, device, "float32", 1, sizes, list(np.median(wall, axis=0)), rounds,
                      all_rounds=wall, variant=mech.variant(variant).name, seed=seed,
-                     cpu_rounds=cpus if cpu else None)
+                     cpu_rounds=cpus if cpu else None, wait_rounds=waits if cpu else None, load=list(load or []))
 
     monkeypatch.setattr(C, "sweep", fake)
 
@@ -246,15 +250,16 @@ def _zigzag(a, impl, r, n):
 
 def test_a_wide_interval_around_a_right_estimate_is_inconclusive_not_failed(monkeypatch):
     """Scatter that no rounds remove leaves causal's slope estimate at 1.0 but its interval above
-    1.35: after the retry the check is skipped as inconclusive (never a new status), with a reason.
+    1.35: after the retry the check is inconclusive (status "inconclusive", not failed), with a reason.
     The same scatter on a quadratic fast path fails: an estimate on the wrong side is never
     inconclusive."""
     _loaded_sweeps(monkeypatch, LINEAR, _zigzag, _zigzag)
     r = C.check_for(get("causal")).evaluate(Context())
     fit = r.details["fast"]["fit"]
     assert fit["slope"] == pytest.approx(1.0, abs=1e-9) and fit["high"] >= C.CLASS_UPPER["N"]
-    assert r.status == "skip" and r.details["inconclusive"] is True and r.reasons == []
+    assert r.status == "inconclusive" and r.details["inconclusive"] is True and r.reasons == []
     assert "inconclusive" in r.details["reason"] and "not < 1.35" in r.details["reason"]
+    assert "busy" not in r.details  # the fake machine was quiet: the interval, not the load
     assert r.statistic == pytest.approx(fit["high"]) and len(r.details["attempts"]) == 2
     _loaded_sweeps(monkeypatch, QUADRATIC_FAST, _zigzag, _zigzag)
     q = C.check_for(get("causal")).evaluate(Context())
@@ -305,7 +310,7 @@ def test_a_speedup_scattered_by_rounds_is_inconclusive_unless_it_barely_grows(mo
     r = C.check_for(get("causal")).evaluate(Context())
     sp = r.details["speedup"]
     assert sp["fit"]["slope"] == pytest.approx(1.0, abs=1e-9) and sp["interval"][0] <= 0
-    assert r.status == "skip" and r.details["inconclusive"] and "does not grow" in r.details["reason"]
+    assert r.status == "inconclusive" and r.details["inconclusive"] and "does not grow" in r.details["reason"]
     assert [a["verdict"] for a in r.details["attempts"]] == ["inconclusive", "inconclusive"] and len(calls) == 4
     slow = {"fast": lambda n: 1e-6 * n, "dense": lambda n: 4e-5 * n**1.3}
     _loaded_sweeps(monkeypatch, slow, _slow_rounds, _slow_rounds)
@@ -346,3 +351,106 @@ def test_a_linear_path_past_the_floor_is_judged_on_an_accelerator(monkeypatch):
     _fake_sweeps(monkeypatch, {"fast": lambda n: FLOOR + 1e-7 * n, "dense": lambda n: FLOOR + 1e-9 * n * n})
     r = C.check_for(get("causal")).evaluate(Context(quick=True, device="cuda"))
     assert r.status == "pass" and r.statistic < 1.35
+
+
+# ------------------------------------------------------------------------------ a busy machine
+#
+# The sweeps record how busy the machine was (measure.timing.Sweep.busy: the wait share of each
+# measurement and the load average around the sweep). Load that bends a correct path's slope past
+# its bound makes the check "inconclusive: machine busy"; a planted quadratic still fails.
+
+BUSY_LOAD = [4.6, 5.1]  # 3 CPU burners beside the timing thread on 2 cores
+
+
+def _waiting(a, impl, r, n):
+    """Wall clock beside one burner per core: the thread runs half the time."""
+    return 2.0
+
+
+def _bent(power: float):
+    """CPU clock under load that grows with the working set: x (N / 512)^power in every round and
+    attempt (no minimum removes it), plus 0-5% noise."""
+    def cpu(a, impl, r, n):
+        return (n / 512) ** power * (1.0 + 0.05 * _draw(13, a, impl, r, n))
+    return cpu
+
+
+@pytest.mark.parametrize("power", [0.0, 0.1, 0.2, 0.35, 0.5])
+def test_load_on_a_linear_path_is_never_a_failure(monkeypatch, power):
+    """A correct linear path whose CPU seconds load bends by N^power (slope 1 + power): pass while
+    the bend stays inside the class, "inconclusive: machine busy" beyond it, never fail."""
+    _loaded_sweeps(monkeypatch, LINEAR, _waiting, _bent(power), load=BUSY_LOAD)
+    r = C.check_for(get("causal")).evaluate(Context())
+    assert r.status in ("pass", "inconclusive"), r.details["reasons"]
+    assert r.details["fast"]["fit"]["slope"] == pytest.approx(1.0 + power, abs=0.05)
+    if r.status == "inconclusive":
+        assert r.details["reason"].startswith("inconclusive: machine busy: load average 5.1 on ")
+        assert r.reasons == [] and r.details["busy"] and len(r.details["attempts"]) == 2
+    if power >= 0.5:
+        assert r.status == "inconclusive"
+        # the same times on a quiet machine fail: it is the recorded load that excuses them
+        _loaded_sweeps(monkeypatch, LINEAR, lambda *a: 1.0, _bent(power), load=[1.0, 1.0])
+        assert C.check_for(get("causal")).evaluate(Context()).status == "fail"
+
+
+@pytest.mark.parametrize("power", [0.0, 0.2, 0.5])
+def test_a_planted_quadratic_fails_on_a_busy_machine(monkeypatch, power):
+    """The quadratic fast path under the same load: its whole slope interval lies beyond 1.35 +
+    LOAD_SLACK, so load cannot explain it: fail, never inconclusive."""
+    _loaded_sweeps(monkeypatch, QUADRATIC_FAST, _waiting, _bent(power), load=BUSY_LOAD)
+    r = C.check_for(get("causal")).evaluate(Context())
+    assert r.status == "fail" and "inconclusive" not in r.details and r.details["busy"]
+    assert r.details["fast"]["fit"]["low"] >= C.CLASS_UPPER["N"] + C.LOAD_SLACK
+    assert any("not < 1.35" in x for x in r.reasons)
+
+
+def _both_slow(a, impl, r, n):
+    """At the largest common N (8192) the fast path ran 12x slower in rounds 1, 2, 4, 5 and the dense
+    twin in rounds 0, 2, 3, 5 (each has quiet rounds, so the minima are right): a bootstrap replicate
+    that misses them sees the speed-up bend either way, so its interval is wide on both sides."""
+    slow = (r % 3 != 0) if impl == "fast" else (r % 3 != 1)
+    return 12.0 if n == 8192 and slow else 1.0
+
+
+def test_a_speedup_interval_widened_on_a_busy_machine_is_inconclusive(monkeypatch):
+    """A speed-up that grows slowly (dense twin ~N^1.3: slope 0.3, below SPEEDUP_MARGIN) with round
+    scatter that spans 0 and SPEEDUP_MARGIN: on a quiet machine it fails (the estimate is too close
+    to 0 to call the interval merely wide), on a busy one it is inconclusive; a speed-up whose whole
+    interval lies below SPEEDUP_MARGIN (fast and twin both linear) fails on a busy machine too."""
+    slow = {"fast": lambda n: 1e-6 * n, "dense": lambda n: 4e-5 * n**1.3}
+    _loaded_sweeps(monkeypatch, slow, _both_slow, _both_slow, load=[1.0, 1.0])
+    quiet = C.check_for(get("causal")).evaluate(Context())
+    low, high = quiet.details["speedup"]["interval"]
+    assert low <= 0 and high >= C.SPEEDUP_MARGIN, (low, high)
+    assert quiet.status == "fail" and any("does not grow" in x for x in quiet.reasons)
+    _loaded_sweeps(monkeypatch, slow, _both_slow, _both_slow, load=BUSY_LOAD)
+    r = C.check_for(get("causal")).evaluate(Context())
+    assert r.status == "inconclusive", r.reasons
+    assert "does not grow" in r.details["reason"] and "machine busy" in r.details["reason"]
+    flat = {"fast": lambda n: 1e-6 * n, "dense": lambda n: 2e-6 * n}
+    _loaded_sweeps(monkeypatch, flat, _waiting, _bent(0.0), load=BUSY_LOAD)
+    f = C.check_for(get("causal")).evaluate(Context())
+    assert f.status == "fail" and any("does not grow" in x for x in f.reasons)
+
+
+def test_inconclusive_is_counted_printed_and_not_a_pass(monkeypatch, capsys):
+    """The runner's table counts it and says why; progress_line shows the reason; python -m verify
+    exits 3 (1 when something also failed, 0 only when nothing failed or was inconclusive)."""
+    import verify.__main__ as cli
+    from results.check import CheckResult, STATUSES
+    from verify.runner import format_table, progress_line
+
+    assert "inconclusive" in STATUSES
+    busy = CheckResult("complexity/causal", "t", "s", "complexity", "inconclusive", 1.5, 1.35, 2.0,
+                       {"reason": "inconclusive: machine busy: load average 5 on 2 CPUs", "reasons": []}, "<",
+                       "exponent")
+    ok = CheckResult("complexity/linear", "t", "s", "complexity", "pass", 1.0, 1.35, 1.0, {"reasons": []}, "<",
+                     "exponent")
+    table = format_table([ok, busy])
+    assert "1 passed, 0 failed, 0 skipped, 1 inconclusive" in table and "could not conclude" in table
+    assert "machine busy" in table and busy.reasons == []
+    assert progress_line(busy, 1, 2).endswith(": inconclusive: machine busy: load average 5 on 2 CPUs")
+    for results, code in (([ok], 0), ([ok, busy], 3), ([busy, CheckResult(**{**ok.__dict__, "status": "fail"})], 1)):
+        monkeypatch.setattr(cli, "run_checks", lambda results=results, **kw: results)
+        assert cli.main(["--quick", "--no-progress"]) == code
+    capsys.readouterr()
