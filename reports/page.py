@@ -34,6 +34,13 @@ SECTIONS = (summary, gallery, time_vs_n, crossover, memory, peers, roofline, var
 #: for "is it right, is it fast" does not need open; the page stays under 15,000 px at 1400 px wide
 #: (tests/reports/test_page_height.py).
 FOLDED = ("gallery", "time", "peers", "variants", "training", "gpu", "history", "environment")
+#: A folded section whose view shows nothing measured stays open: its one line names the command that fills it
+#: (make bench-ops, make bench, make gpu-check) and costs no height.
+EMPTY = {"peers": lambda v: not v["peers"].found or bool(v["peers"].error),
+         "history": lambda v: v["history"] is None or not v["history"].commits,
+         "gpu": lambda v: not v["gpu"].found or bool(v["gpu"].error)}
+#: A word beside a section's heading, in sight even when it is folded (the GPU section showing the shipped sample).
+NOTES = {"gpu": lambda v: f"sample run ({v['gpu'].sample_label}), not yours" if v["gpu"].sample_for else ""}
 
 
 @dataclass(frozen=True)
@@ -42,18 +49,22 @@ class Part:
 
     >>> from reports.page import summary, Part
     >>> Part.of(summary)
-    Part(id='summary', title='Summary', template='sections/summary.html.j2', open=True)
+    Part(id='summary', title='Summary', template='sections/summary.html.j2', open=True, note='')
     """
 
     id: str
     title: str
     template: str
     open: bool = True  # False: shown folded (FOLDED)
+    note: str = ""  # beside the heading (NOTES)
 
     @classmethod
-    def of(cls, section) -> "Part":
+    def of(cls, section, view: dict[str, Any] | None = None) -> "Part":
+        """The section's part; folded when FOLDED names it, unless its ``view`` shows nothing (EMPTY)."""
+        empty = view is not None and section.ID in EMPTY and EMPTY[section.ID](view)
+        note = NOTES[section.ID](view) if view is not None and section.ID in NOTES else ""
         return cls(section.ID, section.TITLE, f"sections/{section.__name__.rsplit('.', 1)[-1]}.html.j2",
-                   section.ID not in FOLDED)
+                   section.ID not in FOLDED or empty, note)
 
 
 def figure_defaults() -> dict[str, Any]:
@@ -91,13 +102,14 @@ def page_context(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
         "mode": env.get("mode", "?"), "date": env.get("date", ""), "commit": env.get("git_commit", ""),
         "load_warning": fmt.value_text(load_warning) if load_warning else "", "source": inputs.source,
         "mechanisms": results.mechanisms, "schema": results.schema, "figures": figures,
-        "toc": [(s.ID, s.TITLE) for s in SECTIONS], "parts": [Part.of(s) for s in SECTIONS]}
+        "toc": [(s.ID, s.TITLE) for s in SECTIONS], "parts": []}
     for section in SECTIONS:
         view = section.view(inputs, figures)
         clash = sorted(set(view) & set(ctx))
         if clash:
             raise ValueError(f"section {section.ID!r} gives template variable(s) {clash} that another already gives")
         ctx.update(view)
+        ctx["parts"].append(Part.of(section, view))
     return ctx
 
 

@@ -79,6 +79,9 @@ def test_page_has_the_gpu_section(tmp_path, kind):
         assert "Sample, not your run" in section and "docs/runs/gpu-h200-2026-11-27.json" in section
         assert "NVIDIA H200, 2026-11-27" in section and "Run <code>make gpu-check</code>" in section
         assert "gpu_sweeps.png" in section
+        # the section folds, and its heading says it holds a sample
+        note = "sample run (NVIDIA H200, 2026-11-27, commit 462e2e7), not yours"
+        assert f'<small class="sample-note">{note}</small>' in section
         return
     assert "Sample, not your run" not in section
     assert "NVIDIA H100 80GB HBM3" in section and "580.159.03" in section and "2.11.0+cu130" in section

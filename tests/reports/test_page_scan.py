@@ -124,6 +124,8 @@ def test_empty_sections_name_the_command_that_fills_them(tmp_path):
     from reports.asv_history import load_history
 
     html = render_page(make_results(), {"variants": {}})
+    for sid in ("peers", "history", "gpu"):  # folded by default, but open while they only name their command
+        assert f'<section id="{sid}"><details class="section" open>' in html, sid
     assert "No peer run was found" in _section(html, "peers") and "make bench-ops" in _section(html, "peers")
     assert "make bench" in _section(html, "history")
     assert "No GPU run was found" in _section(html, "gpu") and "make gpu-check" in _section(html, "gpu")
@@ -139,3 +141,4 @@ def test_page_height_under_the_bound(page):
     assert estimate_height(html, out, open_all=True) > 2 * MAX_PAGE_PX
     # folded, everything stays one click away: every section's heading is in sight
     assert html.count('<details class="section"') == 15
+    assert '<section id="peers"><details class="section">' in html  # filled: folded
