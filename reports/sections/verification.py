@@ -116,7 +116,12 @@ def check_row(r: CheckResult) -> CheckRow:
 class CheckFamily:
     """The checks whose ids share a prefix ("equivalence", "complexity", a paper), shown as one
     collapsible table: the description their rows share said once (``what``), a tally, and
-    ``open`` when a row failed or could not conclude (those stay in sight)."""
+    ``open`` when a row failed or could not conclude (those stay in sight).
+
+    >>> from reports.sections.verification import CheckFamily
+    >>> CheckFamily("complexity", "", [], {"pass": 0}, False).flagged
+    []
+    """
 
     name: str
     what: str

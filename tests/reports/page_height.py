@@ -25,7 +25,7 @@ BLOCKS = {"p", "li", "h1", "h2", "h3", "summary", "figcaption", "pre"}
 
 
 def png_size(path: Path) -> tuple[int, int]:
-    """(width, height) of a PNG from its IHDR chunk."""
+    """(width, height) of a PNG from its IHDR chunk (bytes 16-24, big-endian)."""
     head = path.read_bytes()[:24]
     return struct.unpack(">II", head[16:24])
 
@@ -88,7 +88,14 @@ class _Visible(HTMLParser):
 
 
 def estimate_height(page: str, folder: Path, open_all: bool = False) -> float:
-    """The page's estimated height in px at 1400 px wide (``open_all``: every <details> opened)."""
+    """The page's estimated height in px at 1400 px wide (``open_all``: every <details> opened).
+
+    >>> from pathlib import Path
+    >>> from tests.reports.page_height import estimate_height
+    >>> page = "<p>in sight</p><details><summary>folded</summary><p>hidden</p></details>"
+    >>> estimate_height(page, Path(".")) < estimate_height(page, Path("."), open_all=True)
+    True
+    """
     parser = _Visible(Path(folder), open_all)
     parser.feed(page)
     return SAFETY * parser.height
