@@ -134,11 +134,6 @@ def n_text(n: float | None) -> str:
     return f"{n:,.0f}" if abs(n) < 1e7 else f"{n:.2g}"
 
 
-def json_text(x: Any) -> str:
-    """Indented JSON of a check's details (non-JSON values via str); escaped by the template."""
-    return json.dumps(x, indent=1, default=str, sort_keys=False)
-
-
 def value_text(x: Any) -> str:
     """An environment value: lists and dicts as compact JSON, None as a dash."""
     if x is None:
