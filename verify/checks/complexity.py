@@ -162,7 +162,15 @@ class _Judgement:
 def busy_allows(fit, compare: str, threshold: float) -> bool:
     """Whether load can explain a slope test that ``fit`` fails: False only when its whole interval
     lies LOAD_SLACK beyond ``threshold`` (lower CI >= threshold + LOAD_SLACK for "<", upper CI
-    <= threshold - LOAD_SLACK for ">"). A planted quadratic (slope ~2 against 1.35) is not allowed."""
+    <= threshold - LOAD_SLACK for ">"). A planted quadratic (slope ~2 against 1.35) is not allowed.
+
+    >>> from measure.timing import Fit
+    >>> from verify.checks.complexity import busy_allows
+    >>> busy_allows(Fit(1.5, 1.4, 1.6, 0.0, 0.95, 1.5), "<", 1.35)  # a bent linear path
+    True
+    >>> busy_allows(Fit(2.0, 1.9, 2.1, 0.0, 0.95, 2.0), "<", 1.35)  # a quadratic one
+    False
+    """
     if compare == "<":
         return fit.low < threshold + LOAD_SLACK
     return fit.high > threshold - LOAD_SLACK
@@ -188,7 +196,14 @@ def _one_sided(fit, compare: str, threshold: float, margin: float, what: str, wh
 
 def sweeps_busy(fs, ds) -> str | None:
     """measure.timing.machine_busy over the fast and dense sweeps of an attempt together (their load
-    samples and wait shares), None when the machine was not busy."""
+    samples and wait shares), None when the machine was not busy.
+
+    >>> from measure.timing import Sweep
+    >>> from verify.checks.complexity import sweeps_busy
+    >>> s = Sweep("m", "fast", "cpu", "float32", 1, [8], [1.0], 1, wait_rounds=[[0.6]], load=[1.0, 1.1])
+    >>> sweeps_busy(s, None).startswith("machine busy: load average 1.1 on ")
+    True
+    """
     from measure.timing import machine_busy
 
     load = list(fs.load) + (list(ds.load) if ds is not None else [])
