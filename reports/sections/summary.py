@@ -75,7 +75,14 @@ def exponent_note(results: Results, mech: MechanismInfo, sweep: SweepResult | No
 
 
 def verify_cell(results: Results, mech_id: str) -> tuple[str, str]:
-    """(text, css class) summarising the checks about one mechanism."""
+    """(text, css class) summarising the checks about one mechanism: "FAIL: ids" (fail), "inconclusive:
+    ids (n passed)" (unsettled: amber, neither pass nor fail), "pass (n, k skipped)" (pass).
+
+    >>> from reports.sections.summary import verify_cell
+    >>> from results.schema import Results
+    >>> verify_cell(Results({}), "causal")
+    ('not run', 'skip')
+    """
     if results.checks is None:
         return "not run", "skip"
     mine = results.checks_for(mech_id)
@@ -85,6 +92,9 @@ def verify_cell(results: Results, mech_id: str) -> tuple[str, str]:
     if failed:
         return f"FAIL: {', '.join(failed)}", "fail"
     passed = sum(r.status == "pass" for r in mine)
+    unsettled = [r for r in mine if r.status not in ("pass", "fail", "skip")]  # e.g. "inconclusive": amber
+    if unsettled:
+        return (f"{unsettled[0].status}: {', '.join(r.id for r in unsettled)} ({passed} passed)", "unsettled")
     skipped = len(mine) - passed
     return f"pass ({passed}{f', {skipped} skipped' if skipped else ''})", "pass" if passed else "skip"
 
