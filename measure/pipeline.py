@@ -160,6 +160,8 @@ def summary_lines(res: Results) -> list[str]:
         lines.append(f"  {c.mechanism:<16} crossover {cross}")
     if res.checks is not None:
         fails = [r.id for r in res.checks if r.status == "fail"]
+        unsure = [r.id for r in res.checks if r.status == "inconclusive"]
         lines.append(f"checks: {len(res.checks) - len(fails)} of {len(res.checks)} not failed"
-                     + (f"; FAILED: {', '.join(fails)}" if fails else ""))
+                     + (f"; FAILED: {', '.join(fails)}" if fails else "")
+                     + (f"; inconclusive: {', '.join(unsure)}" if unsure else ""))
     return lines

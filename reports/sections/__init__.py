@@ -22,7 +22,7 @@ reports.style, numbers as text in reports.format.
     variants      every swept variant of a mechanism side by side
     verification  every check, and the curves checks record
     numerics      float32 and bfloat16 against float64 (numerics/<id>)
-    favor         the FAVOR+ estimation error vs m
+    favor         the FAVOR+ estimation error vs m, and its attention error vs exact softmax
     training      learned latent graphs trained end to end
     gpu           the one-command GPU run
     history       asv results across commits

@@ -207,7 +207,7 @@ def gpu_view(run: GpuRun | None) -> GpuView:
     checks = (d.get("checks") or {}).get("results") or []
     view.checks = [_check_row(r) for r in checks]
     view.checks_only = [str(x) for x in d.get("checks_only") or []]
-    view.checks_tally = {s: sum(c.status == s for c in view.checks) for s in ("pass", "fail", "skip")}
+    view.checks_tally = {s: sum(c.status == s for c in view.checks) for s in ("pass", "fail", "inconclusive", "skip")}
     sweeps = d.get("sweeps") or {}
     view.sweeps = [_sweep_row(c) for c in sweeps.get("curves") or []]
     if sweeps.get("curves"):

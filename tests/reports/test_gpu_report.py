@@ -33,7 +33,7 @@ def test_view_lists_failures_tests_checks_sweeps_and_peers(tmp_path):
     assert any(GPU_FAILED_TEST in f for f in view.failures) and any(GPU_FAILED_CHECK in f for f in view.failures)
     assert view.tests_tally == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
     assert [c["id"] for c in view.tests_bad] == [GPU_FAILED_TEST]
-    assert view.checks_tally == {"pass": 2, "fail": 1, "skip": 0}
+    assert view.checks_tally == {"pass": 2, "fail": 1, "inconclusive": 0, "skip": 0}
     failed = [c for c in view.checks if c.status == "fail"]
     assert [(c.id, c.reason) for c in failed] == [(GPU_FAILED_CHECK, "same seed, different bits")]
     assert [r.mechanism for r in view.sweeps] == ["causal", "toeplitz-1d"]
