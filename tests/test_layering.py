@@ -18,10 +18,8 @@ and 5. fast/ and reference/ import neither each other nor any of results/, verif
 """
 from __future__ import annotations
 
-import ast
-from pathlib import Path
+from tests.import_graph import find_cycle, import_graph
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fast", "reference", "results", "verify", "measure")
 
 INSTRUMENTS = {"measure", "measure.timing", "measure.roofline"}
@@ -51,63 +49,8 @@ def layer(module: str) -> int | None:
     raise AssertionError(f"{module} has no layer: place it in tests/test_layering.py and in its package's docstring")
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path, modules: set[str]) -> set[str]:
-    """Project modules imported by the file (``from a.b import c`` is a.b.c when that is a module)."""
-    name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                parts = a.name.split(".")
-                # import a.b.c loads a, a.b and a.b.c: the deepest project module is the dependency
-                known = [".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules]
-                out.update(known[:1])
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
-            for a in node.names:
-                if f"{base}.{a.name}" in modules:
-                    out.add(f"{base}.{a.name}")
-                elif base in modules:
-                    out.add(base)
-    out.discard(name)
-    return out
-
-
 def graph() -> dict[str, set[str]]:
-    paths = sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
-    modules = {_module_name(p) for p in paths}
-    return {_module_name(p): _imports(p, modules) for p in paths}
-
-
-def _cycle(g: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1: on the stack, 2: done
-    stack: list[str] = []
-
-    def visit(u: str) -> list[str] | None:
-        state[u] = 1
-        stack.append(u)
-        for v in sorted(g.get(u, ())):
-            if state.get(v) == 1:
-                return stack[stack.index(v):] + [v]
-            if v not in state and (found := visit(v)):
-                return found
-        stack.pop()
-        state[u] = 2
-        return None
-
-    for u in sorted(g):
-        if u not in state and (found := visit(u)):
-            return found
-    return None
+    return import_graph(PACKAGES)
 
 
 def test_graph_reads_real_imports():
@@ -146,12 +89,12 @@ def test_measure_package_file_imports_nothing():
     assert graph()["measure"] == set()
 
 
-def test_no_import_cycle():
-    assert _cycle(graph()) is None
+def test_no_importfind_cycle():
+    assert find_cycle(graph()) is None
 
 
 def test_the_rules_catch_a_planted_violation():
     g = graph()
     g["measure.timing"] = g["measure.timing"] | {"verify.checks.complexity"}
-    assert _cycle(g) is not None
+    assert find_cycle(g) is not None
     assert layer("measure.timing") < layer("verify.checks.complexity")

@@ -73,6 +73,18 @@ def test_private_import_scan_finds_a_planted_one(tmp_path):
     assert private_imports(planted) == ["from fast.features import _helper", "fast._hidden"]
 
 
+@pytest.mark.parametrize("source, ok", [
+    ("from reports.style import _fitted", False), ("from reports import style\nstyle._fitted(1)", False),
+    ("import reports.style as st\nst._fitted(1)", False), ("from reports.style import grid", True),
+    ("from reports import style\nstyle.grid(1)", True), ("class A:\n    def f(self):\n        return self._x", True),
+    ("from __future__ import annotations", True), ("import json\njson.__name__", True),
+])
+def test_the_private_rule_itself(tmp_path, source, ok):
+    f = tmp_path / "m.py"
+    f.write_text(source + "\n")
+    assert (not private_imports(f)) is ok
+
+
 def test_no_module_imports_another_modules_private_name():
     offenders = {str(p.relative_to(ROOT)): found for p in _sources() if (found := private_imports(p))}
     assert not offenders, f"private names imported across modules: {offenders}"

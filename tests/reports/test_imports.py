@@ -59,46 +59,6 @@ def test_there_are_files_to_check():
             "sections/__init__.py", "sections/peers.py", "sections/roofline.py"} <= names
 
 
-def _private_imports(path: Path) -> list[str]:
-    """Where a file takes another module's private name: ``from m import _x`` (dunders aside) or
-    ``m._x`` on a name bound by an import (``import reports.style as m``, ``from reports import m``)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    modules: set[str] = set()  # local names bound to modules by an import
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            modules |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            for a in node.names:
-                if a.name.startswith("_") and not a.name.startswith("__"):
-                    out.append(f"line {node.lineno}: from {'.' * node.level}{node.module or ''} import {a.name}")
-                modules.add(a.asname or a.name)  # may be a module ("from reports import style")
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
-                and node.attr.startswith("_") and not node.attr.startswith("__")):
-            out.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
-    return out
-
-
-@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_private_name_of_another_module(path):
-    """What two modules share is public (reports.style, reports.format, a section's public helpers)."""
-    bad = _private_imports(path)
-    assert not bad, f"{path.relative_to(ROOT)} uses another module's private name: {bad}"
-
-
-@pytest.mark.parametrize("source, ok", [
-    ("from reports.style import _fitted", False), ("from reports import style\nstyle._fitted(1)", False),
-    ("import reports.style as st\nst._fitted(1)", False), ("from reports.style import grid", True),
-    ("from reports import style\nstyle.grid(1)", True), ("class A:\n    def f(self):\n        return self._x", True),
-    ("from __future__ import annotations", True), ("import json\njson.__name__", True),
-])
-def test_the_private_rule_itself(tmp_path, source, ok):
-    f = tmp_path / "m.py"
-    f.write_text(source + "\n")
-    assert (not _private_imports(f)) is ok
-
-
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_measuring_imports(path):
     bad = [f"line {line}: {mod}" for line, mod in _imports(path) if not _allowed(mod)]
