@@ -16,7 +16,10 @@ A record declares, besides its problem generator and implementations:
   "update" (call, change the mask's parameters in place as an optimiser step does, call the same
   operator again: a cached derived quantity must follow), "learnable" (the parameters are leaves
   that require grad: forward through the learnable path, and the gradient against finite
-  differences of the float64 reference). The last two need ``mask_params``.
+  differences of the float64 reference), "backward" (q, k, v are leaves that require grad: the
+  gradient of the attention against finite differences of the reference, and a linear record's
+  operator, matmul and rmatmul, against the dense mask and its transpose). "update" and
+  "learnable" need ``mask_params``.
 - cost_factor: a per-problem cofactor of the class (the diameter for "N diam", (N + |E|) / N for
   "N + E", a sparse graph's nodes and stored edges): time / cost_factor is fitted against the
   class without it.
@@ -43,8 +46,10 @@ COMPLEXITY_CLASSES = ("N", "N log N", "N log^2 N", "N diam", "N + E", "N^2")
 COST_FACTOR_CLASSES = {"N diam": "N", "N + E": "N"}
 #: The implicit variant of a record that declares none.
 DEFAULT_VARIANT = "default"
-#: How equivalence runs a variant (module docstring): plain, update in place, learnable.
-PROTOCOLS = ("plain", "update", "learnable")
+#: How equivalence runs a variant (module docstring): plain, update in place, learnable, backward.
+PROTOCOLS = ("plain", "update", "learnable", "backward")
+#: The protocols that change or differentiate the mask parameters (they need ``mask_params``).
+PARAM_PROTOCOLS = ("update", "learnable")
 #: Batch and head dims of equivalence problems: 4 slices whose magnitudes differ by orders of
 #: magnitude (verify.favor.favor_problem), each compared with the reference on its own.
 EQUIVALENCE_BATCH = (2, 2)
@@ -69,8 +74,9 @@ class Variant:
     *_sizes: N grids overriding the mechanism's for this variant (None: the mechanism's), e.g.
         an O(N diam) operator timed on paths only up to where N^2 stays affordable.
     sweep: False for variants that only equivalence runs (an option that does not change cost).
-    protocol: "plain", "update" or "learnable" (PROTOCOLS, module docstring); the last two are
-        equivalence-only (sweep must be False) and need the mechanism's ``mask_params``.
+    protocol: "plain", "update", "learnable" or "backward" (PROTOCOLS, module docstring); all but
+        "plain" are equivalence-only (sweep must be False); "update" and "learnable" need the
+        mechanism's ``mask_params``.
     """
 
     name: str
@@ -90,6 +96,22 @@ class Variant:
             raise ValueError(f"variant {self.name!r}: protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
         if self.protocol != "plain" and self.sweep:
             raise ValueError(f"variant {self.name!r}: a {self.protocol!r} variant is equivalence-only (sweep=False)")
+
+
+def backward_variant(name: str = "backward", title: str = "", **params) -> Variant:
+    """The "backward" variant of a record (equivalence-only): q, k, v leaves requiring grad, the
+    gradient of the attention against finite differences of the reference and, for a linear record,
+    the operator's matmul and rmatmul against the dense mask and its transpose. ``params``: the
+    make_problem options it runs with (an asymmetric kind, a batch of many graphs).
+
+        >>> from verify.registry import backward_variant
+        >>> v = backward_variant(kind="random-walk")
+        >>> v.name, v.protocol, v.sweep, dict(v.params)
+        ('backward', 'backward', False, {'kind': 'random-walk'})
+    """
+    what = ", ".join(f"{k} = {v}" for k, v in params.items())
+    return Variant(name, title or ("q, k, v leaves requiring grad: gradient, matmul and rmatmul vs the dense mask"
+                                   + (f" ({what})" if what else "")), params=params, sweep=False, protocol="backward")
 
 
 @dataclass(frozen=True)
@@ -216,7 +238,7 @@ class Mechanism:
         names = [v.name for v in self.variants]
         if len(names) != len(set(names)):
             raise ValueError(f"variant names of {self.id!r} must be unique, got {names}")
-        needs = [v.name for v in self.variants if v.protocol != "plain"]
+        needs = [v.name for v in self.variants if v.protocol in PARAM_PROTOCOLS]
         if needs and not self.mask_params:
             raise ValueError(f"{self.id!r}: variants {needs} use the update/learnable protocol, which needs mask_params")
         if self.fast_mask is not None and not self.linear:

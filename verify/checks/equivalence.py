@@ -40,6 +40,18 @@ A variant's protocol (registry.PROTOCOLS) says how it runs:
   slice) count as a zero gradient, which is right where the output does not depend on them (a
   1-node hypercube); they are listed per N (grad_unreached), and a failing gradient names them
   (the fast path dropped or detached them: the error is then |fd| / |ref_s|, the whole derivative).
+- backward: q, k and v are float64 leaves requiring grad (the float32 run casts them). Forward
+  compared as for plain, both dtypes; in float64, per slice, the directional derivative of
+  L_s = <G_s, out_s> along a random relative direction D of q, k and v (D = xi |x|, divided by 16
+  for q and k: BACKWARD_INPUTS), autograd (the fast path's backward: the transposed products
+  M^T x of Algorithm 1's gradient, the features' and stabilisers' chain rule) against the central
+  difference of the float64 reference (step FD_STEP), normalised by |ref_s|_F and held to GRAD_TOL
+  as above. A linear
+  record's operator (``fast_mask``) is also applied to a random x (N, 3) in both dtypes: matmul
+  against the dense mask M (``dense_mask``) and, where it offers one, rmatmul against M^T, each
+  a relative Frobenius error under the dtype's tolerance (keys ".../matmul", ".../rmatmul"): a
+  user calls them directly, and the backward reaches rmatmul only through the attention's
+  gradient.
 """
 from __future__ import annotations
 
@@ -77,11 +89,23 @@ FD_STEP = 1e-5
 #: > 100 over both (nonlinear parameters, a diffusion time or RPE encodings, measured <= 3e-11);
 #: a gradient that misses the parameters (a detached spectrum) is off by |J D| / |out| ~ 1e-2.
 GRAD_TOL = 1e-6
+#: "backward": the leaves (Problem fields) that require grad, and the factor their relative direction
+#: D = xi |x| is divided by. v enters linearly (the central difference is exact up to round-off); q
+#: and k enter through FAVOR+ exponents whose spread within a slice moves by up to ~64 per unit step
+#: along xi |k| (keys of norm 32 in the quiet slice, |x|^2 / 2 ~ 256 at d = 16 over sqrt(d) entries,
+#: max |xi| ~ 4): shrunk 16 times, ~4, so the central difference's truncation at FD_STEP is
+#: h^2 / 6 * 4^3 |out| ~ 1e-9 |out| (unshrunk, ~4e-6, over GRAD_TOL), beside float64 round-off of
+#: the reference over 2h, ~1e-9. GRAD_TOL leaves > 100x over both; measured <= 1e-10. A backward
+#: that drops or transposes wrongly a term of q's or k's gradient is still off by ~|J D| / |out|
+#: >= 1e-3 (1/16 of the unshrunk derivative).
+BACKWARD_INPUTS = {"q": 16.0, "k": 16.0, "v": 1.0}
+#: "backward": columns of the random x the operator's matmul and rmatmul are applied to.
+OPERATOR_COLUMNS = 3
 #: torch intra-op threads while equivalence runs (restored after); correctness does not depend on it.
 EQUIVALENCE_THREADS = 1
 #: Salts of rng_for(seed, salt, N) for the update factors, the gradient's G and direction D (used
 #: by no other module: guards has 90, reproducibility 91).
-UPDATE_SALT, GRAD_SALT = 96, 97
+UPDATE_SALT, GRAD_SALT, BACKWARD_SALT = 96, 97, 98
 #: The statistic's threshold: every error over its tolerance is <= 1.
 THRESHOLD = 1.0
 
@@ -261,7 +285,80 @@ def _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx) -> tu
     return np.abs(auto - fd) / scale, [k for k in names if k not in reached]
 
 
-PROTOCOL_RUNS = {"plain": _plain, "update": _update, "learnable": _learnable}
+def _backward(mech, problem, expected, n, ctx, rec: _Record, info: dict) -> None:
+    """Forward with q, k, v leaves requiring grad (both dtypes); float64 gradient vs the reference's
+    four-point central difference; a linear record's operator against the dense mask (module doc)."""
+    base = {f: np.asarray(getattr(problem, f), dtype=np.float64) for f in BACKWARD_INPUTS}
+    for name, dtype in DTYPES:
+        leaves = {f: torch.tensor(a, dtype=torch.float64, device=ctx.device).requires_grad_(True)
+                  for f, a in base.items()}
+        got = None
+        with rec.guarded(f"{name}/N={n}"):
+            got = _call(mech, mech.fast_setup(replace(problem, **leaves), ctx.device, dtype), dtype)
+            rec.add(f"{name}/N={n}", expected, got)
+        if dtype == torch.float64 and got is not None:
+            try:
+                errs, unreached = _input_gradient_errors(mech, problem, base, leaves, got, expected, n, ctx)
+                info.setdefault("grad_unreached", {})[f"N={n}"] = unreached
+            except RuntimeError as exc:  # autograd refused: a finding
+                info.setdefault("grad_failure", {})[f"N={n}"] = f"{type(exc).__name__}: {exc}"
+                errs = np.array([np.inf])
+            info.setdefault("grad_rel_error", {})[f"N={n}"] = float(np.max(errs))
+            info.setdefault("grad_worst_slice", {})[f"N={n}"] = slice_label(int(np.argmax(errs)), tuple(got.shape[:-2]))
+        _operator_products(mech, problem, n, ctx, name, dtype, rec)
+
+
+def _operator_products(mech, problem, n, ctx, name, dtype, rec: _Record) -> None:
+    """A linear record's operator on a random x (N, OPERATOR_COLUMNS): matmul vs M x, rmatmul vs M^T x."""
+    if not (mech.linear and mech.fast_mask is not None and mech.dense_mask is not None):
+        return
+    op = mech.fast_mask(problem, ctx.device)
+    if op is None:
+        return
+    dense = np.asarray(mech.dense_mask(problem), dtype=np.float64)
+    x = rng_for(ctx.seed, BACKWARD_SALT, n, 1).standard_normal((n, OPERATOR_COLUMNS))
+    xt = torch.as_tensor(x, dtype=dtype, device=ctx.device)
+    products = [("matmul", op.matmul, dense)]
+    if getattr(op, "has_rmatmul", False):
+        products.append(("rmatmul", op.rmatmul, dense.T))
+    for what, apply, m in products:
+        with rec.guarded(f"{name}/N={n}/{what}"), torch.no_grad():
+            rec.add(f"{name}/N={n}/{what}", m @ x, apply(xt))
+
+
+def _input_gradient_errors(mech, problem, base, leaves, got, expected, n, ctx) -> tuple[np.ndarray, list[str]]:
+    """(per slice: |autograd - central difference| / |ref_s|_F of d<G_s, out_s> along D = xi |x| /
+    shrink over q, k, v (BACKWARD_INPUTS), the inputs autograd reached in no slice)."""
+    rng = rng_for(ctx.seed, BACKWARD_SALT, n)
+    lead = got.shape[:-2]
+    slices = int(np.prod(lead)) if lead else 1
+    g = rng.standard_normal((slices, *got.shape[-2:]))
+    g /= np.linalg.norm(g.reshape(slices, -1), axis=1).reshape(-1, 1, 1)
+    direction = {f: rng.standard_normal(a.shape) * np.abs(a) / BACKWARD_INPUTS[f] for f, a in base.items()}
+
+    def loss(t: float) -> np.ndarray:
+        out = mech.reference(replace(problem, **{f: a + t * direction[f] for f, a in base.items()}))
+        return (np.asarray(out).reshape(slices, *got.shape[-2:]) * g).sum(axis=(1, 2))
+
+    fd = (loss(FD_STEP) - loss(-FD_STEP)) / (2 * FD_STEP)
+    out = got.reshape(slices, *got.shape[-2:])
+    gt = torch.as_tensor(g, dtype=got.dtype, device=got.device)
+    auto = np.zeros(slices)
+    names = list(leaves)
+    reached = set()
+    for s in range(slices):
+        if not out.requires_grad:
+            break
+        grads = torch.autograd.grad((out[s] * gt[s]).sum(), [leaves[f] for f in names], retain_graph=True,
+                                    allow_unused=True)
+        reached.update(f for f, gr in zip(names, grads) if gr is not None)
+        auto[s] = sum(float((gr.detach().cpu().double().numpy() * direction[f]).sum())
+                      for f, gr in zip(names, grads) if gr is not None)
+    scale = np.maximum(np.linalg.norm(np.asarray(expected).reshape(slices, -1), axis=1), np.finfo(float).tiny)
+    return np.abs(auto - fd) / scale, [f for f in names if f not in reached]
+
+
+PROTOCOL_RUNS = {"plain": _plain, "update": _update, "learnable": _learnable, "backward": _backward}
 
 
 # ------------------------------------------------------------------------------ the check
@@ -302,7 +399,8 @@ def _variant(mech: Mechanism, variant: Variant, sizes, ctx: Context) -> tuple[di
         if stale:
             reasons.append(f"variant {variant.name!r}: after the in-place update the output still equals the "
                            f"old parameters' reference ({', '.join(stale)}): a stale cache or a copied parameter")
-    if variant.protocol == "learnable":
+    if variant.protocol in ("learnable", "backward"):
+        of = "the mask parameters" if variant.protocol == "learnable" else "q, k and v"
         grads = info.get("grad_rel_error", {})
         if not grads:  # every float64 forward raised: nothing to differentiate
             grad, where = float("inf"), "(not checked)"
@@ -314,7 +412,7 @@ def _variant(mech: Mechanism, variant: Variant, sizes, ctx: Context) -> tuple[di
             if not grad <= GRAD_TOL:
                 failure = info.get("grad_failure", {}).get(at)
                 unreached = info.get("grad_unreached", {}).get(at)
-                reasons.append(f"variant {variant.name!r}: float64 gradient of the mask parameters "
+                reasons.append(f"variant {variant.name!r}: float64 gradient of {of} "
                                + (f"failed at {at}: {failure}" if failure else
                                   f"off by {grad:.3g} > {GRAD_TOL:g} (autograd vs central differences of the "
                                   f"reference) at {where}")

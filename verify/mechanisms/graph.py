@@ -103,7 +103,7 @@ from reference.masks import rwgnk as ref_rwgnk
 from verify import problems
 from verify.favor import D_QK, batch_magnitudes, favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import Problem, qkv, rng_for
-from verify.registry import Roofline, Variant, register
+from verify.registry import Roofline, Variant, backward_variant, register
 
 #: The graph families every record declares as variants (module docstring).
 GRAPH_FAMILIES = ("path", "grid-2d", "regular", "erdos-renyi", "knn", "karate")
@@ -568,6 +568,7 @@ def protocol_variants(what: str) -> tuple[Variant, ...]:
                     protocol="learnable"))
 
 
+
 #: Quick sweeps: 2^7 .. 2^14 fast, 2^7 .. 2^11 dense; full: 2^7 .. 2^17 fast, 2^7 .. 2^12 dense.
 QUICK = dict(quick_fast_sizes=tuple(2**p for p in range(7, 15)), quick_dense_sizes=tuple(2**p for p in range(7, 12)),
              dense_sizes=tuple(2**p for p in range(7, 13)))
@@ -590,7 +591,8 @@ register(favor_mechanism(
     variants=(*graph_variants("path", **FAMILY_SIZES),
               *(Variant(k, f"path, T = {t}", params={"kind": k}, sweep=False)
                 for k, t in (("random-walk", "L D^-1"), ("adjacency", "-A"))),
-              *protocol_variants("the diffusion time lam")),
+              *protocol_variants("the diffusion time lam"),
+              backward_variant(kind="random-walk")),  # L D^-1: the asymmetric kind, rmatmul != matmul
     mask_params=("lam",), cost_factor=cost_factor_n_plus_e, cost_factor_name="(N+E)/N", metrics=gdk_metrics,
     roofline=_matmul_roofline(gdk_product_flops),
     notes=f"M = exp(-lam L), L = D - A, lam = {LAM_GDK}, tol {TOL_GDK:g}; kinds L D^-1 and -A as variants.",
@@ -601,14 +603,15 @@ register(favor_mechanism(
     variants=(*graph_variants("path", **FAMILY_SIZES),
               Variant("alpha-1", "path, alpha = 1: Psi(h) = f_h / |f_h|", params={"alpha": 1}, sweep=False),
               Variant("fixed-length", f"path, walks of exactly {FIXED_LENGTH} hops", params={"fixed_length": FIXED_LENGTH},
-                      sweep=False)),
+                      sweep=False),
+              backward_variant()),
     draw=walk_draw, metrics=rwgnk_metrics, roofline=_matmul_roofline(rwgnk_product_flops),
     notes=f"lam = {LAM_RWGNK}, alpha = 0, {N_WALKERS} walkers per node, p_halt = {P_HALT}, i_max = {I_MAX}.",
 ))
 register(favor_mechanism(
     "power-series", "Exact power series sum_k alpha_k W^k, Horner", "reid25 Eq. 2 (M_alpha)", "N",
     problem=power_series_problem, dense_mask=_power_series_dense, fast_mask=_power_series_fast, **QUICK,
-    variants=(*graph_variants("grid-2d", **FAMILY_SIZES), *protocol_variants("alpha")),
+    variants=(*graph_variants("grid-2d", **FAMILY_SIZES), *protocol_variants("alpha"), backward_variant()),
     mask_params=("alpha",), roofline=_matmul_roofline(power_series_product_flops),
     notes=f"alpha_k = beta^k / k! (heat kernel exp(beta W)), beta = {BETA}, k <= {K_MAX}, W = D^-1/2 A D^-1/2.",
 ))
@@ -620,7 +623,7 @@ register(favor_mechanism(
                       params={"shared": True}, sweep=False),
               Variant("antithetic", "grid-2d, antithetic termination", params={"antithetic": True}, sweep=False),
               Variant("repelling", "grid-2d, repelling walks", params={"repelling": True}, sweep=False),
-              *protocol_variants("f")),
+              *protocol_variants("f"), backward_variant()),
     scale=True, scale_train=True, mask_params=("f",), draw=walk_draw, metrics=grf_metrics,
     roofline=_matmul_roofline(grf_product_flops),
     notes=(f"f_k = (beta/2)^k / k! (heat kernel), {N_WALKERS} walkers, p_halt = {P_HALT}, i_max = {I_MAX}, "
@@ -629,7 +632,8 @@ register(favor_mechanism(
 register(favor_mechanism(
     "grf-asym", "Asymmetric GRF, one-hot key side", "reid25 App. D, Alg. 2 (normalisation corrected)", "N",
     problem=grf_asym_problem, dense_mask=_grf_asym_dense, fast_mask=_grf_asym_fast, **QUICK,
-    variants=(*graph_variants("path", **FAMILY_SIZES), *protocol_variants("alpha")),
+    variants=(*graph_variants("path", **FAMILY_SIZES), *protocol_variants("alpha"),
+              backward_variant()),  # G is not symmetric: the backward's rmatmul is G^T
     mask_params=("alpha",), draw=walk_draw, metrics=grf_asym_metrics,
     roofline=_matmul_roofline(grf_asym_product_flops),
     notes=f"alpha_k = beta^k / k!, {N_WALKERS} walkers, p_halt = {P_HALT}, i_max = {I_MAX}.",

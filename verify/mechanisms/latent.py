@@ -59,7 +59,8 @@ from measure import roofline
 from verify.mechanisms.graph import (GRAPH_FAMILIES, GRAPH_TITLES, QUICK, adjacency, graph_adjacency, graph_extras,
                                      graph_problem, num_edges, projection_draw)
 from verify.problems import Problem, rng_for
-from verify.registry import Mechanism, Roofline, Variant, register
+from fast.segments import FEW_SEGMENTS
+from verify.registry import Mechanism, Roofline, Variant, backward_variant, register
 
 D_LATENT = 32
 #: Graphs per problem in the graph variants (uneven sizes: WEIGHTS).
@@ -79,18 +80,35 @@ SHIFT_SG = 32.0
 SHIFT_DIF = 4.0
 #: Graph labels skip this value in batches of more than GAP_LABEL graphs (batch_labels).
 GAP_LABEL = 2
+#: Graphs of the "many-graphs" variants: more than fast.segments.FEW_SEGMENTS, so the fast paths take
+#: their "many small" routes (batched layouts, vectorised segment sums) rather than a loop over graphs.
+MANY_GRAPHS = FEW_SEGMENTS + 6
+#: Size profiles of a batch (graph_sizes): "uneven" (WEIGHTS, a one-node graph, a label gap), "even"
+#: (sizes differing by at most one, a one-node graph, a label gap: at N = 300 and MANY_GRAPHS the
+#: padded layout of fast.latent.nodeformer) and "equal" (sizes differing by at most one, no one-node
+#: graph, no gap: at N = 300 and 75 graphs all of 4 nodes, the equal-size view).
+SIZE_PROFILES = ("uneven", "even", "equal")
 #: relational-bias: sigmoid(B_BIAS) ~ 0.62 per order.
 B_BIAS = 0.5
 
 # ---------------------------------------------------------------------------------- problems
 
 
-def graph_sizes(n: int, graphs: int) -> list[int]:
+def graph_sizes(n: int, graphs: int, profile: str = "uneven") -> list[int]:
     """Sizes (each >= 1) summing to n: one graph for graphs = 1; otherwise min(graphs, n) graphs in
-    proportion WEIGHTS (cycled) and, when n > graphs, one more graph of ONE node at the end (the
-    edge case of a batch: a node that attends only to itself, an isolated node of the edge loss)."""
+    proportion WEIGHTS (cycled; profile "even" / "equal": sizes differing by at most one, at least 2
+    for "even") and, when
+    n > graphs (not for "equal"), one more graph of ONE node at the end (the edge case of a batch: a
+    node that attends only to itself, an isolated node of the edge loss)."""
+    if profile not in SIZE_PROFILES:
+        raise ValueError(f"profile must be one of {SIZE_PROFILES}, got {profile!r}")
     if int(graphs) <= 1 or n == 1:
         return [n]
+    if profile != "uneven":  # "even": at least 2 nodes per graph but the lone one (N = 64 differs from "equal")
+        lone = profile == "even" and n > graphs
+        count = min(int(graphs), (n - lone) // 2 if profile == "even" else n)
+        parts = np.array_split(np.arange(n - lone), max(1, count))
+        return [len(a) for a in parts] + [1] * lone
     lone = n > graphs
     rest = n - lone
     g = max(1, min(int(graphs), rest))
@@ -100,24 +118,26 @@ def graph_sizes(n: int, graphs: int) -> list[int]:
     return [int(s) for s in sizes] + [1] * lone
 
 
-def batch_labels(count: int) -> np.ndarray:
+def batch_labels(count: int, gap: bool = True) -> np.ndarray:
     """Graph labels 0, 1, 3, 4, ...: label GAP_LABEL is skipped (an empty graph, which the batch
-    vector contract allows) once there are more than GAP_LABEL graphs."""
+    vector contract allows) once there are more than GAP_LABEL graphs (gap=False: 0 .. count-1)."""
     labels = np.arange(count, dtype=np.int64)
-    return np.where(labels >= GAP_LABEL, labels + 1, labels) if count > GAP_LABEL else labels
+    return np.where(labels >= GAP_LABEL, labels + 1, labels) if gap and count > GAP_LABEL else labels
 
 
-def batched_adjacency(family: str, n: int, seed: int, graphs: int) -> tuple[sp.csr_matrix, np.ndarray]:
+def batched_adjacency(family: str, n: int, seed: int, graphs: int,
+                      profile: str = "uneven") -> tuple[sp.csr_matrix, np.ndarray]:
     """(block-diagonal adjacency (N, N), sorted batch vector (N,) int64) of the graphs of ``graph_sizes``."""
-    sizes = graph_sizes(n, graphs)
+    sizes = graph_sizes(n, graphs, profile)
     blocks = [graph_adjacency(family, s, seed + 7919 * i) for i, s in enumerate(sizes)]
     adj = blocks[0] if len(blocks) == 1 else sp.block_diag(blocks, format="csr")
-    batch = np.repeat(batch_labels(len(sizes)), sizes)
+    # a gap needs a label left below N (check_batch allocates max label + 1 <= N graphs)
+    batch = np.repeat(batch_labels(len(sizes), gap=profile != "equal" and len(sizes) < n), sizes)
     return sp.csr_matrix(adj), batch
 
 
 def latent_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), graph: str = "grid-2d", graphs: int = 1,
-                   tau: float = TAU, gumbel: bool = False, samples: int = GUMBEL_SAMPLES, b: float = B_BIAS,
+                   profile: str = "uneven", tau: float = TAU, gumbel: bool = False, samples: int = GUMBEL_SAMPLES, b: float = B_BIAS,
                    order: int = 1, normalize: str | None = "sym", shift: float = 0.0,
                    signed_keys: bool = False) -> Problem:
     """The problem of every latent-graph record (module doc): q, k, v (*batch, N, 32), W (32, 32).
@@ -131,8 +151,8 @@ def latent_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), graph: str
     only rescales (the score term becomes ~uniform attention again), so its keys take signed
     shifts: q~_u . K~^T V ~ sum_w sign_w v_w / N_g is then no multiple of sum v.
     """
-    adj, batch_index = batched_adjacency(graph, n, seed, graphs)
-    sizes = graph_sizes(n, graphs)
+    adj, batch_index = batched_adjacency(graph, n, seed, graphs, profile)
+    sizes = graph_sizes(n, graphs, profile)
     extras: dict[str, Any] = {**graph_extras(adj), "batch_index": batch_index, "graphs": len(sizes),
                               "tau": float(tau), "b": np.full(int(order), float(b)), "order": int(order),
                               "normalize": normalize}
@@ -456,11 +476,34 @@ def batched_variants(default: str, *, reads_edges: bool) -> tuple[Variant, ...]:
     one = Variant(default, f"one graph: {GRAPH_TITLES[default]}", params={"graph": default})
     sizes = f"{GRAPHS} graphs (~N/2, N/3, N/6) and a one-node graph, labels 0, 1, 3, 4"
     if not reads_edges:
-        return (one, Variant("batch", f"{sizes} (graphs never mix)", params={"graph": default, "graphs": GRAPHS},
-                             sweep=False))
-    return (one, *(Variant(f"{g}-batch", f"{sizes}, each a {GRAPH_TITLES[g]}", params={"graph": g, "graphs": GRAPHS},
-                           sweep=g != "karate", **(FAMILY_SIZES if g != "karate" else {}))
-                   for g in GRAPH_FAMILIES))
+        batches = (Variant("batch", f"{sizes} (graphs never mix)", params={"graph": default, "graphs": GRAPHS},
+                           sweep=False),)
+    else:
+        batches = tuple(Variant(f"{g}-batch", f"{sizes}, each a {GRAPH_TITLES[g]}",
+                                params={"graph": g, "graphs": GRAPHS}, sweep=g != "karate",
+                                **(FAMILY_SIZES if g != "karate" else {}))
+                        for g in GRAPH_FAMILIES)
+    return (one, *batches, *many_graph_variants(default, every=not reads_edges))
+
+
+def many_graph_variants(default: str, every: bool = True) -> tuple[Variant, ...]:
+    """Equivalence-only variants past the few/many dispatch (fast.segments.few_segments): MANY_GRAPHS
+    graphs of sizes differing by at most one plus a one-node graph and a label gap ("many-graphs":
+    at N = 300 fast.latent.nodeformer's padded layout, the simple attention's vectorised path), 75
+    graphs of one size ("many-equal": at N = 300 the equal-size view), and the gradient of the one-graph
+    problem and of the many-graph batch ("backward", "many-graphs-backward"; at N = 37 the batch has
+    19 graphs, the loop over slices). every=False (the records that read edges, whose all-pair part is
+    kernelized_softmax's, run by the nodeformer record): "many-graphs", "many-equal" and "backward"."""
+    many = {"graph": default, "graphs": MANY_GRAPHS, "profile": "even"}
+    out = (Variant("many-graphs", f"{MANY_GRAPHS} graphs of near-equal size, a one-node graph and a label gap",
+                   params=many, sweep=False),
+           Variant("many-equal", "75 graphs of one size (4 nodes at N = 300), labels 0 .. 74",
+                   params={"graph": default, "graphs": 75, "profile": "equal"}, sweep=False),
+           backward_variant(title="one graph, q, k, v leaves requiring grad: gradient vs the reference's"))
+    if not every:
+        return out
+    return (*out, backward_variant("many-graphs-backward", f"{MANY_GRAPHS} graphs (many-graphs): gradient vs the "
+                                   "reference's", **many))
 
 
 def _problem(**fixed):

@@ -33,7 +33,7 @@ from reference.masks import lowrank as ref_lowrank
 from reference.masks import toeplitz as ref_toeplitz
 from verify.favor import favor_draw, favor_mechanism, favor_problem, mask_tensor, numpy_values
 from verify.problems import Problem, rng_for
-from verify.registry import Mechanism, Roofline, Variant, register
+from verify.registry import Mechanism, Roofline, Variant, backward_variant, register
 
 #: Relative-position decay length as a fraction of the sequence (grid side): the mask is neither
 #: near-diagonal nor near-constant at any N, so both near and far offsets matter.
@@ -320,6 +320,7 @@ _register(
     size_rule=_power_of_two_at_most,
     mask_params=("lam",),
     roofline=Roofline("matmul", roofline.mask_product_case("matmul", flops=hypercube_flops)),
-    variants=(Variant("default", f"lambda = {HYPERCUBE_LAMBDA}"), *protocol_variants("the diffusion time lam")),
+    variants=(Variant("default", f"lambda = {HYPERCUBE_LAMBDA}"), *protocol_variants("the diffusion time lam"),
+              backward_variant()),
     notes=f"M_ij = tanh(lambda)^dist(i, j), lambda = {HYPERCUBE_LAMBDA}; N = 2^k only.",
 )
