@@ -2,8 +2,10 @@
 
 Generic families, named by kind, hold one check per registered mechanism (``check_for(mech)``):
 equivalence, guards, numerics, reproducibility, complexity, perf, scale; features holds one row
-per random feature map. Paper claims are named after their paper, as their check ids are:
-choromanski22 (a subpackage: positional, tree and graph claims), reid25, wu22, performer.
+per random feature map; layers one check per nn.Module layer of fast.latent.layers; sampling one
+per sampler that fast/ calls on its own (walks, Gumbel noise). Paper claims are named after their
+paper, as their check ids are: choromanski22 (a subpackage: positional, tree and graph claims),
+reid25, wu22, performer.
 """
 from __future__ import annotations
 
@@ -12,11 +14,11 @@ from results.check import Check
 
 def all_checks() -> list[Check]:
     """Every check of every family, in a stable order."""
-    from verify.checks import (choromanski22, complexity, equivalence, features, guards, numerics, perf, performer,
-                               reid25, reproducibility, scale, wu22)
+    from verify.checks import (choromanski22, complexity, equivalence, features, guards, layers, numerics, perf,
+                               performer, reid25, reproducibility, sampling, scale, wu22)
 
     out: list[Check] = []
-    for family in (equivalence, guards, numerics, reproducibility, performer, features, choromanski22, reid25, wu22,
-                   complexity, perf, scale):
+    for family in (equivalence, layers, guards, numerics, reproducibility, sampling, performer, features,
+                   choromanski22, reid25, wu22, complexity, perf, scale):
         out.extend(family.checks())
     return out

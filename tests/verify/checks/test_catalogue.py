@@ -81,11 +81,16 @@ def _issue_13_ids() -> list[str]:
     return _family_ids(ISSUE_13_PAPER_IDS, ISSUE_13_MECHANISMS)
 
 
+#: The checks issue 24 adds (verify's blind spots on the graph families): the layers against a reference
+#: computation, the laws of the samplers fast/ calls on its own.
+ISSUE_24_IDS = ["layers/nodeformer-conv", "layers/difformer", "layers/sgformer", "sampling/walks", "sampling/gumbel"]
+
+
 def test_ids_are_the_old_ones_plus_the_new_families():
     ids = [c.id for c in all_checks()]
     assert len(ids) == len(set(ids))
     assert set(ids) == (set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids()) | set(_issue_10_ids()) | set(_issue_11_ids())
-                        | set(_issue_12_ids()) | set(_issue_13_ids()))
+                        | set(_issue_12_ids()) | set(_issue_13_ids()) | set(ISSUE_24_IDS))
     assert len(_issue_9_ids()) >= 2 * 11  # every masked mechanism is linear and random
     # the old ids keep their order (the scale family was regrouped by issue 8)
     old = set(OLD_IDS)
