@@ -13,8 +13,13 @@ never divided by) where it is not finite, zero or subnormal, or, for signed feat
 within round-off of zero relative to the terms it sums. Validation makes no extra pass over the
 data on the fast path: metadata is checked first, finiteness and the guard are folded into 0-dim
 flags read once per call, and only a failed read scans the arguments to raise ValueError naming
-the non-finite one. The guard's derivation, ``no_key``, ``features_nonnegative`` and what is
-checked when: docs/papers.md, "fast.attention".
+the non-finite one. Every output of Algorithm 1 is a weighted average of v's entries for
+nonnegative features and mask, yet its numerator sums reach den_i max |v|: one more flag (a read
+pass over the numerator, O(N d)) sends a call whose numerator overflowed on finite inputs to the
+rare path, which redoes the products on v 2^-s (a power of two per column, fast.scaling) and
+multiplies the output by 2^s: exact, so an output is inf only where the true one overflows. The
+guard's derivation, ``no_key``, ``features_nonnegative`` and what is checked when: docs/papers.md,
+"fast.attention".
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from fast.favor_blockwise import favor_products
 from fast.features import favor_exponentials
 from fast.masks.explicit import as_mask_operator
 from fast.operator import MaskOperator
+from fast.scaling import times_pow2, value_shift
 from fast.validation import (broadcast_shape, check_favor_inputs, check_no_key, check_positive_int, check_same_device,
                              check_tensor, compute_dtype, finite_flag, raise_if_non_finite)
 
@@ -174,6 +180,11 @@ def masked_linear_attention(
     fast.algebra.default_block_cols), O((T_M(N) + N) m d) time (Lemma 3.1) and O(N (m + d) +
     N block_cols) extra memory, in training too; gradients reach the mask's parameters().
 
+    Values near the dtype's maximum: a numerator that overflows on finite inputs is redone on
+    v 2^-s and multiplied back by 2^s (exact powers of two; the products run twice on that rare
+    path only), so the output is inf only where the true output overflows. The common path pays
+    one read pass over the numerator, O(N d).
+
     no_key: what a query whose mask row is all zero gets, "raise" (default) or "zero" (output 0).
     features_nonnegative: None (the sign is tested), True (the caller promises phi_q, phi_k >= 0, as
     EluPlusOne, ReLU, FavorPlus and Hyperbolic give: no test) or False (signed: the guard's relative
@@ -264,6 +275,9 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
         else:
             fpb = features_per_block(default_block_cols(v) if block_cols is None else block_cols, v.shape[-1])
             num, den = masked_products(phi_q, phi_k, v, op, fpb)
+    # finite inputs can still overflow the numerator's sums (|num_i| reaches den_i max |v|) where
+    # out = num / den is finite: one read pass over num (O(N d)) tells the rare path to rescale v
+    checks.append(finite_flag(num))
 
     mask_nonnegative = op is None or bool(op.nonnegative)  # read once (a property may compute it)
     optimistic = features_nonnegative is not False and mask_nonnegative
@@ -289,6 +303,9 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
         diagnose()
     if exact is not None and not bool(exact):  # the optimistic route was not exact: redo
         num, den = _check_attend(op, op.attend_exact(phi_q, phi_k, v, key_log_scale), v)  # the floor needs no redo
+    shift = None
+    if not bool(finite_flag(num)):  # finite inputs whose numerator sums overflowed: redo on v 2^-s (exact)
+        num, den, shift = _rescaled_products(phi_q, phi_k, v, op, block_cols, key_log_scale, den)
     if optimistic:
         with torch.no_grad():
             negative = bool(phi_q.detach().amin() < 0) or bool(phi_k.detach().amin() < 0)
@@ -296,7 +313,37 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
             raise ValueError("features_nonnegative=True promised phi_q >= 0 and phi_k >= 0, but they have negative "
                              "entries: pass features_nonnegative=None (tested) or False (signed features)")
         floor = _guard_floor(phi_q, phi_k, op, not negative, True)
-    return divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key).to(out_dtype)
+    out = divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key)
+    return (out if shift is None else times_pow2(out, shift)).to(out_dtype)
+
+
+def _rescaled_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: MaskOperator | None,
+                       block_cols: int | None, key_log_scale: torch.Tensor | None,
+                       den: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(num, den, s) of Algorithm 1 on the values v 2^-s (fast.scaling), for the rare path where the
+    numerator overflowed on finite inputs: out = 2^s num / den exactly (powers of two), and it is
+    finite wherever the true output is. s is the least shift keeping max |v| 2^-s max den_i below
+    finfo.max / 4 (num_i <= den_i max |v| for nonnegative features and mask); if the numerator
+    still overflows (the sums of a signed product, or of features a small phi_q_i hides from
+    den_i), every column's largest |v| is brought into [0.5, 1). Both products are recomputed
+    (under autograd the overflowed ones are discarded, so no inf reaches a gradient). The same
+    route as the first products (attend_exact for an operator given key_log_scale)."""
+    num = None
+    for bound in (den, None):
+        shift = value_shift(v, bound)
+        scaled = times_pow2(v, -shift)
+        if op is None:
+            num, den, _ = linear_products(phi_q, phi_k, scaled)
+        elif op.attend is not None:
+            result = op.attend(phi_q, phi_k, scaled) if key_log_scale is None else \
+                op.attend_exact(phi_q, phi_k, scaled, key_log_scale)
+            num, den = _check_attend(op, result, scaled)
+        else:
+            fpb = features_per_block(default_block_cols(v) if block_cols is None else block_cols, v.shape[-1])
+            num, den = masked_products(phi_q, phi_k, scaled, op, fpb)
+        if bool(finite_flag(num)):
+            break
+    return num, den, shift
 
 
 def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: MaskOperator | None, features_nonnegative: bool,
@@ -502,7 +549,8 @@ def favor_attention(
     constants (an operator with ``rescales_keys``, CausalMask, undoes per-key ones in its attend).
     no_key as in masked_linear_attention. O(N m (d_qk + d)) plus the mask's products. mask=None: the
     features are formed a block of rows at a time, forward and backward (fast.favor_blockwise), so
-    no (N, m) feature matrix exists. Equals masked_linear_attention(*favor_features(...), v, mask) up
+    no (N, m) feature matrix exists. Values whose sums overflow (near the dtype's maximum) are
+    rescaled exactly as in masked_linear_attention (one read pass over the output, O(N d)). Equals masked_linear_attention(*favor_features(...), v, mask) up
     to round-off for an operator without rescales_keys (docs/papers.md, "fast.attention").
 
     Raises DenominatorError as masked_linear_attention; TypeError / ValueError naming the argument
@@ -549,7 +597,16 @@ def _favor_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, projectio
     w_q = projection.to(compute_dtype(q.dtype)) * scale
     w_k = w_q if compute_dtype(k.dtype) == w_q.dtype else projection.to(compute_dtype(k.dtype)) * scale
     out, den, flag = favor_products(q, k, v, w_q, w_k, half)
-    if not bool(flag & finite_flag(projection)):  # the call's one host read
+    # finite_flag(out): the sums of v can overflow where out is finite (out is then redone below)
+    if not bool(flag & finite_flag(projection, out)):  # the call's one host read
         raise_if_non_finite(q=q, k=k, projection=projection, v=v)
         refused_rows(den)  # DenominatorError saying why (no query lacks keys without a mask)
+        if not bool(finite_flag(out)):  # S = sum_j phi_k_j v_j^T or a numerator overflowed: v 2^-s, exact
+            work = compute_dtype(torch.promote_types(w_q.dtype, v.dtype))
+            for bound in (den, None):  # as fast.attention's _rescaled_products
+                shift = value_shift(v.to(work), bound)
+                out, _, _ = favor_products(q, k, times_pow2(v.to(work), -shift), w_q, w_k, half)
+                if bool(finite_flag(out)):
+                    break
+            out = times_pow2(out, shift)
     return out.to(v.dtype)

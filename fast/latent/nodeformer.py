@@ -14,7 +14,9 @@ balanced per graph and feature, Gumbel noise entering the keys' exponents as g /
 denominator overflows or underflows for any tau. The driver is fast.masked_linear_attention
 (choromanski22 Algorithm 1): O(N m d), O(K N m d) with K Gumbel samples; the relational bias
 costs O(order E d) and the edge terms O(E m). No NaN or inf is returned from finite input:
-exponents beyond the dtype's range raise ValueError naming tau (or noise) with the numbers.
+exponents beyond the dtype's range raise ValueError naming tau (or noise) with the numbers, and the
+outputs are averages of v, whose sums (N max |v|, K max |v| over Gumbel samples) the driver and the
+sample mean rescale by exact powers of two where they would overflow (fast.scaling).
 docs/papers.md ("fast.latent.nodeformer") has the derivation, the layouts of a batch of graphs
 and the host reads per call.
 
@@ -37,6 +39,7 @@ from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
 from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
+from fast.scaling import pow2
 from fast.segments import Segments, add_into, few_segments
 from fast.validation import (check_favor_inputs, check_positive_int, check_same_device, check_tensor, compute_dtype,
                              raise_if_non_finite)
@@ -391,7 +394,9 @@ def kernelized_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, projec
     vector (N,): sums run over u's graph only. Log-space features: no denominator overflows or
     underflows for any tau. Differentiable in q, k, v and the projection.
     Errors: ValueError naming tau (not finite, <= 0, requiring grad, too small for the dtype),
-    batch, q/k/v/projection (shapes; NaN or inf; m < 1 rows); never NaN or inf from finite input.
+    batch, q/k/v/projection (shapes; NaN or inf; m < 1 rows); never NaN or inf from finite input
+    (values near the dtype's maximum included: sums that overflow are redone on v 2^-s, exactly,
+    by fast.masked_linear_attention's rare path).
 
     It equals the dense kernel attention with these features, and a batch keeps graphs apart:
 
@@ -427,7 +432,9 @@ def kernelized_gumbel_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kappa~ at the 1/sqrt(tau) scaling (kernelized_softmax), g_sv standard Gumbel noise per key
     node, shared by all queries (so Eq. 7 stays linear). Output: the mean over the K samples of the
     normalised z^(s) (NodeFormer's code; the ratio is a biased estimate of Eq. 6's expectation).
-    e^(g/tau) is folded into the keys' exponents in log space: finite for any tau > 0.
+    e^(g/tau) is folded into the keys' exponents in log space: finite for any tau > 0. Where
+    K max |v| could overflow the mean, the samples run on v 2^-t and the mean is multiplied back
+    (exact; a max over v and two O(N d) passes, no host read).
 
     q, k: (..., N, d_qk); v: (..., N, d); projection (m, d_qk) -> (..., N, d). training=True: the
     noise as given, (K, *k.shape[:-1]) (``samples`` then None or K), or drawn by gumbel_noise from
@@ -470,9 +477,25 @@ def _gumbel_core(q, k, v, projection, tau: float, b: BatchIndex | None, samples:
         noise = _check_noise(noise, k, samples)
     zq, zk = _exponents(q, k, projection, tau, noise)  # zk (K, ..., N, m): g / tau in log space
     phi_q, phi_k = _balanced_features(zq, zk, b)
-    vk = v.unsqueeze(0).expand(noise.shape[0], *v.shape)  # a view (stride 0), no copy of v
-    out = _drive(phi_q, phi_k, vk, b, lambda: _diagnose(q, k, projection, tau, v=v, noise=noise))
-    return out.mean(0)
+    shift = _mean_shift(v, noise.shape[0])
+    vs = v if shift is None else v * pow2(-shift, v.dtype)
+    vk = vs.unsqueeze(0).expand(noise.shape[0], *v.shape)  # a view (stride 0), no copy of v
+    out = _drive(phi_q, phi_k, vk, b, lambda: _diagnose(q, k, projection, tau, v=v, noise=noise)).mean(0)
+    return out if shift is None else out * pow2(shift, v.dtype)
+
+
+def _mean_shift(v: torch.Tensor, samples: int) -> torch.Tensor | None:
+    """The mean over K samples sums K outputs each up to max |v|: a 0-dim int shift t = ceil(log2 K) where
+    K max |v| could pass finfo.max / 2, else 0, so that the mean runs on v 2^-t and 2^t multiplies it back
+    (exact: powers of two; fast.scaling). On the device, no host read; two O(N d) passes (the max and v 2^-t)
+    and one of the output. None (nothing to do) for K = 1, an empty v, or half precisions (their K
+    outputs are summed in float32, which K max |v| cannot overflow)."""
+    if samples == 1 or v.numel() == 0 or v.dtype not in (torch.float32, torch.float64):
+        return None
+    t = math.ceil(math.log2(samples))
+    with torch.no_grad():
+        big = v.detach().abs().amax() >= torch.finfo(v.dtype).max * 2.0 ** -(t + 1)
+        return torch.where(big, t, 0)
 
 
 # ---------------------------------------------------------------------------- relational bias

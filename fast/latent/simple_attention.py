@@ -14,8 +14,10 @@ empty graphs allowed); graphs never share a norm, so every output depends on its
 The N x N scores are never formed: per graph, the (d_qk, d) state and the key sum, then each
 node's query against its graph's state, with one host read per call. A graph whose q (or k) is
 all zero gives q~ = 0 with gradient 0, never NaN. Only a one-node graph whose q is a negative
-multiple of its k can make a denominator vanish: fast.DenominatorError. Half precisions compute in
-float32 and are cast back; differentiable in q, k and v. docs/papers.md
+multiple of its k can make a denominator vanish: fast.DenominatorError. The scores are >= 0, so
+z is an average of v and finite; values whose sums overflow (N_g max |v| beyond the dtype's
+maximum) are redone on v 2^-s and multiplied back, exactly (fast.scaling; one read pass over the
+output, O(N d), tells the rare path). Half precisions compute in float32 and are cast back; differentiable in q, k and v. docs/papers.md
 ("fast.latent.simple_attention") has the norm options, the denominator bound and what is checked
 when.
 """
@@ -28,6 +30,7 @@ import torch
 from fast.algebra import guard_flag
 from fast.batching import BatchIndex, check_batch
 from fast.errors import DenominatorError
+from fast.scaling import times_pow2, value_shift
 from fast.segments import few_segments
 from fast.validation import check_same_device, check_tensor, compute_dtype, finite_flag, raise_if_non_finite
 
@@ -211,7 +214,8 @@ def _folded_one(qw, kw, vw, joint: bool, own_value: bool):
         num, den = torch.add(num, const, alpha=alpha), den + n
     floor = _floor(torch.tensor(float(n), dtype=den.dtype, device=den.device), d_qk, den.dtype)
     ok = ok & guard_flag(den, floor.expand(den.shape), positive=True)
-    return (num.div_(den) if inplace else num / den), ok
+    out = num.div_(den) if inplace else num / den
+    return out, ok & finite_flag(out)  # the sums of v (N V, q S) can overflow where z is finite
 
 
 def _folded_many(qw, kw, vw, bi: BatchIndex, joint: bool, own_value: bool):
@@ -239,7 +243,8 @@ def _folded_many(qw, kw, vw, bi: BatchIndex, joint: bool, own_value: bool):
     num, den = res[..., :d] + const, res[..., d:] + counts
     floor = bi.gather(_floor(sizes, d_qk, den.dtype))  # (N, 1)
     ok = ok & guard_flag(den, floor.expand(den.shape), positive=True)
-    return num / den, ok
+    out = num / den
+    return out, ok & finite_flag(out)  # the sums of v can overflow where z is finite
 
 
 def _folded(qw, kw, vw, bi: BatchIndex | None, joint: bool, own_value: bool):
@@ -293,7 +298,23 @@ def _simple_attention(q, k, v, batch, joint_heads, own_value: bool, what: str) -
     raise_if_non_finite(q=q, k=k, v=v)
     out, den, floor = _materialised(qw, kw, vw, bi, joint, own_value)
     _raise_if_bad_den(den.squeeze(-1), floor.squeeze(-1).expand(den.shape[:-1]), bi, what)
-    return out.to(out_dtype)  # finite input, den fine: an overflowing numerator stays inf (as fast.attention)
+    if not bool(finite_flag(out)):  # finite input, den fine: sums of v overflowed. Redo on v 2^-s (exact)
+        out = _rescaled(qw, kw, vw, bi, joint, own_value)
+    return out.to(out_dtype)
+
+
+def _rescaled(qw, kw, vw, bi: BatchIndex | None, joint: bool, own_value: bool) -> torch.Tensor:
+    """The rare path's z for values whose sums overflowed: 2^s z(v 2^-s) (fast.scaling; exact, powers of
+    two). The scores 1 + q~ . k~ (N delta + q~ . k~) lie in [0, 2] ([0, N + 1]), so every sum of the
+    formulas is at most 2 N max |v| (|sum_v k~_v v_v| <= sqrt(N) max |v|): s keeps 2 N max |v| 2^-s below
+    finfo.max / 4, and only an output that overflows itself stays inf. Columns share s across graphs."""
+    n = vw.shape[-2]
+    for bound in (2.0 * n, None):
+        shift = value_shift(vw, bound)
+        out = _materialised(qw, kw, times_pow2(vw, -shift), bi, joint, own_value)[0]
+        if bool(finite_flag(out)):
+            break
+    return times_pow2(out, shift)
 
 
 def _raise_if_bad_den(den: torch.Tensor, floor: torch.Tensor, bi: BatchIndex | None, what: str) -> None:

@@ -1,0 +1,150 @@
+"""The latent-graph attentions on values whose sums overflow where the output does not (issue 24).
+
+Every output here is an average of v's entries (DIFFormer's and SGFormer's scores are >= 0; the
+kernelized softmax's are kernel weights; the Gumbel form averages K such outputs), so it is finite
+for any finite v, while the sums inside reach N max |v| (K max |v| for the mean over samples).
+Constant values give the exact answer (that value); random values near the maximum are compared
+with the float64 reference (float32 inputs) or with 2^k f(v 2^-k), which is exact (float64).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fast.segments as segments
+import reference.latent.simple_attention as ref
+from fast import gaussian_projection
+from fast.latent.nodeformer import (gumbel_noise, kernelized_gumbel_softmax, kernelized_softmax,
+                                    nodeformer_attention)
+from fast.latent.simple_attention import difformer_attention, sgformer_attention
+from fast.scaling import times_pow2
+from tests.helpers import EQUIV_TOL, gen, np_, rel_frobenius
+
+SIMPLE = {"difformer": (difformer_attention, ref.difformer_attention),
+          "sgformer": (sgformer_attention, ref.sgformer_attention)}
+#: the largest float32 / float64 constants of the issue's kind: N max |v| overflows at these N
+CONSTANTS = [(torch.float32, 12, 3e38), (torch.float32, 2048, 2e35),
+             (torch.float64, 12, 1.7e308), (torch.float64, 2048, 1e305)]
+
+
+@pytest.fixture(params=["few graphs", "many graphs"])
+def route(request, monkeypatch):
+    """few: a loop over each graph's contiguous slice (the default); many: the segment-sum routes."""
+    if request.param == "many graphs":
+        monkeypatch.setattr(segments, "FEW_SEGMENTS", 0)
+    return request.param
+
+
+def rel_error_bound(n: int, terms: int, dtype: torch.dtype) -> float:
+    """Worst-case relative error of an average over n nodes whose num and den each sum at most
+    n * terms products (gamma_{n terms + 2} each, plus the quotient's rounding)."""
+    return 2 * (n * terms + 3) * torch.finfo(dtype).eps / 2
+
+
+def near_max(shape, g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    big = torch.finfo(dtype).max
+    mag = (0.25 + 0.75 * torch.rand(*shape, generator=g, dtype=torch.float64)) * big
+    sign = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+    return (sign * mag).to(dtype)
+
+
+def qk(n: int, dtype: torch.dtype, lead=(), d_qk: int = 4, seed: int = 0):
+    g = gen(seed)
+    return (torch.randn(*lead, n, d_qk, generator=g, dtype=dtype) + 1.0,
+            torch.randn(*lead, n, d_qk, generator=g, dtype=dtype) + 1.0)
+
+
+@pytest.mark.parametrize("name", list(SIMPLE))
+@pytest.mark.parametrize("dtype, n, val", CONSTANTS)
+def test_simple_attention_of_constant_values_is_that_value(name, dtype, n, val):
+    q, k = qk(n, dtype)
+    out = SIMPLE[name][0](q, k, torch.full((n, 3), val, dtype=dtype))
+    assert torch.isfinite(out).all()
+    assert float(((out.double() - val) / val).abs().max()) <= rel_error_bound(n, 4, dtype)
+
+
+@pytest.mark.parametrize("name", list(SIMPLE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_simple_attention_batched_near_max_against_reference(name, dtype, route):
+    fn, dense = SIMPLE[name]
+    sizes = (5, 40, 9)
+    batch = torch.repeat_interleave(torch.tensor([0, 1, 3]), torch.tensor(sizes))  # label 2: an empty graph
+    n = sum(sizes)
+    q, k = qk(n, dtype, lead=(2, 2))
+    v = near_max((2, 2, n, 3), gen(1), dtype)
+    out = fn(q, k, v, batch=batch)
+    assert torch.isfinite(out).all()
+    e = 0 if dtype == torch.float32 else 600  # float64: the reference on v 2^-600, compared so (exact)
+    want = dense(np_(q), np_(k), np_(v) * 2.0 ** -e, batch=batch.numpy())
+    assert rel_frobenius(out.double() * 2.0 ** -e, want) <= EQUIV_TOL[dtype]  # the norms overflow unscaled
+
+
+def test_sgformer_own_value_term_alone_overflows():
+    """N v_u overflows before the division while every other sum stays finite (the issue's N = 2048,
+    v = 2e35 in float32: 2048 * 2e35 > 3.4e38), so the common path's own flags must see it."""
+    n, val = 2048, 2e35
+    q, k = qk(n, torch.float32, seed=3)
+    out = sgformer_attention(q, k, torch.full((n, 2), val))
+    assert torch.isfinite(out).all()
+    assert float(((out.double() - val) / val).abs().max()) <= rel_error_bound(n, 4, torch.float32)
+
+
+@pytest.mark.parametrize("dtype, n, val", CONSTANTS)
+def test_kernelized_softmax_of_constant_values_is_that_value(dtype, n, val):
+    q, k = (0.1 * t for t in qk(n, dtype))  # a flat kernel: den_i near N m, so N = 2048 overflows at 2e35
+    w = gaussian_projection(16, 4, generator=gen(2), dtype=dtype)
+    out = kernelized_softmax(q, k, torch.full((n, 3), val, dtype=dtype), w)
+    assert torch.isfinite(out).all()
+    assert float(((out.double() - val) / val).abs().max()) <= rel_error_bound(n, 16, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernelized_softmax_is_homogeneous_in_huge_values(dtype, route):
+    n, k_ = 60, 64 if dtype == torch.float32 else 512
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor([10, 30, 20]))
+    q, k = qk(n, dtype, lead=(2,))
+    w = gaussian_projection(8, 4, generator=gen(3), dtype=dtype)
+    v = near_max((2, n, 3), gen(4), dtype)
+    out = kernelized_softmax(q, k, v, w, tau=0.5, batch=batch)
+    want = times_pow2(kernelized_softmax(q, k, times_pow2(v, torch.tensor(-k_)), w, tau=0.5, batch=batch),
+                      torch.tensor(k_))
+    assert torch.isfinite(out).all() and torch.equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gumbel_mean_over_samples_of_huge_values(dtype):
+    """The mean over K = 10 samples sums 10 outputs near the maximum: each is finite, their sum is not."""
+    n = 30
+    q, k = qk(n, dtype)
+    w = gaussian_projection(8, 4, generator=gen(5), dtype=dtype)
+    noise = gumbel_noise((10, n), generator=gen(6), dtype=dtype)
+    val = 3e38 if dtype == torch.float32 else 1.7e308
+    out = kernelized_gumbel_softmax(q, k, torch.full((n, 3), val, dtype=dtype), w, noise=noise)
+    assert torch.isfinite(out).all()
+    assert float(((out.double() - val) / val).abs().max()) <= rel_error_bound(n, 8, dtype) + 10 * torch.finfo(dtype).eps
+    v = near_max((n, 3), gen(7), dtype)
+    e = 16 if dtype == torch.float32 else 128
+    out = kernelized_gumbel_softmax(q, k, v, w, noise=noise)
+    want = times_pow2(kernelized_gumbel_softmax(q, k, times_pow2(v, torch.tensor(-e)), w, noise=noise), torch.tensor(e))
+    assert torch.isfinite(out).all() and torch.equal(out, want)
+
+
+def test_gumbel_mean_of_ordinary_values_unchanged():
+    """Values far from the maximum take no shift: the mean is the plain one, bit for bit."""
+    n = 30
+    q, k = qk(n, torch.float32)
+    w = gaussian_projection(8, 4, generator=gen(5))
+    noise = gumbel_noise((10, n), generator=gen(6))
+    v = torch.randn(n, 3, generator=gen(8))
+    out = kernelized_gumbel_softmax(q, k, v, w, noise=noise)
+    per_sample = torch.stack([kernelized_gumbel_softmax(q, k, v, w, noise=noise[i:i + 1]) for i in range(10)])
+    assert torch.allclose(out, per_sample.mean(0), rtol=1e-6, atol=1e-7)
+
+
+def test_nodeformer_attention_of_huge_values():
+    n, val = 12, 3e38
+    q, k = qk(n, torch.float32)
+    w = gaussian_projection(8, 4, generator=gen(9))
+    out = nodeformer_attention(q, k, torch.full((n, 2), val), w, gumbel=False)
+    assert torch.isfinite(out).all()
+    assert float(((out.double() - val) / val).abs().max()) <= rel_error_bound(n, 8, torch.float32)
