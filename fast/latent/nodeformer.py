@@ -39,7 +39,7 @@ from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
 from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
-from fast.scaling import pow2
+from fast.scaling import pow2, times_pow2, value_shift
 from fast.segments import Segments, add_into, few_segments
 from fast.validation import (check_favor_inputs, check_positive_int, check_same_device, check_tensor, compute_dtype,
                              raise_if_non_finite)
@@ -660,6 +660,9 @@ def relational_bias(v: torch.Tensor, graph: object, b, *, order: int = 1, normal
     loop pass a fast.Graph built once: A_r and A~_r are built at the first call and cached on it
     (any other input is converted, and its orders rebuilt, at every call). NodeFormer's code uses
     the (A + I)^r patterns: pass a graph with self-loops added to get those (docs/papers.md).
+    A~_r v can overflow where sigmoid(b_r) A~_r v does not (a star's centre row sums to sqrt(degree)):
+    such a term is redone on v 2^-s and multiplied back, exactly (fast.scaling); the common path
+    reads the term's finiteness in its one host read (one pass, O(N d)).
     Errors: ValueError naming v, graph, b (not finite, wrong shape), order, normalize or batch (an
     edge joining two graphs).
 
@@ -678,23 +681,37 @@ def relational_bias(v: torch.Tensor, graph: object, b, *, order: int = 1, normal
     n = v.shape[-2]
     bi = check_batch(batch, n, device=v.device)
     g = _graph_of(graph, n, v.device)
+    return _checked_bias(v, g, b, order, normalize, bi)
+
+
+def _checked_bias(v: torch.Tensor, g: Graph, b, order: int, normalize: str | None,
+                  bi: BatchIndex | None) -> torch.Tensor:
+    """The bias term, its flags read once (_check_bias_flags). The term is linear in v, but A~_r's row
+    sums exceed 1 on irregular graphs ("sym": sqrt(degree) at a star's centre), so A~_r v can overflow
+    where sigmoid(b_r) A~_r v does not: finite inputs with a non-finite term are redone on v 2^-s (each
+    column's largest |v| in [0.5, 1)) and multiplied back by 2^s, exactly (fast.scaling)."""
     out, b_flag = _bias(v, g, b, order, normalize)
-    _check_bias_flags(g, bi, b_flag, out, v)
+    if not _check_bias_flags(g, bi, b_flag, out, v):
+        vw = v.to(compute_dtype(v.dtype))
+        shift = value_shift(vw)
+        out = times_pow2(_bias(times_pow2(vw, -shift), g, b, order, normalize)[0], shift).to(v.dtype)
     return out
 
 
 def _check_bias_flags(g: Graph, bi: BatchIndex | None, b_flag: torch.Tensor | None,
-                      out: torch.Tensor | None = None, v: torch.Tensor | None = None) -> None:
-    """One read for the edges' batch check, b's finiteness and (relational_bias alone) the output's
-    finiteness (a NaN or inf in v reaching it), after the products are queued."""
+                      out: torch.Tensor | None = None, v: torch.Tensor | None = None) -> bool:
+    """One read for the edges' batch check, b's finiteness and the bias term's finiteness (a NaN or inf
+    in v reaching it), after the products are queued: True when all pass, False when only the term
+    is not finite on finite inputs (its sums overflowed); ValueError naming graph, b or v otherwise."""
     inside = _inside_flag(g, bi)
     if _read_flags(inside, b_flag, None if out is None else torch.isfinite(out.detach()).all()):
-        return
+        return True
     if inside is not None and not bool(inside):
         _raise_crossing(g, bi)
     if b_flag is not None and not bool(b_flag):
         raise ValueError("b contains non-finite values (NaN or inf)")
     raise_if_non_finite(v=v)
+    return False
 
 
 def _bias(v: torch.Tensor, g: Graph, b, order: int,
@@ -759,9 +776,7 @@ def nodeformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, proj
         z = _softmax_core(q, k, v, projection, tau, bi)
     if g is None:
         return z
-    bias, b_flag = _bias(v, g, b, order, normalize)
-    _check_bias_flags(g, bi, b_flag)
-    return z + bias
+    return z + _checked_bias(v, g, b, order, normalize, bi)
 
 
 # ---------------------------------------------------------------------------- latent graph and edge loss

@@ -148,3 +148,42 @@ def test_nodeformer_attention_of_huge_values():
     out = nodeformer_attention(q, k, torch.full((n, 2), val), w, gumbel=False)
     assert torch.isfinite(out).all()
     assert float(((out.double() - val) / val).abs().max()) <= rel_error_bound(n, 8, torch.float32)
+
+
+def star(n: int) -> torch.Tensor:
+    """Edges of a star with centre 0: the centre's row of D^-1/2 A D^-1/2 sums to sqrt(n - 1)."""
+    leaves = torch.arange(1, n)
+    return torch.stack([torch.cat([torch.zeros(n - 1, dtype=torch.long), leaves]),
+                        torch.cat([leaves, torch.zeros(n - 1, dtype=torch.long)])])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("order", [1, 2])
+def test_relational_bias_gate_shrinks_an_overflowing_product(dtype, order):
+    """A~ v overflows at the star's centre (sqrt(49) max |v|) while sigmoid(-5) A~ v is finite."""
+    import reference.latent.nodeformer as ref_nf
+    from fast.latent.nodeformer import relational_bias
+    n = 50
+    edges = star(n)
+    v = near_max((n, 3), gen(10), dtype).abs()
+    out = relational_bias(v, edges, -5.0, order=order)
+    adj = torch.zeros(n, n, dtype=torch.float64)
+    adj[edges[0], edges[1]] = 1.0
+    e = 0 if dtype == torch.float32 else 600  # float64: the reference on v 2^-600, compared so (exact)
+    want = ref_nf.relational_bias(np_(v) * 2.0 ** -e, adj.numpy(), -5.0, order=order)
+    assert torch.isfinite(out).all()
+    assert rel_frobenius(out.double() * 2.0 ** -e, want) <= EQUIV_TOL[dtype]
+
+
+def test_nodeformer_attention_bias_term_of_huge_values():
+    n = 50
+    q, k = qk(n, torch.float32)
+    w = gaussian_projection(8, 4, generator=gen(11))
+    v = torch.full((n, 2), 3e38)
+    out = nodeformer_attention(q, k, v, w, graph=star(n), b=-6.0, gumbel=False)
+    bias = torch.sigmoid(torch.tensor(-6.0, dtype=torch.float64)) * torch.full((n, 2), 3e38, dtype=torch.float64)
+    bias[0] *= (n - 1) ** 0.5  # the centre: sqrt(49) times the leaves' value
+    bias[1:] /= (n - 1) ** 0.5  # a leaf: its one neighbour (the centre, degree 49) over sqrt(49)
+    want = float(v[0, 0]) + bias  # kernelized softmax of a constant is that constant
+    assert torch.isfinite(out).all()
+    assert float(((out.double() - want) / want).abs().max()) <= rel_error_bound(n, 8, torch.float32)
