@@ -2,7 +2,7 @@
 
     python -m measure [--quick] [--out FILE] [--device cpu] [--rounds K] [--only MECH_ID ...]
         [--skip-variants] [--skip-memory] [--skip-verify] [--verify-full] [--verify-json PATH]
-        [--skip-training] [--no-progress]
+        [--skip-training] [--skip-peers] [--skip-history] [--no-progress]
 
 writes one results.schema.Results (default reports/out/results.json); ``python -m reports`` renders
 it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time goes to
@@ -32,6 +32,11 @@ it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time
    an MLP on three small graphs, 3 seeds x 80 epochs quick, 5 x 150 full, torch on 1 thread),
    into ``training``; --skip-training leaves it out, and so does --only (a run restricted to some
    mechanisms: the demo belongs to none of them).
+7. peers: the peer suite of benchmarks/ on its quick grid and its summary
+   (benchmarks/out/peers-summary.json, the report's Peers section; measure.suites.run_peers).
+8. history: asv's exponent benchmarks for the current commit into .asv/results (the report's
+   History section; measure.suites.run_history). --skip-peers, --skip-history and --only leave
+   them out; what each did is the environment's "peers_run" / "history_run" line.
 
 Time, 23 mechanisms, 2 cores, ``make report`` (so rendering included): quick 7.1 minutes in a
 fresh clone, venv included (sweeps 126 s, memory 86 s, checks 137 s, training 12 s, rendering
@@ -47,7 +52,7 @@ either side of verify's checks, so that the checks can time and the pipeline can
 - instruments: measure.timing, measure.roofline import only fast/ and results/ (the mechanism
   records of verify.mechanisms declare their roofline case with them; the checks time with them);
 - workers: measure.memory, measure.scale_worker, measure.datasets, measure.training,
-  measure.experiments add verify's core (registry, mechanisms, problems, stats), never
+  measure.experiments, measure.suites add verify's core (registry, mechanisms, problems, stats), never
   verify.checks or verify.runner (verify.checks.scale drives measure.scale_worker);
 - pipeline: measure.environment, measure.stages, measure.pipeline, measure.cli, measure.gpu run
   everything above, verify.checks and verify.runner included; nothing outside measure/ imports them.

@@ -31,6 +31,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, Path]:
     ap.add_argument("--skip-training", action="store_true",
                     help="do not run the training demo (NodeFormer, SGFormer, DIFFormer, MLP; measure.training); "
                          "--only skips it too")
+    ap.add_argument("--skip-peers", action="store_true",
+                    help="do not run the quick peer suite (benchmarks/, torch SDPA and any installed peer library; "
+                         "measure.suites); --only skips it too")
+    ap.add_argument("--skip-history", action="store_true",
+                    help="do not run asv's exponent benchmarks for this commit into .asv/results (measure.suites); "
+                         "--only skips it too")
     ap.add_argument("--no-progress", action="store_true", help="hide progress bars (status lines remain)")
     args = ap.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
@@ -50,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, Path]:
     opts = Options(quick=args.quick, device=args.device, rounds=args.rounds, only=list(dict.fromkeys(args.only)),
                    skip_variants=args.skip_variants, skip_memory=args.skip_memory, skip_verify=args.skip_verify,
                    verify_full=args.verify_full, verify_json=args.verify_json, progress=not args.no_progress,
-                   skip_training=args.skip_training, argv=list(sys.argv[1:] if argv is None else argv))
+                   skip_training=args.skip_training, skip_peers=args.skip_peers,
+                   skip_history=args.skip_history, argv=list(sys.argv[1:] if argv is None else argv))
     return opts, Path(args.out)
 
 

@@ -31,6 +31,8 @@ class Options:
     progress: bool = True
     argv: list[str] | None = None  # recorded as the command; None: sys.argv
     skip_training: bool = False  # the training demo (issue 13; stages.training_stage); --only skips it too
+    skip_peers: bool = False  # the quick peer suite (stages.peers_stage); --only skips it too
+    skip_history: bool = False  # asv's exponents for this commit (stages.history_stage); --only skips it too
 
     @property
     def sweep_rounds(self) -> int:
@@ -123,6 +125,15 @@ def collect(opts: Options) -> Results:
         with _stage("training", secs, load, 1):
             res.training = _guard("training", errors, lambda: stages.training_stage(
                 opts.quick, opts.progress, status))
+    for name, skip, run in (("peers", opts.skip_peers, lambda: stages.peers_stage(opts.device, status)),
+                            ("history", opts.skip_history, lambda: stages.history_stage(status))):
+        if opts.only and not skip:
+            status(f"{name} skipped: --only restricts the run to some mechanisms")
+        elif not skip:
+            with _stage(name, secs, load, 1):
+                note = _guard(name, errors, run)
+            if note:
+                res.environment[f"{name}_run"] = note
     res.environment["load"] = load.summary()
     res.environment["load_warning"] = load.warning()
     if errors:

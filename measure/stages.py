@@ -245,3 +245,26 @@ def training_stage(quick: bool, progress: bool = True, status: Status = lambda m
     for line in table(res):
         status(f"  {line}")
     return res
+
+
+# ------------------------------------------------------------------------------ the suites beside the package
+
+
+def peers_stage(device: str, status: Status = lambda msg: None) -> str:
+    """The peer suite's quick grid and summary (measure.suites.run_peers): the one-line note the
+    environment records ("quick peer grid on cpu in 95 s", or why it did not run)."""
+    from measure.suites import run_peers
+
+    run = run_peers(device, status)
+    status(f"  peers: {run.note}" + ("" if run.ok else f" (the Peers section says so; {run.command} runs it)"))
+    return run.note
+
+
+def history_stage(status: Status = lambda msg: None) -> str:
+    """asv's exponent benchmarks for this commit (measure.suites.run_history): the note, as
+    peers_stage."""
+    from measure.suites import run_history
+
+    run = run_history(status)
+    status(f"  history: {run.note}" + ("" if run.ok else f" (the History section says so; {run.command} runs asv)"))
+    return run.note

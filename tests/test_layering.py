@@ -7,7 +7,7 @@ all modules is acyclic:
     0  results.*                               the results schema: pure data, imports no project module
     1  measure, measure.timing, measure.roofline   instruments: time and count (fast/ and results/ only)
     2  verify core: registry, problems, stats, dense, favor, plots, mechanisms.*
-    3  measure workers: memory, scale_worker, datasets, training, experiments
+    3  measure workers: memory, scale_worker, datasets, training, experiments, suites
     4  verify.checks.*, verify.runner, verify.__main__ (and the verify package itself)
     5  measure pipeline: environment, stages, pipeline, cli, gpu, __main__
 
@@ -24,7 +24,8 @@ PACKAGES = ("fast", "reference", "results", "verify", "measure")
 
 INSTRUMENTS = {"measure", "measure.timing", "measure.roofline"}
 VERIFY_CORE = {"verify.registry", "verify.problems", "verify.stats", "verify.dense", "verify.favor", "verify.plots"}
-WORKERS = {"measure.memory", "measure.scale_worker", "measure.datasets", "measure.training", "measure.experiments"}
+WORKERS = {"measure.memory", "measure.scale_worker", "measure.datasets", "measure.training", "measure.experiments",
+           "measure.suites"}
 PIPELINE = {"measure.environment", "measure.stages", "measure.pipeline", "measure.cli", "measure.gpu",
             "measure.__main__"}
 

@@ -152,7 +152,8 @@ def test_pipeline_runs_the_stage_unless_skipped_or_only(monkeypatch):
     monkeypatch.setattr(stages, "favor_accuracy_stage", lambda *a, **k: None)
     monkeypatch.setattr(stages, "gallery_stage", lambda *a, **k: None)
     monkeypatch.setattr(stages, "training_stage", lambda quick, progress=True, status=None: fake)
-    base = {"quick": True, "skip_memory": True, "skip_verify": True, "progress": False, "argv": []}
+    base = {"quick": True, "skip_memory": True, "skip_verify": True, "skip_peers": True, "skip_history": True,
+            "progress": False, "argv": []}
     res = collect(Options(**base))
     assert res.training is fake and "training" in res.stage_seconds
     assert Results.from_dict(res.to_dict()).training == fake
