@@ -9,6 +9,11 @@ exp(-lambda T) x = g sum_k pois(k; Theta) Bh^k x, planned a priori (``plan_terms
 O((Theta + sqrt(Theta log 1/tol)) (|E| + N) c), Theta = lambda ||B||_1, with no cancellation
 between terms and no host sync per product. Derivation, error bound, round-off, learnable
 lambda and limits: docs/papers.md, fast.masks.diffusion.
+
+FAVOR+ keys are stabilised per key (fast.stabilizers.LocallyStabilised), as the other graph masks
+are: a row of M weighs nearby keys far more than distant ones, so one constant per (batch, head)
+slice lets the keys near a quiet query underflow in float32 (an isolated node sees only itself).
+The stabilised ``attend`` runs the same series on scaled products (``StabilisedSeries``).
 """
 from __future__ import annotations
 
@@ -21,11 +26,12 @@ import torch
 
 from fast.graphs import Graph, as_graph
 from fast.operator import MaskOperator
-from fast.segments import Segments
-from fast.sparse import csr_matmul, csr_matrix, index_dtype
+from fast.segments import Segments, segment_max
+from fast.sparse import block_diagonal_index, csr_matmul, csr_matrix, index_dtype
+from fast.stabilizers import LocallyStabilised, plain_attend
 from fast.validation import check_diffusion_time, check_positive_int, check_tokens, compute_dtype
 
-__all__ = ["KINDS", "DiffusionMask", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
+__all__ = ["KINDS", "DiffusionMask", "StabilisedSeries", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
            "MAX_PRODUCTS"]
 
 #: The generators T of Thm. 4.1: L = D - W, L D^-1, -W.
@@ -195,7 +201,7 @@ def chain_columns(n: int, c: int, itemsize: int) -> int:
     return c if fit >= c else max(MIN_CHAIN_COLUMNS, fit)
 
 
-class DiffusionMask(MaskOperator):
+class DiffusionMask(LocallyStabilised, MaskOperator):
     """M = exp(-lam T) (n, n) for T = L, L D^-1 or -W of ``graph`` (kind "laplacian", "random-walk",
     "adjacency"; choromanski22 Thm. 4.1), applied by the uniformised Taylor series on sparse CSR.
 
@@ -209,6 +215,10 @@ class DiffusionMask(MaskOperator):
     adjacency), ``shift``, ``beta``. Raises ValueError naming kind, tol, steps or lam when invalid,
     and when the plan needs more than MAX_PRODUCTS products (or, for adjacency with fixed steps,
     more than ADJACENCY_STEP_THETA per step).
+
+    FAVOR+ keys get one constant each (``key_stabilizer``, fast.stabilizers); ``attend(phi_q, phi_k,
+    v, key_log_scale=c)`` undoes them on scaled products (``StabilisedSeries``), so float32 refuses
+    only the rows float64 refuses.
 
     >>> import torch
     >>> from fast import DiffusionMask
@@ -422,6 +432,13 @@ class DiffusionMask(MaskOperator):
         """exp(-lam T) @ x for x (..., n, c) -> (..., n, c): s m CSR products, O(s m (|E| + n) c)."""
         return self._product(x, transpose=False)
 
+    def _attend_stabilised(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                           c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num (..., N, d), den (..., N)) of Algorithm 1 for key features phi_k = exp(z - c) and
+        detached key constants c (S, N): the true products times exp(-r_i) per query row
+        (``StabilisedSeries``); gradients reach phi_q, phi_k, v and a learnable lam."""
+        return plain_attend(StabilisedSeries(self, c), phi_q, phi_k, v)
+
     def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """exp(-lam T)^T @ x = exp(-lam T^T) x for x (..., n, c) (T^T = T except random-walk: D^-1 L)."""
         return self._product(x, transpose=True)
@@ -429,6 +446,113 @@ class DiffusionMask(MaskOperator):
     def __repr__(self) -> str:
         return (f"DiffusionMask(n={self.n}, kind={self.kind!r}, lam={self._planned_value!r}, tol={self.tol!r}, "
                 f"steps={self.steps}, terms={self.terms})")
+
+
+class StabilisedSeries(MaskOperator):
+    """The per-call operator of DiffusionMask's stabilised attend, for key constants c (S, N) of S
+    (batch, head) slices: M'_ij = exp(-r_i) M_ij exp(c_j) per slice, M = exp(-lam T) by the same
+    planned series (steps s, terms m, weights w_k) on the same Bh.
+
+    Each vector of the series is kept as exp(l) * v~ with a per-node log level l (S, N): the input's
+    level is c; a product Bh moves it to l'_i = max of l_j over row i's stored entries, so the scaled
+    product is the CSR with values Bh_ij exp(l_j - l'_i) <= Bh_ij (nothing can overflow, and the
+    largest key a row reaches keeps its own units); the sum of a step's terms is taken at the level
+    L = max_k l_k, term k weighted w_k exp(l_k - L) <= w_k; the next step starts from L, and r is the
+    last step's L. The levels depend on c only: they are formed once here (O(s m S |E|)), the scaled
+    values at each product (O(S |E|) beside its O(S |E| c)). matmul(x) takes x (..., n, c) whose
+    leading dims hold exactly the S slices (ValueError naming x otherwise), O(s m S (|E| + n) c),
+    differentiable in x and lam; no rmatmul (the driver's backward differentiates matmul).
+
+    >>> import torch
+    >>> from fast import DiffusionMask
+    >>> from fast.masks.diffusion import StabilisedSeries
+    >>> mask = DiffusionMask(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 0.5, tol=1e-12)
+    >>> c = torch.tensor([[0.0, 3.0, -2.0]], dtype=torch.float64)
+    >>> x = torch.rand(3, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> y = StabilisedSeries(mask, c).matmul(x)      # exp(-r) * M (exp(c) * x), r: the row levels
+    >>> r = torch.tensor([3.0, 3.0, 3.0], dtype=torch.float64)   # every row reaches node 1
+    >>> torch.allclose(y, torch.exp(-r)[:, None] * mask.matmul(torch.exp(c[0])[:, None] * x))
+    True
+    """
+
+    def __init__(self, mask: DiffusionMask, c: torch.Tensor):
+        mask._check_plan()
+        self.n, self.mask, self.slices = mask.n, mask, int(c.shape[0])
+        device = c.device
+        crow, col, _ = mask._parts["a"]
+        self._crow, self._col = crow.to(device), col.to(device, torch.int64)
+        self._row = torch.repeat_interleave(torch.arange(self.n, device=device), self._crow[1:] - self._crow[:-1],
+                                            output_size=self._col.numel())
+        self._steps: list[list[torch.Tensor]] = []  # per step: the levels l_0..l_m (S, N)
+        self._tops: list[torch.Tensor] = []  # per step: L (S, N)
+        if mask.terms == 0:  # M = I: M' = I (r = c)
+            return
+        # a term of weight 0 (lam = 0, or underflow) adds nothing: its level must not set the scale L of a row
+        # (a learnable lam's weights vary, so then every term counts)
+        learnable = isinstance(mask.lam, torch.Tensor) and mask.lam.requires_grad
+        counted = [learnable or weight != 0.0 for weight in mask._weights]
+        with torch.no_grad():
+            level = c.detach()
+            for _ in range(mask.steps):
+                levels = [level]
+                for _ in range(mask.terms):
+                    levels.append(segment_max(levels[-1][:, self._col], self._row, self.n, dim=-1))
+                # L: finite (a counted term's level is finite on every row that has entries, and l_0 is
+                # finite); no counted term's level exceeds it
+                top = torch.stack([lv for lv, keep in zip(levels, counted) if keep]).amax(0)
+                self._steps.append(levels)
+                self._tops.append(top)
+                level = top
+        self._index: dict = {}
+
+    def _block_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if "block" not in self._index:
+            self._index["block"] = block_diagonal_index(self._crow, self._col, self.n, self.slices)
+        return self._index["block"]
+
+    def _scaled(self, before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype, transpose: bool) -> torch.Tensor:
+        """The block-diagonal CSR (S n, S n) of one scaled product: values Bh_ij exp(l_j - l'_i) (transpose:
+        the blocks' transposes, Bh^T's values on the same symmetric pattern with the roles of i, j swapped)."""
+        part = "t" if transpose and "t" in self.mask._parts else "a"  # symmetric kinds: Bh^T = Bh
+        vals = self.mask._parts[part][2].to(device=before.device, dtype=dtype)
+        rows, cols = (self._col, self._row) if transpose else (self._row, self._col)
+        safe = torch.where(after > -torch.inf, after, torch.zeros_like(after))  # l' = -inf: a row without entries
+        values = vals * torch.exp(before[:, cols] - safe[:, rows]).to(dtype)
+        crow, bcol = self._block_index()
+        return csr_matrix(crow, bcol, values.reshape(-1), self.n * self.slices)
+
+    def _flat(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[-2] != self.n or math.prod(x.shape[:-2]) != self.slices:
+            raise ValueError(f"x must have shape (..., {self.n}, c) with {self.slices} (batch, head) slices, "
+                             f"got {tuple(x.shape)}")
+        return x.reshape(self.slices * self.n, x.shape[-1])
+
+    def _matmat(self, x: torch.Tensor) -> torch.Tensor:
+        """M' x, x (..., n, c) -> (..., n, c): the planned steps of scaled products (class doc)."""
+        xf = self._flat(x)
+        if not self._steps:
+            return x.clone()
+        mask, dtype = self.mask, xf.dtype
+        learn = isinstance(mask.lam, torch.Tensor) and mask.lam.requires_grad and torch.is_grad_enabled()
+        w = mask._tensor_weights(mask.lam).to(device=x.device, dtype=dtype) if learn else mask._weights
+        grad = torch.is_grad_enabled() and (xf.requires_grad or learn)
+        y = xf
+        for levels, top in zip(self._steps, self._tops):
+            # exp(l_k - L) <= 1 for a counted term (exp(-inf) = 0); an uncounted term's weight is 0
+            gains = [torch.exp(torch.clamp(lv - top, max=0.0)).to(dtype).reshape(-1, 1) for lv in levels]
+            acc = y * (gains[0] * w[0])
+            v = y
+            for k in range(1, len(levels)):
+                a = self._scaled(levels[k - 1], levels[k], dtype, transpose=False)
+                a_t = self._scaled(levels[k - 1], levels[k], dtype, transpose=True) if grad else a
+                v = csr_matmul(a, v, a_t)
+                acc = torch.addcmul(acc, gains[k] * w[k], v)
+            y = acc
+        return y.view(x.shape)
+
+    def parameters(self) -> list[torch.Tensor]:
+        lam = self.mask.lam
+        return [lam] if isinstance(lam, torch.Tensor) and lam.requires_grad else []
 
 
 def expm_action(graph, x: torch.Tensor, lam: float | torch.Tensor, kind: str = "laplacian",
