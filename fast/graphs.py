@@ -30,6 +30,8 @@ Errors are ValueError (bad values or shapes) or TypeError (not a graph), naming 
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -37,12 +39,15 @@ import torch
 
 from fast.segments import Segments, segment_max
 from fast.sparse import check_csr, csr_matrix, row_pointers
-from fast.validation import check_positive_int
+from fast.validation import check_allocation, check_positive_int
 
 __all__ = ["Graph", "as_graph", "normalized_adjacency", "SYMMETRY_RTOL"]
 
 #: Relative tolerance under which W[i, j] and W[j, i] count as equal (see the module docstring).
 SYMMETRY_RTOL = 1e-12
+
+#: The most nodes a Graph may have: a node pair (i, j) is located by the int64 key i n + j, so n^2 <= 2^63.
+MAX_NODES = math.isqrt(2**63 - 1)
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -51,6 +56,17 @@ def _check_n(n: object, name: str) -> int | None:
     if n is None:
         return None
     return check_positive_int(f"n (the number of nodes of {name})", n, ">= 1", type_error=True)
+
+
+def _check_size(n: int, where: str, device) -> None:
+    """Refuse a node count before anything of its size is allocated: MemoryError (fast.validation.
+    check_allocation) when the per-node arrays (row pointers, degrees, weighted degrees) would not fit,
+    ValueError past MAX_NODES. ``where`` says where n came from."""
+    check_allocation(where, (n + 1,), torch.int64, device, copies=3,
+                     what="the graph's per-node arrays (row pointers, degrees, weighted degrees)")
+    if n > MAX_NODES:
+        raise ValueError(f"{where}: a graph may have at most MAX_NODES = {MAX_NODES} nodes (node pairs are located by "
+                         f"the int64 key i n + j), got n = {n}")
 
 
 def _as_index_tensor(x: Any, what: str, device) -> torch.Tensor:
@@ -72,9 +88,12 @@ def _as_weight_tensor(x: Any, what: str, device) -> torch.Tensor:
         if x.is_complex():
             raise TypeError(f"{what} must be real, got dtype {x.dtype}")
         return x.detach().to(device=device, dtype=torch.float64)
-    arr = np.asarray(x)
-    if arr.dtype == object or np.iscomplexobj(arr):
-        raise TypeError(f"{what} must be real numbers, got dtype {arr.dtype}")
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:  # ragged or not array-like
+        raise TypeError(f"{what} must be an array of real numbers, got {type(x).__name__} ({exc})") from None
+    if arr.dtype.kind not in "biuf":  # strings ('1' would convert quietly), objects, complex, dates
+        raise TypeError(f"{what} must be real numbers (an integer or floating array), got dtype {arr.dtype}")
     return torch.as_tensor(arr.astype(np.float64, copy=False), device=device)
 
 
@@ -327,7 +346,7 @@ class Graph:
 
         if isinstance(graph, torch.Tensor) and graph.layout != torch.strided:
             dev = torch.device(device) if device is not None else graph.device
-            size = n_sp = _sparse_size(tuple(graph.shape), name, n)
+            size = n_sp = _sparse_size(tuple(graph.shape), name, n, dev)
             if graph.layout == torch.sparse_csr:
                 crow = graph.crow_indices().to(dev, torch.int64)
                 cols = graph.col_indices().to(dev, torch.int64)
@@ -370,6 +389,9 @@ class Graph:
                 n = int(idx.max()) + 1
                 if n < 1:
                     raise ValueError(f"{name}: edge_index indices must be >= 0, got {int(idx.min())}")
+                where = f"{name} (edge_index) with largest node index {n - 1} (n = {n})"
+            else:
+                where = f"n = {n}"
             if edge_weight is None:
                 w = torch.ones(e, dtype=torch.float64, device=dev)
             else:
@@ -378,11 +400,12 @@ class Graph:
                     raise ValueError(f"edge_weight must have shape (E,) = ({e},) (one weight per edge_index column), "
                                      f"got {tuple(w.shape)}")
             _check_range(idx, n, "edge_index entries", name)
+            _check_size(n, where, dev)
             return cls._from_coo(idx[0], idx[1], w, n, symmetrize, name)
 
         if _is_scipy_sparse(graph):
             dev = torch.device(device) if device is not None else torch.device("cpu")
-            size = _sparse_size(tuple(graph.shape), name, n)
+            size = _sparse_size(tuple(graph.shape), name, n, dev)
             coo = graph.tocoo()
             if np.iscomplexobj(coo.data):
                 raise TypeError(f"{name} must have real entries, got dtype {coo.data.dtype}")
@@ -403,10 +426,11 @@ class Graph:
             edges = list(graph.edges(data="weight", default=1.0))
             u = np.fromiter((label[a] for a, _, _ in edges), dtype=np.int64, count=len(edges))
             v = np.fromiter((label[b] for _, b, _ in edges), dtype=np.int64, count=len(edges))
-            try:
-                wt = np.array([float(x) for _, _, x in edges], dtype=np.float64)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"{name}: edge attribute 'weight' must be a real number ({exc})") from None
+            bad = next(((a, b, x) for a, b, x in edges if not isinstance(x, numbers.Real)), None)
+            if bad is not None:  # float("2") would convert a string quietly
+                raise TypeError(f"{name}: edge attribute 'weight' must be a real number, got "
+                                f"{type(bad[2]).__name__} {bad[2]!r} on edge ({bad[0]!r}, {bad[1]!r})")
+            wt = np.array([float(x) for _, _, x in edges], dtype=np.float64)
             if not graph.is_directed():  # each undirected edge stands for W[u, v] and W[v, u] (a loop once)
                 off = u != v
                 u, v, wt = np.concatenate([u, v[off]]), np.concatenate([v, u[off]]), np.concatenate([wt, wt[off]])
@@ -426,13 +450,14 @@ class Graph:
         return cls(n, crow, col, weight)
 
 
-def _sparse_size(shape: tuple[int, ...], name: str, n: int | None) -> int:
+def _sparse_size(shape: tuple[int, ...], name: str, n: int | None, device) -> int:
     if len(shape) != 2 or shape[0] != shape[1]:
         raise ValueError(f"{name} must be a square sparse matrix (n, n), got shape {shape}")
     if shape[0] == 0:
         raise ValueError(f"{name} must have n >= 1 nodes, got shape {shape}")
     if n is not None and n != shape[0]:
         raise ValueError(f"n={n} does not match {name}'s shape {shape}")
+    _check_size(int(shape[0]), f"{name} of shape {shape}", device)
     return int(shape[0])
 
 

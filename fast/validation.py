@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import numpy as np
 import torch
@@ -297,3 +298,59 @@ def check_diffusion_time(lam: object, *, positive: bool = False) -> "float | tor
     if bad(float(lam)):
         raise ValueError(f"lam must be {time}, got {lam!r}")
     return float(lam)
+
+
+def memory_limit(device: "torch.device | str | None" = None) -> int:
+    """The bytes one allocation may take on ``device`` before fast/ refuses it: the CUDA device's
+    total memory (torch.cuda.get_device_properties), else the machine's physical RAM (os.sysconf;
+    2^63 where the platform does not say). O(1).
+
+        >>> from fast.validation import memory_limit
+        >>> memory_limit("cpu") > 2**20
+        True
+    """
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): no limit of our own
+        return 2**63
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def check_allocation(argument: str, shape: "tuple[int, ...] | int", dtype: torch.dtype, device=None, *,
+                     what: str = "an array", copies: int = 1) -> int:
+    """The bytes of ``copies`` arrays of ``shape`` and ``dtype``, refused before anything is allocated
+    when they pass ``memory_limit(device)``: the one size check of fast/ for counts a caller passes
+    (a node count, walkers per node, Gumbel samples, a series length). Computed with Python ints, so
+    no size overflows. ``argument`` names what the caller passed ("n_walkers = 10**15"). O(len(shape)).
+
+    Raises MemoryError naming the argument, the array, the bytes it would need and the limit (the
+    same type as reference.check_dense_budget, so a size sweep stops there alike).
+
+        >>> import torch
+        >>> from fast.validation import check_allocation
+        >>> check_allocation("n = 10", (11,), torch.int64)
+        88
+        >>> check_allocation("n = 2**60", (2**60 + 1,), torch.int64, what="the row pointers")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        MemoryError: n = 2**60 asks for the row pointers of shape (1152921504606846977,) (torch.int64): 8.39e+06 TiB, ...
+    """
+    dims = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
+    need = math.prod(dims) * dtype.itemsize * int(copies)
+    limit = memory_limit(device)
+    if need > limit:
+        where = "the device's memory" if torch.device("cpu" if device is None else device).type == "cuda" \
+            else "this machine's memory (RAM)"
+        times = f"{copies} x " if copies != 1 else ""
+        raise MemoryError(f"{argument} asks for {times}{what} of shape {dims} ({dtype}): {_bytes(need)}, more than "
+                          f"{where}, {_bytes(limit)}")
+    return need

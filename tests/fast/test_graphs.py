@@ -402,3 +402,46 @@ def test_any_triples_symmetrized_match_dense_max(case):
     assert g.num_edges == int((expected > 0).sum())
     r = reference_adjacency(sp.coo_matrix((vals, (rows, cols)), shape=(n, n)), symmetrize=True)
     _same(g, r)
+
+
+# ------------------------------------------------------------------ absurd sizes and raw conversions (issue 24)
+
+
+CYCLE = torch.tensor([[0, 1, 2, 3, 1, 2, 3, 0], [1, 2, 3, 0, 0, 1, 2, 3]])
+
+
+def test_absurd_node_counts_are_refused_before_allocating():
+    """n = 2^40 would need 24 TiB of per-node arrays: a MemoryError naming where n came from and the
+    bytes, not the allocator's "can't allocate memory"."""
+    with pytest.raises(MemoryError, match=r"n = 1099511627776 asks for .* TiB, more than"):
+        as_graph(CYCLE, n=2**40)
+    with pytest.raises(MemoryError, match=r"graph \(edge_index\) with largest node index 1099511627776 .*TiB"):
+        as_graph(torch.tensor([[0, 2**40, 1], [2**40, 0, 1]]))
+    with pytest.raises(MemoryError, match=r"graph of shape \(1099511627776, 1099511627776\) .*TiB"):
+        as_graph(sp.coo_matrix(([1.0], ([0], [0])), shape=(2**40, 2**40)))
+
+
+def test_node_count_past_the_key_range_is_refused(monkeypatch):
+    """On a machine with memory enough, n^2 must still fit the int64 keys i n + j."""
+    import fast.validation
+
+    from fast.graphs import MAX_NODES
+
+    monkeypatch.setattr(fast.validation, "memory_limit", lambda device=None: 2**70)
+    with pytest.raises(ValueError, match=r"n = 4294967296: a graph may have at most MAX_NODES"):
+        as_graph(CYCLE, n=2**32)
+    assert MAX_NODES**2 < 2**63 <= (MAX_NODES + 1) ** 2
+
+
+@pytest.mark.parametrize("weights", [["a"] * 8, np.array(["1"] * 8), [1.0] * 7 + [None], [[1.0], [1.0, 2.0]] + [1.0] * 6])
+def test_edge_weights_that_are_not_numbers_are_refused(weights):
+    """Strings are refused, even "1" (numpy would convert it quietly), as are objects and ragged lists."""
+    with pytest.raises(TypeError, match="edge_weight must be"):
+        as_graph(CYCLE, edge_weight=weights)
+
+
+def test_networkx_weights_that_are_not_numbers_are_refused():
+    g = nx.path_graph(3)
+    g[0][1]["weight"] = "2"
+    with pytest.raises(TypeError, match=r"edge attribute 'weight' must be a real number, got str '2' on edge \(0, 1\)"):
+        as_graph(g)

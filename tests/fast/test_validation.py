@@ -111,3 +111,29 @@ def test_mixed_devices_refused_by_validation():
     with pytest.raises(ValueError, match="one device"):
         check_same_device(phi_q=PQ, phi_k=torch.empty(6, 4, device="meta"))
     check_same_device(phi_q=PQ, phi_k=PK)  # same device: no error
+
+
+# ------------------------------------------------------------------ check_allocation (issue 24)
+
+
+def test_check_allocation_counts_bytes_with_python_ints_and_names_the_argument(monkeypatch):
+    import fast.validation as fv
+
+    assert fv.check_allocation("n = 3", (3, 4), torch.float32) == 48
+    assert fv.check_allocation("n = 3", 3, torch.float64, copies=2) == 48
+    monkeypatch.setattr(fv, "memory_limit", lambda device=None: 1000)
+    assert fv.check_allocation("k = 125", (125,), torch.float64) == 1000  # at the limit: allowed
+    with pytest.raises(MemoryError, match=r"k = 126 asks for the noise of shape \(126,\) \(torch.float64\): 1008 bytes, "
+                                          r"more than this machine's memory \(RAM\), 1000 bytes"):
+        fv.check_allocation("k = 126", (126,), torch.float64, what="the noise")
+    # a product past int64 (2^100 entries) is a Python int here, never an overflow
+    with pytest.raises(MemoryError, match="TiB"):
+        fv.check_allocation("shape", (2**50, 2**50), torch.float32)
+
+
+def test_memory_limit_is_the_machines_ram():
+    import os
+
+    import fast.validation as fv
+
+    assert fv.memory_limit() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") == fv.memory_limit("cpu")
