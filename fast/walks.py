@@ -15,6 +15,7 @@ its own draws) from an explicit torch.Generator; global RNG state is never read 
 from __future__ import annotations
 
 import numbers
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +23,16 @@ import numpy as np
 import torch
 
 from fast.graphs import Graph, as_graph
-from fast.validation import check_positive_int
+from fast.validation import check_allocation, check_positive_int
 
-__all__ = ["Walks", "sample_walks", "CHOICES"]
+__all__ = ["Walks", "sample_walks", "CHOICES", "MAX_WALK_STEPS"]
 
 #: The neighbour-choice rules of sample_walks.
 CHOICES = ("uniform", "weighted")
+
+#: The most vectorised steps sample_walks expects to take (one per hop of its longest walk; each is a
+#: few tensor operations, ~0.1 ms on a CPU): p_halt = 1e-12 without i_max would walk ~1e12 hops.
+MAX_WALK_STEPS = 100_000
 
 
 def _index_field(name: str, value: Any, device) -> torch.Tensor:
@@ -184,6 +189,37 @@ def _check_args(n_walkers, p_halt, i_max, fixed_length, choice, antithetic, repe
     return n_walkers, p_halt, i_max, fixed_length
 
 
+def _plan(n: int, n_walkers: int, p_halt: float | None, i_max: int | None, fixed_length: int | None,
+          device) -> None:
+    """Refuse, before walking, a call whose longest walk would take more than MAX_WALK_STEPS steps
+    (ValueError naming p_halt, fixed_length and i_max) or whose walks would not fit in memory
+    (MemoryError naming n_walkers, fast.validation.check_allocation)."""
+    walkers = n * n_walkers
+    if p_halt is not None:
+        rate = -math.log1p(-p_halt)  # P(L >= k) = (1 - p)^k = e^(-rate k)
+        # the longest of W geometric walks: about (ln W + 0.58) / rate hops (Euler's constant)
+        longest = (math.log(walkers) + 0.58) / rate
+        steps = longest if i_max is None else min(longest, i_max)
+        mean = (1.0 - p_halt) / p_halt if i_max is None else \
+            (1.0 - p_halt) * -math.expm1(i_max * math.log1p(-p_halt)) / p_halt  # E[min(L, i_max)]
+        if steps > MAX_WALK_STEPS:
+            cap = "" if i_max is None else f" with i_max = {i_max}"
+            raise ValueError(f"p_halt = {p_halt!r}{cap} makes walks of {mean:.3g} hops on average; the longest of the "
+                             f"{walkers} walks would take about {steps:.3g} steps, more than MAX_WALK_STEPS = "
+                             f"{MAX_WALK_STEPS}. Pass i_max <= {MAX_WALK_STEPS} (every walk stops after that many "
+                             f"hops) or p_halt >= {(math.log(walkers) + 0.58) / MAX_WALK_STEPS:.3g}")
+    else:
+        steps = mean = fixed_length if i_max is None else min(fixed_length, i_max)
+        if steps > MAX_WALK_STEPS:
+            raise ValueError(f"fixed_length = {fixed_length}" + ("" if i_max is None else f" with i_max = {i_max}")
+                             + f" takes {steps} steps, more than MAX_WALK_STEPS = {MAX_WALK_STEPS}; pass a "
+                             f"smaller fixed_length or i_max")
+    # per walker: ~8 words of state and length/offsets, and per hop its node and the step's (walker, node)
+    words = 8 + 3 * math.ceil(mean)
+    check_allocation(f"n_walkers = {n_walkers} on {n} nodes", (walkers, words), torch.int64, device,
+                     what=f"the walks (W = {walkers} walkers by 8 + 3 x {math.ceil(mean)} expected hops)")
+
+
 def _weighted_keys(g: Graph) -> torch.Tensor:
     """row + (cumulative weight within the row) / (row's weight), (E,) float64: non-decreasing,
     row i's entries in (i, i + 1] with the last exactly i + 1; searchsorted(keys, u + U, right=True)
@@ -213,6 +249,10 @@ def sample_walks(graph: Any, n_walkers: int, *, p_halt: float | None = None, i_m
       with probability p_halt before each hop (uncapped, P(L = k) = (1 - p)^k p); ``i_max`` (int
       >= 0 or None) caps the hops. With fixed_length every walk makes that many hops (``i_max``
       caps it too). A walker on a node without neighbours stops.
+    - the sampler takes one vectorised step per hop of its longest walk, about
+      (ln W + 0.58) / -ln(1 - p_halt) with p_halt: a call that would take more than MAX_WALK_STEPS
+      is refused before walking (a small p_halt needs ``i_max``), and one whose walks would not fit
+      in memory (about 8 (8 + 3 E[L]) W bytes) too.
     - choice "uniform": the next node is uniform over the stored neighbours, what the GRF loads
       W_uv deg(u) / (1 - p_halt) assume (reid25 Eq. 10); "weighted": proportional to the edge
       weight (P = D^-1 W, RWGNK).
@@ -225,7 +265,9 @@ def sample_walks(graph: Any, n_walkers: int, *, p_halt: float | None = None, i_m
 
     O(W (E[L] + 1)) work in max L vectorised steps (plus O(E) for "weighted" and a sort of the
     active walkers per step for repelling). ValueError / TypeError naming the argument for a bad
-    count, probability, length, choice, flag or generator (on another device).
+    count, probability, length, choice, flag or generator (on another device), ValueError naming
+    p_halt, fixed_length and i_max past MAX_WALK_STEPS, MemoryError naming n_walkers for walks
+    that would not fit.
 
         >>> import torch
         >>> from fast.graphs import as_graph
@@ -241,6 +283,7 @@ def sample_walks(graph: Any, n_walkers: int, *, p_halt: float | None = None, i_m
                                                          antithetic, repelling)
     g = as_graph(graph)
     dev = g.device
+    _plan(g.n, n_walkers, p_halt, i_max, fixed_length, dev)
     if generator is None:
         generator = torch.Generator(device=dev)
         generator.seed()  # fresh OS entropy: nondeterministic, and the global generator is untouched

@@ -477,3 +477,37 @@ def test_cuda_generator_on_another_device_is_refused():
         sample_walks(as_graph(a, device="cuda"), 2, p_halt=0.5, generator=gen(0))
     with pytest.raises(ValueError, match="generator must be on the graph's device"):
         sample_walks(a, 2, p_halt=0.5, generator=torch.Generator(device="cuda").manual_seed(0))
+
+
+# ------------------------------------------------------------------ refused before walking (issue 24)
+
+CYCLE6 = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 0, 0, 1, 2, 3, 4, 5]])
+
+
+def test_a_tiny_p_halt_without_i_max_is_refused_not_walked():
+    """p_halt = 1e-12 would walk ~1e12 hops (the issue's hang): refused at once, naming p_halt and
+    i_max and what to pass; i_max makes the same call cheap, and its walks stop at i_max."""
+    import time
+
+    from fast.walks import MAX_WALK_STEPS
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"p_halt = 1e-12 makes walks of 1e\+12 hops on average.*MAX_WALK_STEPS = "
+                                         r"100000\. Pass i_max <= 100000 .* or p_halt >= "):
+        sample_walks(CYCLE6, 2, p_halt=1e-12)
+    with pytest.raises(ValueError, match=r"p_halt = 1e-12 with i_max = 1000000 "):
+        sample_walks(CYCLE6, 2, p_halt=1e-12, i_max=10**6)
+    with pytest.raises(ValueError, match=r"fixed_length = 1000000 takes 1000000 steps, more than MAX_WALK_STEPS"):
+        sample_walks(CYCLE6, 1, fixed_length=10**6)
+    assert time.perf_counter() - start < 5.0
+    walks = sample_walks(CYCLE6, 2, p_halt=1e-12, i_max=50, generator=gen(0))
+    assert walks.length.tolist() == [50] * 12 and MAX_WALK_STEPS == 100_000
+    # the estimate is the longest walk's: p_halt = 1e-3 on 12 walkers walks a few thousand hops, allowed
+    assert int(sample_walks(CYCLE6, 2, p_halt=1e-3, generator=gen(1)).length.max()) < 20_000
+
+
+def test_absurd_walker_counts_are_refused_before_allocating():
+    with pytest.raises(MemoryError, match=r"n_walkers = 1000000000000000 on 6 nodes asks for the walks .*TiB"):
+        sample_walks(CYCLE6, 10**15, fixed_length=2)
+    with pytest.raises(MemoryError, match=r"n_walkers = 1000000000000 on 6 nodes"):
+        sample_walks(CYCLE6, 10**12, p_halt=0.5)
