@@ -304,7 +304,8 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
     if exact is not None and not bool(exact):  # the optimistic route was not exact: redo
         num, den = _check_attend(op, op.attend_exact(phi_q, phi_k, v, key_log_scale), v)  # the floor needs no redo
     shift = None
-    if not bool(finite_flag(num)):  # finite inputs whose numerator sums overflowed: redo on v 2^-s (exact)
+    if not bool(finite_flag(num) | ~finite_flag(den)):  # finite inputs, den finite, num's sums overflowed:
+        # redo on v 2^-s (exact); a non-finite den is refused below whatever num is
         num, den, shift = _rescaled_products(phi_q, phi_k, v, op, block_cols, key_log_scale, den)
     if optimistic:
         with torch.no_grad():

@@ -29,7 +29,8 @@ from fast.operator import MaskOperator
 from fast.segments import Segments, segment_max
 from fast.sparse import block_diagonal_index, csr_matmul, csr_matrix, index_dtype
 from fast.stabilizers import LocallyStabilised, plain_attend
-from fast.validation import check_diffusion_time, check_positive_int, check_tokens, compute_dtype
+from fast.scaling import times_pow2, value_shift
+from fast.validation import check_diffusion_time, check_positive_int, check_tokens, compute_dtype, finite_flag
 
 __all__ = ["KINDS", "DiffusionMask", "StabilisedSeries", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
            "MAX_PRODUCTS"]
@@ -559,7 +560,10 @@ def expm_action(graph, x: torch.Tensor, lam: float | torch.Tensor, kind: str = "
                 tol: float = 1e-8) -> torch.Tensor:
     """exp(-lam T) x for x (..., n, c) -> (..., n, c): ``DiffusionMask(graph, lam, kind, tol).matmul(x)``
     as a function (the plan is made on each call; keep a DiffusionMask to reuse it). Raises what
-    DiffusionMask raises.
+    DiffusionMask raises. The series' powers B^k x can pass the dtype's maximum where the result
+    does not (random-walk on a star: B's centre row sums to the degree): a finite x whose result
+    came back non-finite is redone on x 2^-s, each column's largest |x| in [0.5, 1), and
+    multiplied back by 2^s, exactly (fast.scaling); one host read, O(n c), beside the plan's.
 
     >>> import torch
     >>> from fast import expm_action
@@ -568,4 +572,10 @@ def expm_action(graph, x: torch.Tensor, lam: float | torch.Tensor, kind: str = "
     >>> torch.allclose(y, torch.ones(3, 1, dtype=torch.float64)), tuple(y.shape)
     (True, (3, 1))
     """
-    return DiffusionMask(graph, lam, kind, tol).matmul(x)
+    op = DiffusionMask(graph, lam, kind, tol)
+    out = op.matmul(x)
+    if not bool(finite_flag(out)) and bool(finite_flag(x)):  # the series' sums overflowed: exact rescale
+        work = x.to(compute_dtype(x.dtype))
+        shift = value_shift(work)
+        out = times_pow2(op.matmul(times_pow2(work, -shift)), shift).to(x.dtype)
+    return out

@@ -681,3 +681,26 @@ def test_stabilised_attend_gradcheck(kind):
 
     assert torch.autograd.gradcheck(f, (*inputs, lam))
     assert torch.autograd.gradcheck(lambda pq, pk, vv: f(pq, pk, vv, 0.6), inputs)
+
+
+
+@pytest.mark.parametrize("dtype, val", [(torch.float32, 1e37), (torch.float64, 4e306)])
+@pytest.mark.parametrize("kind", ["random-walk", "laplacian"])
+def test_expm_action_near_the_maximum_matches_the_dense_exponential(kind, dtype, val):
+    """exp(-lam T) x for x within a factor 40 of the dtype's maximum (issue 24): on a star the
+    random-walk series' powers B^k x reach about the centre's degree times |x| while every entry of
+    the result stays finite; expm_action must return it (redone on x 2^-s, exact), within the a
+    priori bound of the dense exponential (computed on x 2^-600 in float64, an exact scaling)."""
+    n = 50
+    leaves = torch.arange(1, n)
+    edges = torch.stack([torch.cat([torch.zeros(n - 1, dtype=torch.long), leaves]),
+                         torch.cat([leaves, torch.zeros(n - 1, dtype=torch.long)])])
+    x = torch.full((n, 2), val, dtype=dtype)
+    x[1::2, 1] *= 0.5
+    out = expm_action(edges, x, 0.5, kind=kind, tol=1e-12)
+    assert torch.isfinite(out).all()
+    op = DiffusionMask(edges, 0.5, kind, tol=1e-12)
+    m = torch.as_tensor(diffusion_mask(as_graph(edges).csr().to_dense().numpy(), 0.5, kind))
+    xs = x.double() * 2.0 ** -600
+    roundoff = 50 * torch.finfo(dtype).eps / 2 * op.products
+    assert _col_err(out.double() * 2.0 ** -600, m @ xs, xs) <= (op.error_bound + roundoff) * op.norm_bound
