@@ -683,7 +683,6 @@ def test_stabilised_attend_gradcheck(kind):
     assert torch.autograd.gradcheck(lambda pq, pk, vv: f(pq, pk, vv, 0.6), inputs)
 
 
-
 @pytest.mark.parametrize("dtype, val", [(torch.float32, 1e37), (torch.float64, 4e306)])
 @pytest.mark.parametrize("kind", ["random-walk", "laplacian"])
 def test_expm_action_near_the_maximum_matches_the_dense_exponential(kind, dtype, val):
