@@ -597,9 +597,8 @@ def _favor_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, projectio
     scale, half = d ** -0.25, 0.5 * d ** -0.5  # folded into W and the norm term, as in _favor_features
     w_q = projection.to(compute_dtype(q.dtype)) * scale
     w_k = w_q if compute_dtype(k.dtype) == w_q.dtype else projection.to(compute_dtype(k.dtype)) * scale
-    out, den, flag = favor_products(q, k, v, w_q, w_k, half)
-    # finite_flag(out): the sums of v can overflow where out is finite (out is then redone below)
-    if not bool(flag & finite_flag(projection, out)):  # the call's one host read
+    out, den, flag = favor_products(q, k, v, w_q, w_k, half)  # flag: out finite too (redone below if not)
+    if not bool(flag & finite_flag(projection)):  # the call's one host read
         raise_if_non_finite(q=q, k=k, projection=projection, v=v)
         refused_rows(den)  # DenominatorError saying why (no query lacks keys without a mask)
         if not bool(finite_flag(out)):  # S = sum_j phi_k_j v_j^T or a numerator overflowed: v 2^-s, exact

@@ -146,8 +146,9 @@ def _forward(q, k, v, w_q, w_k, half: float, rows: int, work: torch.dtype):
         den[l0:l1, a:b] = den_b
         num.div_(den_b.unsqueeze(-1))
         del phi, num, den_b
-    # finite |k_j|^2 and S (every entry of v and phi_k reaches S; q reaches den), den in range
-    flag = (n_max < torch.inf) & finite_flag(s) & guard_flag(den, None, positive=True)
+    # finite |k_j|^2 and S (every entry of v and phi_k reaches S; q reaches den), den in range, and
+    # out finite (one read pass: num_i reaches den_i max |v|, which can overflow where out does not)
+    flag = (n_max < torch.inf) & finite_flag(s, out) & guard_flag(den, None, positive=True)
     return out.view(*lead, n_q, d), den.view(*lead, n_q), s, z, c, flag
 
 
@@ -273,8 +274,9 @@ def favor_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_q: torch
     caller); w_q, w_k: W' = d_qk^(-1/4) W (m, d_qk) in the compute dtypes of q and k (the same
     tensor when those agree); half: the norm term's factor h. out and den are in the work dtype
     (float32 for half inputs), out = num / den UNGUARDED: the caller reads ``flag`` (0-dim bool:
-    the keys' squared norms and S finite, every den_i in [finfo.tiny, finfo.max]) in its one host
-    read and refuses the call when it is False. block_rows: rows per block (None:
+    the keys' squared norms, S and out finite, every den_i in [finfo.tiny, finfo.max]) in its one
+    host read and refuses the call when it is False, or, for finite inputs whose S or numerators
+    overflowed (values near the dtype's maximum), calls again on v 2^-s (fast.scaling). block_rows: rows per block (None:
     ``default_block_rows``). Differentiable in q, k, v, w_q, w_k, with a blocked backward.
     Cost: O((N_q + N) m (d_qk + d)), as the two-GEMM form; memory one block beyond the output.
 

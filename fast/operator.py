@@ -206,6 +206,11 @@ class MaskOperator(abc.ABC):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., N, c) -> (..., N, c), x's leading dims broadcast against the mask's.
 
+        Computed in x's dtype, with no host read: sums inside the product (an FFT's, a series'
+        powers, a GEMM's partial sums) can overflow for x within a factor of about N of the
+        dtype's maximum where M @ x is finite. The attention drivers redo such a call on x 2^-s
+        (fast.scaling, exact); a direct caller with values that large scales x itself.
+
         Raises TypeError / ValueError naming ``mask.matmul(x)`` for an input that is not a
         floating (..., N, c) tensor, or an output of the wrong type, shape or device."""
         self._check_input("matmul", x)
