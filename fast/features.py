@@ -19,7 +19,8 @@ import math
 import torch
 from torch import nn
 
-from fast.validation import FLOAT_DTYPES, check_floating, check_positive_int, check_tensor, compute_dtype
+from fast.validation import (FLOAT_DTYPES, check_allocation, check_floating, check_positive_int, check_tensor,
+                             compute_dtype)
 
 
 def gaussian_projection(
@@ -38,7 +39,7 @@ def gaussian_projection(
     m, d: positive ints (NumPy integers too); generator: a torch.Generator or None (a fresh
     OS-seeded one; torch's global RNG is never read); dtype: float16/bfloat16/float32/float64.
     O(m d), plus O(m d^2) for the QR of orthogonal=True. Raises TypeError naming ``generator`` or
-    ``dtype``, ValueError naming m or d.
+    ``dtype``, ValueError naming m or d, MemoryError naming them when (m, d) would not fit in memory.
 
     >>> import torch
     >>> from fast.features import gaussian_projection
@@ -60,6 +61,9 @@ def gaussian_projection(
         generator = torch.Generator()
         generator.seed()
     gen_device = generator.device
+    # drawn in float64; orthogonal=True also draws ceil(m / d) d x d blocks and their QR
+    check_allocation(f"m = {m}, d = {d}", (m + (-(-m // d) * d if orthogonal else 0), d), torch.float64, gen_device,
+                     copies=2, what="the Gaussian projection draws")
     g = torch.randn(m, d, generator=generator, device=gen_device, dtype=torch.float64)
     if orthogonal:
         blocks = -(-m // d)

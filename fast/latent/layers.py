@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
 from fast.features import gaussian_projection
-from fast.validation import check_positive_int
+from fast.latent.nodeformer import check_tau
+from fast.validation import check_allocation, check_positive_int
 
 __all__ = ["NodeFormerConv", "DIFFormerAttention", "SGFormerAttention"]
 
@@ -38,7 +40,8 @@ def _generator(generator: torch.Generator | None) -> torch.Generator:
 def linear(in_dim: int, out_dim: int, generator: torch.Generator, bias: bool = True) -> nn.Linear:
     """nn.Linear(in_dim, out_dim) with PyTorch's default initialisation (Kaiming-uniform weights and
     a uniform bias, both within +-1/sqrt(in_dim)) drawn from ``generator``; torch's global RNG is
-    not touched. O(in_dim out_dim).
+    not touched. O(in_dim out_dim). MemoryError naming in_dim and out_dim when the (out_dim, in_dim)
+    float32 weight would not fit in memory.
 
         >>> import torch
         >>> from fast.latent.layers import linear
@@ -46,6 +49,8 @@ def linear(in_dim: int, out_dim: int, generator: torch.Generator, bias: bool = T
         >>> tuple(a.weight.shape), bool(torch.equal(a.weight, b.weight)), bool(a.weight.abs().max() <= 0.5)
         ((3, 4), True, True)
     """
+    check_allocation(f"in_dim = {in_dim}, out_dim = {out_dim}", (out_dim, in_dim), torch.float32,
+                     what="a linear layer's weight")
     layer = torch.nn.utils.skip_init(nn.Linear, in_dim, out_dim, bias=bias)
     with torch.no_grad():
         nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=generator)
@@ -55,11 +60,24 @@ def linear(in_dim: int, out_dim: int, generator: torch.Generator, bias: bool = T
     return layer
 
 
-def _check_x(x: object, in_dim: int) -> torch.Tensor:
+def _flag(name: str, value: object) -> bool:
+    """A constructor's switch: a bool (NumPy's too); TypeError naming it otherwise ("no" or 0.5 would
+    read as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _check_x(x: object, in_dim: int, layer: nn.Module) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor (N, {in_dim}), got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
+    held = layer.w_q.weight.dtype
+    if x.dtype != held:  # torch's own message names mat1 and mat2, not the layer or the fix
+        name = type(layer).__name__
+        raise TypeError(f"x is {x.dtype} but this {name} holds {held} weights: convert the input "
+                        f"(x.to({held})) or the layer (layer.to({x.dtype}))")
     if x.dim() != 2 or x.shape[1] != in_dim:
         raise ValueError(f"x must have shape (N, {in_dim}) (nodes, in_dim), got {tuple(x.shape)}")
     if x.shape[0] < 1:
@@ -154,21 +172,20 @@ class NodeFormerConv(nn.Module):
         self.m = check_positive_int("m", m, "an int >= 1")
         self.samples = check_positive_int("samples", samples, "an int >= 1")
         self.order = check_positive_int("order", order, "an int >= 1")
-        tau_f = float(tau)
-        if not (math.isfinite(tau_f) and tau_f > 0):
-            raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
-        self.tau = tau_f
+        self.tau = check_tau(tau)
         if normalize not in _NORMALIZE:
             raise ValueError(f"normalize must be 'sym' or None, got {normalize!r}")
         self.normalize = normalize
-        self.gumbel, self.relational_bias, self.redraw, self.orthogonal = (bool(gumbel), bool(relational_bias),
-                                                                           bool(redraw), bool(orthogonal))
+        self.gumbel, self.relational_bias, self.redraw, self.orthogonal = (
+            _flag("gumbel", gumbel), _flag("relational_bias", relational_bias), _flag("redraw", redraw),
+            _flag("orthogonal", orthogonal))
         self.generator = _generator(generator)
         width = self.heads * self.out_dim
         self.w_q = linear(self.in_dim, width, self.generator)
         self.w_k = linear(self.in_dim, width, self.generator)
         self.w_v = linear(self.in_dim, width, self.generator)
         self.w_o = linear(width, self.out_dim, self.generator)
+        check_allocation(f"order = {self.order}", (self.order,), torch.float32, what="the relational bias weights b")
         self.b = nn.Parameter(torch.zeros(self.order))
         self.register_buffer("projection", gaussian_projection(self.m, self.out_dim, orthogonal=self.orthogonal,
                                                                generator=self.generator))
@@ -189,7 +206,7 @@ class NodeFormerConv(nn.Module):
     def forward(self, x: torch.Tensor, graph=None, batch=None, *, noise: torch.Tensor | None = None):
         from fast.latent.nodeformer import edge_loss, nodeformer_attention
 
-        x = _check_x(x, self.in_dim)
+        x = _check_x(x, self.in_dim, self)
         _batch(batch, x.shape[0], x.device)
         if noise is not None and not self.training:
             raise ValueError("noise was given in evaluation mode (model.eval()): evaluation uses no Gumbel noise")
@@ -214,7 +231,7 @@ class NodeFormerConv(nn.Module):
         O(R N m) per head. Call under torch.no_grad() for a picture."""
         from fast.latent.nodeformer import kernelized_attention_rows
 
-        x = _check_x(x, self.in_dim)
+        x = _check_x(x, self.in_dim, self)
         _batch(batch, x.shape[0], x.device)
         rows = _rows(rows, x.device)
         q, k, _ = self._qkv(x)
@@ -232,7 +249,7 @@ class _SimpleAttention(nn.Module):
         self.in_dim = check_positive_int("in_dim", in_dim, "an int >= 1")
         self.out_dim = check_positive_int("out_dim", out_dim, "an int >= 1")
         self.heads = check_positive_int("heads", heads, "an int >= 1")
-        self.joint_heads = bool(joint_heads)
+        self.joint_heads = _flag("joint_heads", joint_heads)
         gen = _generator(generator)
         width = self.heads * self.out_dim
         self.w_q = linear(self.in_dim, width, gen)
@@ -245,7 +262,7 @@ class _SimpleAttention(nn.Module):
     def forward(self, x: torch.Tensor, batch=None) -> torch.Tensor:
         import fast.latent.simple_attention as sa
 
-        x = _check_x(x, self.in_dim)
+        x = _check_x(x, self.in_dim, self)
         _batch(batch, x.shape[0], x.device)
         q, k, v = (_heads(w(x), self.heads) for w in (self.w_q, self.w_k, self.w_v))
         z = getattr(sa, self._op_name)(q, k, v, batch=batch, joint_heads=self.joint_heads)  # (H, N, d)

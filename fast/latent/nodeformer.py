@@ -41,10 +41,10 @@ from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.scaling import pow2, times_pow2, value_shift
 from fast.segments import Segments, add_into, few_segments
-from fast.validation import (check_favor_inputs, check_positive_int, check_same_device, check_tensor, compute_dtype,
-                             raise_if_non_finite)
+from fast.validation import (check_allocation, check_favor_inputs, check_positive_int, check_same_device, check_tensor,
+                             compute_dtype, raise_if_non_finite)
 
-__all__ = ["gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders", "relational_bias",
+__all__ = ["check_tau", "gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders", "relational_bias",
            "nodeformer_attention", "kernelized_attention_rows", "edge_log_likelihood", "edge_loss"]
 
 #: edge_log_likelihood forms its (..., B, m) per-edge terms in edge blocks of at most about this
@@ -57,7 +57,19 @@ ROWS_BLOCK_ELEMENTS = 1 << 22
 
 # ---------------------------------------------------------------------------- argument checks
 
-def _check_tau(tau: object) -> float:
+def check_tau(tau: object) -> float:
+    """The temperature tau as a float: a finite real number > 0, or a one-element floating tensor that does
+    not require grad (a hyperparameter: no gradient reaches it). ValueError naming tau otherwise (a
+    string such as "abc" included). O(1).
+
+        >>> from fast.latent.nodeformer import check_tau
+        >>> check_tau(0.25)
+        0.25
+        >>> check_tau("abc")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: tau must be a finite number > 0 (the temperature: ...), got 'abc'
+    """
     if isinstance(tau, torch.Tensor) and tau.numel() == 1 and tau.dtype.is_floating_point:
         if tau.requires_grad:
             raise ValueError("tau must not require grad: it is a hyperparameter here (no gradient reaches it); pass "
@@ -109,8 +121,9 @@ def gumbel_noise(shape, *, generator: torch.Generator | None = None, device=None
     never read or advanced), drawn in float64 for float64 and float32 otherwise, clamped into
     [tiny, 1 - eps/2] so that g is finite, then moved to ``device`` (default: the generator's)
     and cast to ``dtype``. kernelized_gumbel_softmax draws shape (K, *k.shape[:-1]): one value per
-    sample, leading slice and key node. O(numel). TypeError for a bad generator, dtype or shape;
-    ValueError for a negative size.
+    sample, leading slice and key node. O(numel). TypeError for a bad generator, dtype or shape (not
+    an int or a sequence of ints); ValueError for a negative size; MemoryError naming shape when the
+    noise would not fit in memory (fast.validation.check_allocation).
 
         >>> import torch
         >>> from fast.latent.nodeformer import gumbel_noise
@@ -123,23 +136,36 @@ def gumbel_noise(shape, *, generator: torch.Generator | None = None, device=None
                         f"got {type(generator).__name__}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a real floating torch.dtype, got {dtype!r}")
-    if isinstance(shape, numbers.Integral):
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (int(shape),)
-    try:
-        shape = tuple(int(s) for s in shape)
-    except TypeError:
-        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    # each size an int (a torch.Size, or 0-d integer tensors): "abc" or 2.5 would convert to other sizes
+    sizes = list(shape) if isinstance(shape, (tuple, list, torch.Size)) else None
+    if sizes is None or not all((isinstance(s, numbers.Integral) and not isinstance(s, bool)) or
+                                (isinstance(s, torch.Tensor) and s.dim() == 0 and not s.is_floating_point()
+                                 and s.dtype != torch.bool) for s in sizes):
+        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
+    shape = tuple(int(s) for s in sizes)
     if any(s < 0 for s in shape):
         raise ValueError(f"shape must have sizes >= 0, got {shape}")
+    draw = torch.float64 if dtype == torch.float64 else torch.float32
+    check_allocation(f"shape = {shape}", shape, draw, device if device is not None else (
+        generator.device if generator is not None else None), what="the Gumbel noise")
     if generator is None:  # a fresh OS-seeded generator on the target device: drawn there, no copy
         generator = torch.Generator(device=torch.device(device) if device is not None else "cpu")
         generator.seed()
-    draw = torch.float64 if dtype == torch.float64 else torch.float32
     u = torch.rand(shape, generator=generator, device=generator.device, dtype=draw)
     info = torch.finfo(draw)
     u = u.clamp_(min=info.tiny, max=1.0 - info.eps / 2)
     g = u.log_().neg_().log_().neg_()
     return g.to(device=device if device is not None else g.device, dtype=dtype)
+
+
+def _check_sample_memory(argument: str, count: int, k: torch.Tensor, projection: torch.Tensor,
+                         work: torch.dtype) -> None:
+    """MemoryError naming ``argument`` before K samples' key exponents and features (K, ..., N, m), two
+    arrays in the compute dtype, are formed where they would not fit (fast.validation.check_allocation)."""
+    check_allocation(argument, (count, *k.shape[:-1], projection.shape[0]), work, k.device, copies=2,
+                     what="the key features of every Gumbel sample (K, ..., N, m)")
 
 
 def _check_noise(noise: object, k: torch.Tensor, samples: int | None) -> torch.Tensor:
@@ -374,7 +400,7 @@ def _drive(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, batch: Bat
 def _prepare(q, k, v, projection, tau, batch):
     _check_qk(q, k, projection)
     _check_v(v, k)
-    tau = _check_tau(tau)
+    tau = check_tau(tau)
     b = check_batch(batch, q.shape[-2], device=q.device)
     return tau, b
 
@@ -469,12 +495,14 @@ def _gumbel_core(q, k, v, projection, tau: float, b: BatchIndex | None, samples:
             raise ValueError("noise was given with training=False: evaluation mode uses no Gumbel noise (the "
                              "kernelized softmax at the same tau); pass training=True to use the noise")
         return _softmax_core(q, k, v, projection, tau, b)
+    work = compute_dtype(torch.promote_types(q.dtype, k.dtype))
     if noise is None:
-        work = compute_dtype(torch.promote_types(q.dtype, k.dtype))
-        noise = gumbel_noise((10 if samples is None else samples, *k.shape[:-1]), generator=generator,
-                             device=k.device, dtype=work)
+        count = 10 if samples is None else samples
+        _check_sample_memory(f"samples = {count}", count, k, projection, work)
+        noise = gumbel_noise((count, *k.shape[:-1]), generator=generator, device=k.device, dtype=work)
     else:
         noise = _check_noise(noise, k, samples)
+        _check_sample_memory(f"noise of K = {noise.shape[0]} samples", noise.shape[0], k, projection, work)
     zq, zk = _exponents(q, k, projection, tau, noise)  # zk (K, ..., N, m): g / tau in log space
     phi_q, phi_k = _balanced_features(zq, zk, b)
     shift = _mean_shift(v, noise.shape[0])
@@ -507,7 +535,8 @@ def adjacency_orders(graph: object, order: int, *, n: int | None = None) -> list
     where a walk of exactly r hops joins u to v (so A_2 has a self-loop at every node with a
     neighbour), unlike NodeFormer's (A + I)^r (relational_bias). graph: anything fast.as_graph
     accepts, n its node count. Sparse products, O(sum_r nnz(A_r) max degree); cached on a
-    fast.Graph input. ValueError naming order (not an int >= 1) or graph (as_graph's).
+    fast.Graph input. ValueError naming order (not an int >= 1) or graph (as_graph's); MemoryError
+    naming order when the orders could not fit in memory.
 
         >>> import torch
         >>> from fast.latent.nodeformer import adjacency_orders
@@ -526,6 +555,10 @@ def _pattern(g: Graph) -> Graph:
 
 
 def _orders(g: Graph, order: int) -> list[Graph]:
+    # each order's Graph holds at least its row pointers and degrees: refuse an order whose list cannot fit
+    check_allocation(f"order = {order}", (order, 2 * g.n + 1), torch.int64, g.device,
+                     what=f"the adjacency orders A_1..A_order of a graph of {g.n} nodes (per order at least its "
+                          f"row pointers and degrees)")
     a1 = _pattern(g)
     out = [a1]
     if order == 1:
@@ -844,7 +877,8 @@ def kernelized_attention_rows(q: torch.Tensor, k: torch.Tensor, projection: torc
     rows: node ids (R,) in [0, N) -> (..., R, N), each row summing to 1 over its graph. O(R N m) in
     key blocks of bounded memory; for heatmaps. ValueError naming tau (exponents beyond the
     dtype's range, with the numbers; never NaN) or rows (out of range); TypeError for non-integer
-    rows. Host reads: the rows' range, check_batch's (with a batch vector), one final flag.
+    rows; MemoryError naming rows when (..., R, N) would not fit in memory. Host reads: the rows'
+    range, check_batch's (with a batch vector), one final flag.
 
         >>> import torch
         >>> q, k, v, w = torch.randn(4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -856,7 +890,7 @@ def kernelized_attention_rows(q: torch.Tensor, k: torch.Tensor, projection: torc
         ((2, 6), True)
     """
     _check_qk(q, k, projection)
-    tau = _check_tau(tau)
+    tau = check_tau(tau)
     n = q.shape[-2]
     b = check_batch(batch, n, device=q.device)
     rows_t = torch.as_tensor(rows, device=q.device) if not isinstance(rows, torch.Tensor) else rows.to(q.device)
@@ -868,6 +902,9 @@ def kernelized_attention_rows(q: torch.Tensor, k: torch.Tensor, projection: torc
         lo, hi = torch.stack([rows_t.min(), rows_t.max()]).tolist()
         if lo < 0 or hi >= n:
             raise ValueError(f"rows must be node ids in [0, N = {n}), got values in [{lo}, {hi}]")
+    check_allocation(f"rows of R = {rows_t.numel()} node ids", (*q.shape[:-2], rows_t.numel(), n),
+                     compute_dtype(torch.promote_types(q.dtype, k.dtype)), q.device, copies=3,
+                     what="the attention rows (..., R, N) and their log-space blocks")
     zq, zk = _exponents(q, k, projection, tau)
     lk = _log_key_sums(zk, b)
     # gathers whose backward sums by row without atomics (fast.segments); R bounds a row's repeats (no host read)
@@ -921,7 +958,7 @@ def _edge_terms(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, grap
     """edge_log_likelihood in the compute dtype (float32 for halves). The per-edge terms gather whole
     node rows of the node-major (N, L, m) exponents (_EdgeLogSumExp)."""
     _check_qk(q, k, projection)
-    tau = _check_tau(tau)
+    tau = check_tau(tau)
     n = q.shape[-2]
     b = check_batch(batch, n, device=q.device)
     g = _graph_of(graph, n, q.device)

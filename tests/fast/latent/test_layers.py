@@ -362,3 +362,59 @@ def test_attention_rows_accept_integer_ids_of_any_int_type():
         b = layer.attention_rows(x, np.array([1, 4], dtype=np.int32))
         c = layer.attention_rows(x, torch.tensor([1, 4], dtype=torch.int16))
     assert torch.equal(a, b) and torch.equal(a, c) and a.shape[-2:] == (2, 6)
+
+
+# ------------------------------------------------------------------ clear refusals (issue 24)
+
+LAYERS = {"nodeformer": NodeFormerConv, "difformer": DIFFormerAttention, "sgformer": SGFormerAttention}
+PAIRS = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 0, 3, 2, 5, 4]])
+
+
+def _call(layer, x):
+    return layer(x, PAIRS)[0] if isinstance(layer, NodeFormerConv) else layer(x)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_input_of_another_dtype_than_the_weights_says_which_and_how_to_convert(name, dtype):
+    """float64 or bfloat16 input to float32 weights: a TypeError naming both dtypes and both fixes
+    (torch said "mat1 and mat2 must have the same dtype"); each fix then works."""
+    layer = LAYERS[name](4, 3, generator=gen(0))
+    x = torch.randn(6, 4, generator=gen(1))
+    with pytest.raises(TypeError, match=rf"x is {dtype} but this {type(layer).__name__} holds torch.float32 weights: "
+                                        rf"convert the input \(x.to\(torch.float32\)\) or the layer "
+                                        rf"\(layer.to\({dtype}\)\)"):
+        _call(layer, x.to(dtype))
+    assert _call(layer, x.to(dtype).to(torch.float32)).dtype == torch.float32
+    assert _call(layer.to(dtype), x.to(dtype)).dtype == dtype
+
+
+@pytest.mark.parametrize("tau", ["abc", None, float("nan"), -1.0])
+def test_nodeformer_conv_tau_that_is_not_a_positive_number_is_refused(tau):
+    with pytest.raises(ValueError, match=r"tau must be a finite number > 0"):
+        NodeFormerConv(4, 3, tau=tau, generator=gen(0))
+
+
+@pytest.mark.parametrize("flag", ["gumbel", "relational_bias", "redraw", "orthogonal"])
+def test_nodeformer_conv_switches_must_be_bools(flag):
+    with pytest.raises(TypeError, match=rf"{flag} must be a bool, got str 'no'"):
+        NodeFormerConv(4, 3, generator=gen(0), **{flag: "no"})
+
+
+@pytest.mark.parametrize("name", ["difformer", "sgformer"])
+def test_joint_heads_must_be_a_bool(name):
+    with pytest.raises(TypeError, match=r"joint_heads must be a bool, got float 0.5"):
+        LAYERS[name](4, 3, joint_heads=0.5, generator=gen(0))
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_absurd_widths_are_refused_before_allocating(name):
+    with pytest.raises(MemoryError, match=r"in_dim = 10000000, out_dim = .* asks for a linear layer's weight"):
+        LAYERS[name](10**7, 10**7, generator=gen(0))
+    with pytest.raises(MemoryError, match=r"in_dim = 4, out_dim = 1000000000000 asks for"):
+        LAYERS[name](4, 1, heads=10**12, generator=gen(0))
+
+
+def test_absurd_relational_bias_order_is_refused():
+    with pytest.raises(MemoryError, match=r"order = 1000000000000 asks for the relational bias weights b"):
+        NodeFormerConv(4, 3, order=10**12, generator=gen(0))

@@ -516,3 +516,48 @@ def test_device_matches_cpu(device):
     assert abs(float(loss) - cpu_loss) <= 1e-12 * abs(cpu_loss)
     ref_loss = R.edge_loss(*_np(q, k, w), _adj(), batch=BATCH.numpy())
     assert abs(float(loss) - ref_loss) <= EQUIV_TOL[torch.float64] * abs(ref_loss)
+
+
+# ------------------------------------------------------------------ clear refusals (issue 24)
+
+
+@pytest.mark.parametrize("shape", ["abc", (2, 2.5), (2, "3"), 2.0, (True, 2), None])
+def test_gumbel_noise_shape_must_be_ints(shape):
+    """"abc" used to fail inside int() ("invalid literal"), 2.5 was truncated to 2."""
+    with pytest.raises(TypeError, match=r"shape must be an int or a sequence of ints, got "):
+        F.gumbel_noise(shape, generator=gen(0))
+
+
+def test_gumbel_noise_accepts_sizes_and_tensors_of_ints():
+    g = F.gumbel_noise(torch.Size([2, 3]), generator=gen(0))
+    assert g.shape == (2, 3)
+    assert F.gumbel_noise((torch.tensor(2), np.int64(3)), generator=gen(0)).shape == (2, 3)
+
+
+@pytest.fixture
+def ram_8gib(monkeypatch):
+    """memory_limit pinned to 8 GiB, so that a refusal does not depend on the test machine's RAM."""
+    import fast.validation
+
+    monkeypatch.setattr(fast.validation, "memory_limit", lambda device=None: 8 * 2**30)
+
+
+def test_absurd_gumbel_sizes_are_refused_before_allocating(ram_8gib):
+    with pytest.raises(MemoryError, match=r"shape = \(1000000000, 1000000000\) asks for the Gumbel noise .*TiB"):
+        F.gumbel_noise((10**9, 10**9), generator=gen(0))
+    q, k, v, w = (randn(s, gen(i)) for i, s in enumerate([(8, 4), (8, 4), (8, 3), (6, 4)]))
+    with pytest.raises(MemoryError, match=r"samples = 1000000000 asks for 2 x the key features of every Gumbel sample"):
+        F.kernelized_gumbel_softmax(q, k, v, w, samples=10**9, generator=gen(0))
+    with pytest.raises(MemoryError, match=r"samples = 1000000000 asks for"):
+        F.nodeformer_attention(q, k, v, w, samples=10**9, generator=gen(0))
+
+
+def test_absurd_orders_and_rows_are_refused_before_allocating(ram_8gib):
+    cycle = torch.tensor([[0, 1, 2, 3, 1, 2, 3, 0], [1, 2, 3, 0, 0, 1, 2, 3]])
+    with pytest.raises(MemoryError, match=r"order = 1000000000 asks for the adjacency orders"):
+        F.adjacency_orders(cycle, 10**9)
+    n = 100_000
+    q = torch.zeros(n, 2)
+    with pytest.raises(MemoryError, match=r"rows of R = 100000 node ids asks for 3 x the attention rows .* more than "
+                                          r"this machine's memory \(RAM\), 8 GiB"):
+        F.kernelized_attention_rows(q, q, torch.ones(3, 2), torch.arange(n))
