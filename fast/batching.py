@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fast.segments import Segments, SortedSegments
-from fast.validation import check_positive_int
+from fast.validation import broadcast_shape, check_allocation, check_positive_int, check_same_device
 
 __all__ = ["BatchIndex", "check_batch"]
 
@@ -129,7 +129,27 @@ class BatchIndex:
 
         Never materialises N x m x d: few graphs, one GEMM per graph's contiguous slice; many, node
         blocks with their graphs' states gathered (fast.segments.SortedSegments.apply, which chooses
-        by fast.segments.few_segments). Differentiable, with a deterministic backward."""
+        by fast.segments.few_segments). Differentiable, with a deterministic backward. TypeError naming
+        x or state for a non-tensor or dtypes that differ; ValueError naming them for a wrong N, a
+        wrong graph count G, widths m that differ, leading dims that do not broadcast, or two devices.
+
+            >>> import torch
+            >>> from fast.batching import check_batch
+            >>> b = check_batch([0, 0, 1], 3)
+            >>> b.apply_state(torch.ones(3, 2), torch.stack([torch.eye(2), 2 * torch.eye(2)])).tolist()
+            [[1.0, 1.0], [1.0, 1.0], [2.0, 2.0]]
+        """
+        x = self._nodes("x", x)
+        if not isinstance(state, torch.Tensor):
+            raise TypeError(f"state must be a torch.Tensor (..., G, m, d), got {type(state).__name__}")
+        m = x.shape[-1]
+        if state.dim() < 3 or state.shape[-3] != self.num_graphs or state.shape[-2] != m:
+            raise ValueError(f"state must have shape (..., G, m, d) with G = {self.num_graphs} graphs (the batch's) "
+                             f"and m = {m} (x's width), got {tuple(state.shape)}")
+        broadcast_shape(tuple(x.shape[:-2]), tuple(state.shape[:-3]), "x's and state's leading dims")
+        if state.dtype != x.dtype:
+            raise TypeError(f"x and state must have one dtype, got {x.dtype} and {state.dtype}")
+        check_same_device(x=x, state=state)
         return self.segments().apply(x, state)
 
     def segment_outer(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -158,7 +178,8 @@ def check_batch(batch: object, n: int, *, name: str = "batch", device=None,
 
     One host read per call (sortedness, min and max in one transfer). Errors name ``name``:
     TypeError for a non-integer dtype (bools and floats refused); ValueError for a wrong shape, a
-    negative label, a label too large, or an unsorted vector (naming the first offending position).
+    negative label, a label too large, or an unsorted vector (naming the first offending position);
+    MemoryError naming num_graphs when its per-graph arrays would not fit in memory.
 
         >>> from fast.batching import check_batch
         >>> check_batch([0, 0, 1, 1, 1], 5).host_ptr()
@@ -171,6 +192,8 @@ def check_batch(batch: object, n: int, *, name: str = "batch", device=None,
     n = check_positive_int("n (the number of nodes)", n)
     if num_graphs is not None:
         check_positive_int("num_graphs", num_graphs, "a positive integer or None")
+        check_allocation(f"num_graphs = {num_graphs}", (int(num_graphs) + 1,), torch.int64, device, copies=2,
+                         what="the per-graph sizes and pointers")
     if batch is None:
         return None
     if isinstance(batch, BatchIndex):

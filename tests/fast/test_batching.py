@@ -150,3 +150,39 @@ def test_reduction_shape_errors():
         b.gather(torch.zeros(3, 2))
     with pytest.raises(TypeError, match="a must be a torch.Tensor"):
         b.segment_outer(np.zeros((10, 2)), torch.zeros(10, 2))
+
+
+# ------------------------------------------------------------------ apply_state's arguments (issue 24)
+
+
+def test_apply_state_checks_its_arguments():
+    """A wrong graph count used to raise IndexError (or pass quietly), a wrong width a matmul shape error."""
+    from fast.batching import check_batch
+
+    b = check_batch(torch.tensor([0, 0, 0, 1, 1, 1]), 6)
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"state must have shape \(\.\.\., G, m, d\) with G = 2 graphs \(the batch's\) "
+                                         r"and m = 3 \(x's width\), got \(3, 3, 2\)"):
+        b.apply_state(x, torch.randn(3, 3, 2))
+    with pytest.raises(ValueError, match=r"m = 3 \(x's width\), got \(2, 4, 2\)"):
+        b.apply_state(x, torch.randn(2, 4, 2))
+    with pytest.raises(ValueError, match=r"state must have shape .* got \(3, 2\)"):
+        b.apply_state(x, torch.randn(3, 2))
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., N, c\) with N = 6 nodes"):
+        b.apply_state(x[:5], torch.randn(2, 3, 2))
+    with pytest.raises(ValueError, match=r"x's and state's leading dims \(4,\) and \(3,\) do not broadcast"):
+        b.apply_state(torch.randn(4, 6, 3), torch.randn(3, 2, 3, 2))
+    with pytest.raises(TypeError, match=r"x and state must have one dtype, got torch.float32 and torch.float64"):
+        b.apply_state(x, torch.randn(2, 3, 2, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"state must be a torch.Tensor"):
+        b.apply_state(x, [[1.0]])
+    state = torch.randn(2, 3, 2, generator=torch.Generator().manual_seed(1))
+    want = torch.cat([x[:3] @ state[0], x[3:] @ state[1]])
+    torch.testing.assert_close(b.apply_state(x, state), want)
+
+
+def test_absurd_graph_counts_are_refused_before_allocating():
+    from fast.batching import check_batch
+
+    with pytest.raises(MemoryError, match=r"num_graphs = 1000000000000000 asks for 2 x the per-graph sizes"):
+        check_batch(torch.zeros(3, dtype=torch.long), 3, num_graphs=10**15)
