@@ -17,7 +17,7 @@ it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time
    cost-factor fits, metrics; comparisons of the default variant with its dense twin (speed-up,
    its fit, crossover with a bootstrap 95% interval, measure.timing.crossover_interval).
 2. memory: peak memory vs N per (mechanism, impl), default variant, one child process per
-   (mechanism, impl) (measure.memory), two at a time; quick caps N at 2^15 (fast) and 2^12 (dense).
+   mechanism (measure.memory), two at a time; quick caps N at 2^15 (fast) and 2^12 (dense).
 3. favor_error: FAVOR+ RMSE vs m against verify.stats.prf_variance (1000 draws quick, 4000 full);
    then favor_accuracy: FAVOR+ attention against exact softmax over the q, k std and m
    (measure.experiments.favor_accuracy; N = 512 and 2 seeds quick, 1024 and 4 full).

@@ -132,6 +132,28 @@ class Peak:
         return max(0, self.peak - self.baseline)
 
 
+def freeze_survivors() -> None:
+    """Collect cyclic garbage once, then move every object alive now (torch, the registry, its
+    imports: about 200,000 objects) out of the cycle collector's view (``gc.freeze``), so that each
+    later ``gc.collect()`` walks only what was made after: 0.5-0.7 s per collect before, a few
+    microseconds after, on our 2-core machines. The memory children collect around every point (the
+    full grid spent about half of its time there). Frozen objects are still freed when their last
+    reference goes; only cycles among them are never collected, and the imports hold none that
+    should be.
+
+    >>> import gc
+    >>> from measure.memory import freeze_survivors
+    >>> freeze_survivors()
+    >>> gc.get_freeze_count() > 0
+    True
+    >>> gc.unfreeze()
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def peak_method(device: str = "cpu") -> str:
     """The method ``peak_memory`` uses on ``device`` here (see the module docstring)."""
     if _is_cuda(device):
@@ -324,7 +346,7 @@ def _curve_child(mech_id: str, tasks: list[tuple[str, list[int]]], variant: str 
                 setup(mech.problem(mech.admissible(max(16, min(sizes) // 4)), seed, v), device, torch.float32)()
             except Exception:  # noqa: BLE001 - a mechanism may refuse tiny N; the warm-up is optional
                 pass
-            gc.collect()
+            freeze_survivors()  # each gc.collect() below then costs microseconds, not 0.5 s
             print(json.dumps({"impl": impl, "import_baseline_bytes": rss_bytes(), "method": peak_method(device),
                               "variant": v.name}), flush=True)
             for n in sorted(sizes):

@@ -442,8 +442,9 @@ def _run(args, mech, cache: ProblemCache | None = None, spec: str | None = None,
 
     import torch
 
-    from measure.memory import METHOD_HWM, peak_memory, peak_rss_bytes, rss_bytes
+    from measure.memory import METHOD_HWM, freeze_survivors, peak_memory, peak_rss_bytes, rss_bytes
 
+    freeze_survivors()  # the gc.collect() calls below then walk only this request's objects
     cuda = args.device.startswith("cuda")
     clock = _Clock(cuda)
     problem_at = _problem_source(mech, args.seed, cache, spec)

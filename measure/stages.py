@@ -102,13 +102,17 @@ def sweeps_stage(mechs, quick: bool, rounds: int, device: str, cache: dict, prog
 
 def memory_stage(mechs, quick: bool, device: str, progress: bool = True, jobs: int = MEMORY_JOBS,
                  status: Status = lambda msg: None) -> list[MemoryCurve]:
-    """Peak memory vs N (measure.memory.memory_curves: one child per (mechanism, impl), default
-    variant, quick caps), ``jobs`` children at a time; curves in (mechanism, fast, dense) order."""
+    """Peak memory vs N (measure.memory.memory_curves: one child per mechanism, its fast path then
+    its dense twin, default variant, quick caps), ``jobs`` children at a time; curves in
+    (mechanism, fast, dense) order."""
     from measure.memory import memory_curves, memory_sizes
 
-    # one child per (mechanism, impl): two long children never queue behind each other's tails
-    tasks = [(m.id, m.default_variant.name, [(impl, memory_sizes(m, impl, quick))])
-             for m in mechs for impl in ("fast", "dense") if impl == "fast" or m.dense_setup is not None]
+    # one child per mechanism: a child's import (torch and the registry, ~5 s on 2 cores) is paid
+    # once for both impls; with the dense twins stopping at 2^13 no child runs long enough for
+    # another to queue behind its tail
+    tasks = [(m.id, m.default_variant.name,
+              [(impl, memory_sizes(m, impl, quick)) for impl in ("fast", "dense")
+               if impl == "fast" or m.dense_setup is not None]) for m in mechs]
     lock = threading.Lock()
     with _bar(sum(len(s) for t in tasks for _, s in t[2]), "memory", "pt", progress) as bar:
 
