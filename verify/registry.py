@@ -208,7 +208,10 @@ class Mechanism:
     dense_mask: Callable | None = None
     exact: bool = True
     fast_sizes: tuple[int, ...] = _pow2_grid(7, 17)
-    dense_sizes: tuple[int, ...] = _pow2_grid(7, 14)
+    # the dense twins stop at 2^13 in full mode too: every crossover lies far below it, and at
+    # 2^14 building the masks alone (the reference's all-pairs tree distances, Toeplitz and
+    # hypercube blocks) took 30-140 s per twin, paid by every sweep and memory child
+    dense_sizes: tuple[int, ...] = _pow2_grid(7, 13)
     quick_fast_sizes: tuple[int, ...] = _pow2_grid(7, 16)
     quick_dense_sizes: tuple[int, ...] = _pow2_grid(7, 13)
     notes: str = ""
