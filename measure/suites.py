@@ -52,6 +52,7 @@ class SuiteRun:
     """What one suite run did: ``ok``, the wall ``seconds``, the ``command`` (as a user would type
     it), the file it wrote (``output``, None on failure) and a one-line ``note``.
 
+    >>> from measure.suites import SuiteRun
     >>> SuiteRun(ok=False, seconds=0.0, command="", output=None, note="not run").to_dict()["note"]
     'not run'
     """
@@ -70,6 +71,7 @@ def repo_root() -> Path | None:
     """The checkout measure runs from (the folder holding benchmarks/ and asv.conf.json), or None
     when measure is installed without it.
 
+    >>> from measure.suites import repo_root
     >>> root = repo_root()
     >>> root is None or (root / "asv.conf.json").is_file()
     True
@@ -87,6 +89,9 @@ def run_child(argv: list[str], cwd: Path, env: dict | None = None, timeout: floa
     """``argv`` in ``cwd`` with os.environ plus ``env``, output captured as text; raises
     FileNotFoundError (no such program) and subprocess.TimeoutExpired like subprocess.run.
 
+    >>> import sys
+    >>> from pathlib import Path
+    >>> from measure.suites import run_child
     >>> run_child([sys.executable, "-c", "print(6 * 7)"], Path(".")).stdout
     '42\\n'
     """
