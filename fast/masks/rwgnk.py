@@ -8,6 +8,7 @@ docs/papers.md, fast.masks.rwgnk.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -17,7 +18,7 @@ from fast.graphs import as_graph
 from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.masks.grf import ScaledWalkMatrix, StabilisedProduct, WalkPrefixes, as_walks, stabilising_factors
-from fast.segments import Segments
+from fast.segments import Segments, segment_max
 from fast.sparse import csr_matrix, row_pointers
 from fast.stabilizers import LocallyStabilised, plain_attend
 
@@ -46,8 +47,9 @@ def rwgnk_features(graph: Any, walks: Any, lam: float, alpha: int = 0) -> torch.
     """Psi as a torch sparse CSR tensor (N, N) float64 on the graph's device (choromanski22 Eq. 5):
     entries (h, u_t, lam^t / n) summed per (h, column); alpha = 1 divides each row by its 2-norm.
     O(total walk length log). Raises what as_graph and as_walks raise, TypeError / ValueError
-    naming lam (a finite real >= 0, not learnable) or alpha (0 or 1), and ValueError when a walk
-    steps off the graph's edges.
+    naming lam (a finite real >= 0, not learnable) or alpha (0 or 1), ValueError when a walk
+    steps off the graph's edges, and ValueError naming lam when alpha = 0 and lam^t overflows
+    float64 (saying which lam and which walk length would do; alpha = 1 is finite for any lam).
 
     >>> import torch
     >>> from fast import sample_walks
@@ -67,11 +69,31 @@ def rwgnk_features(graph: Any, walks: Any, lam: float, alpha: int = 0) -> torch.
     pairs, inverse = torch.unique(key, sorted=True, return_inverse=True)
     disc = torch.pow(torch.tensor(lam, dtype=torch.float64, device=t.device), t.to(torch.float64)) / walks.n_walkers
     # segment sums (fast.segments), not index_add_: no atomics, the same Psi bits on every CUDA run
-    values = Segments(inverse, pairs.numel()).sum(disc, dim=0)
+    sums = Segments(inverse, pairs.numel())
+    values = sums.sum(disc, dim=0)
     rows, cols = pairs // n, pairs % n  # rows sorted: pairs are
+    by_row = Segments(rows, n, sorted=True)
+    finite = bool(torch.isfinite(values).all())
     if alpha == 1:
-        norm2 = Segments(rows, n, sorted=True).sum(values * values, dim=0)
-        values = values / norm2.sqrt()[rows]  # every row holds f_h(h) >= 1: never 0
+        if not finite:  # lam^t overflowed, but f_h / |f_h| is finite: the sums in units of each row's largest term
+            log_disc = t.to(torch.float64) * math.log(lam)
+            row_of = (walker // walks.n_walkers)
+            top = segment_max(log_disc, row_of, n, dim=0)
+            values = sums.sum(torch.exp(log_disc - top[row_of]), dim=0)
+        # |f_h| in units of 2^e, 2^e near row h's largest entry: exact scaling, so the squares neither
+        # overflow (lam^t > 1e154) nor underflow, and the quotient keeps its bits where they did not
+        _, e = torch.frexp(segment_max(values, rows, n, dim=0))
+        scaled = torch.ldexp(values, -e[rows])
+        norm2 = by_row.sum(scaled * scaled, dim=0)
+        values = scaled / norm2.sqrt()[rows]  # every row holds f_h(h) > 0: never 0
+    elif not finite:
+        longest = int(walks.length.max())
+        limit = math.log(torch.finfo(torch.float64).max / (longest + 1))
+        raise ValueError(f"lam = {lam!r}: the discounted visit frequencies lam^t / n_walkers of rwgnk's Psi overflow "
+                         f"float64 (lam^{longest} for the longest walk, {longest} hops). With these walks lam <= "
+                         f"{math.exp(limit / max(longest, 1)):.4g} keeps them finite; with this lam, walks of at most "
+                         f"{max(0, math.floor(limit / math.log(lam)))} hops (sample_walks(..., i_max=...)); or alpha=1 "
+                         f"(each row normalised, finite for any lam). Thm. 4.2 needs lam <= 1")
     # Psi is handed out (``RWGNKMask.psi``): torch's global invariant switch applies, as it always did
     return csr_matrix(row_pointers(rows, n), cols, values, n, check_invariants=None)
 

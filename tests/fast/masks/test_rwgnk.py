@@ -147,3 +147,55 @@ def test_a_learnable_lam_is_refused_saying_so():
     with pytest.raises(TypeError, match="not learnable"):
         RWGNKMask(g, walks, torch.tensor(0.5, requires_grad=True))
     RWGNKMask(g, walks, torch.tensor(0.5))  # a plain tensor is a number
+
+
+# ------------------------------------------------------------------ lam^t beyond float64 (issue 24)
+
+
+def _cycle_walks(seed: int = 0):
+    g = Graph.from_any(torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 0, 0, 1, 2, 3, 4, 5]]))
+    return g, sample_walks(g, 2, fixed_length=4, generator=torch.Generator().manual_seed(seed))
+
+
+def test_lam_whose_powers_overflow_is_refused_naming_lam_and_what_would_do():
+    """lam^4 = 1e800: the error names lam and the walk length, not "Psi contains non-finite values";
+    the lam and the walk cap it suggests both work."""
+    import re
+
+    g, walks = _cycle_walks()
+    with pytest.raises(ValueError, match=r"lam = 1e\+200: the discounted visit frequencies lam\^t / n_walkers of "
+                                         r"rwgnk's Psi overflow float64 \(lam\^4 for the longest walk, 4 hops\)") as info:
+        RWGNKMask(g, walks, 1e200)
+    text = str(info.value)
+    lam_ok = float(re.search(r"lam <= ([0-9.e+]+) keeps", text).group(1))
+    hops_ok = int(re.search(r"walks of at most (\d+) hops", text).group(1))
+    assert bool(torch.isfinite(rwgnk_features(g, walks, lam_ok * (1 - 1e-3)).values()).all())
+    short = sample_walks(g, 2, fixed_length=hops_ok, generator=torch.Generator().manual_seed(0))
+    assert bool(torch.isfinite(rwgnk_features(g, short, 1e200).values()).all())
+
+
+@pytest.mark.parametrize("lam", [1e100, 1e200, 1e-200, 0.5])
+def test_alpha_one_rows_are_finite_unit_rows_for_any_lam(lam):
+    """alpha = 1 divides each row by its norm: finite for any lam, even where lam^t or its square
+    overflows float64 (before: rows of 0 at lam = 1e100, "non-finite" at 1e200). Checked against
+    the rows formed in log space by hand, term by term."""
+    import math
+
+    g, walks = _cycle_walks(1)
+    psi = rwgnk_features(g, walks, lam, alpha=1).to_dense()
+    assert bool(torch.isfinite(psi).all())
+    torch.testing.assert_close(psi.norm(dim=1), torch.ones(6, dtype=torch.float64), rtol=1e-15, atol=0)
+    nodes, offsets = walks.nodes.tolist(), walks.offsets.tolist()
+    for h in range(6):
+        terms = {}
+        for w in range(2 * h, 2 * h + 2):
+            for t, u in enumerate(nodes[offsets[w]:offsets[w + 1]]):
+                terms.setdefault(u, []).append(t)
+        top = max(t * math.log(lam) for ts in terms.values() for t in ts)  # the row's largest log term
+        row = {u: sum(math.exp(t * math.log(lam) - top) for t in ts) for u, ts in terms.items()}
+        norm = math.sqrt(sum(x * x for x in row.values()))
+        want = torch.zeros(6, dtype=torch.float64)
+        for u, x in row.items():
+            want[u] = x / norm
+        # exp(x) carries x's rounding, |x| u relative: |x| <= 4 |log lam| = 1842 here, 2e-13 on each side
+        torch.testing.assert_close(psi[h], want, rtol=4 * abs(math.log(lam)) * 2**-52 * 2 + 1e-15, atol=1e-300)
