@@ -79,7 +79,7 @@ def guard_flag(den: torch.Tensor, floor: torch.Tensor | None = None, *, positive
 
 def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None = None,
            no_key: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
-           policy: str = "raise", verified: bool = False) -> torch.Tensor:
+           policy: str = "raise", verified: bool = False, no_key_cause: str | None = None) -> torch.Tensor:
     """num (..., N, d) / den (..., N), guarded: DenominatorError instead of dividing by a den_i that is
     not finite, is zero or subnormal (|den_i| < finfo.tiny: its relative precision is gone), or has
     |den_i| <= floor_i when ``floor`` (..., N) is given (an absolute bound on den_i's round-off:
@@ -88,7 +88,8 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
     Rows that see no key go first to the no-key policy: ``no_key`` is a bool (..., N) tensor of them,
     or a callable returning one (or None), called only when some denominator fails. ``policy``
     (the drivers' ``no_key``): "raise" refuses them (DenominatorError naming no_key="zero"); "zero"
-    gives them output 0 (gradient 0). Other failing rows raise whatever the policy.
+    gives them output 0 (gradient 0). Other failing rows raise whatever the policy. ``no_key_cause``:
+    what emptied those rows, in the mask's terms (fast.operator, ``no_key_cause``), for the message.
     ``verified=True``: the caller has already read ``guard_flag(den, floor)`` as True, so divide only
     divides (no host read); otherwise ``guard_flag`` is read once and ``refused_rows`` runs only when
     it fails.
@@ -106,7 +107,7 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
     # NaN fails every comparison, so a NaN den (or floor) takes the slow path, which sorts the cases out
     if bool(guard_flag(den, floor)):
         return quotient(num, den)
-    rows = refused_rows(den, floor=floor, no_key=no_key, policy=policy)
+    rows = refused_rows(den, floor=floor, no_key=no_key, policy=policy, no_key_cause=no_key_cause)
     if rows is None:  # the fast test and the per-row one disagreed (flush-to-zero)
         return quotient(num, den)
     keep = ~rows
@@ -116,7 +117,7 @@ def divide(num: torch.Tensor, den: torch.Tensor, *, floor: torch.Tensor | None =
 
 def refused_rows(den: torch.Tensor, *, floor: torch.Tensor | None = None,
                  no_key: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
-                 policy: str = "raise") -> torch.Tensor | None:
+                 policy: str = "raise", no_key_cause: str | None = None) -> torch.Tensor | None:
     """``divide``'s per-row analysis of den (..., N), without the division (the caller has the
     quotient already, e.g. fast.favor_blockwise): raises DenominatorError as ``divide`` does, else
     returns the bool rows that see no key and get output 0 under policy "zero" (None when there
@@ -139,10 +140,11 @@ def refused_rows(den: torch.Tensor, *, floor: torch.Tensor | None = None,
         rows = rows.expand(bad.shape) if tuple(rows.shape) != tuple(bad.shape) else rows
         unseen = _count(rows)
         if unseen and policy == "raise":
+            cause = no_key_cause or ("a fully padded sample, an empty segment, an all-zero row of a dense "
+                                     "mask")
             raise DenominatorError(
-                f"{unseen} of {den.numel()} queries see no key (their mask row is all zero: a fully padded "
-                "sample, an empty segment, an all-zero row of a dense mask), so their attention is undefined; "
-                "pass no_key=\"zero\" to output 0 for them, or give every query a key")
+                f"{unseen} of {den.numel()} queries see no key (their mask row is all zero: {cause}), so their "
+                "attention is undefined; pass no_key=\"zero\" to output 0 for them, or give every query a key")
         if unseen:
             bad = bad & ~rows
     if bool(bad.any()):

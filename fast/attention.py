@@ -314,7 +314,8 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
             raise ValueError("features_nonnegative=True promised phi_q >= 0 and phi_k >= 0, but they have negative "
                              "entries: pass features_nonnegative=None (tested) or False (signed features)")
         floor = _guard_floor(phi_q, phi_k, op, not negative, True)
-    out = divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key)
+    out = divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key,
+                 no_key_cause=None if op is None else op.no_key_cause)
     return (out if shift is None else times_pow2(out, shift)).to(out_dtype)
 
 

@@ -31,6 +31,9 @@ capability                meaning                                               
 ``attend_optimistic``     a route of ``attend(..., key_log_scale)`` whose exactness is     attend, None
                           a 0-dim bool read with the driver's one host read
 ``attend_exact``          the exact route, called when that flag read False                attend
+``no_key_cause``          what makes a row of M all zero, in the terms of the mask's       None
+                          arguments ("key_mask is False at every key of their sample"):
+                          the DenominatorError of a query that sees no key says it
 ``key_stabilizer(z)``     FAVOR+ key constants for z (..., N, m), broadcastable to z       slice max
 ``row_key_stabilizer()``  key_stabilizer as a function of z's row maxima, or None          slice max
 ``parameters()``          the tensors M depends on that may require grad                   scan
@@ -157,6 +160,10 @@ class MaskOperator(abc.ABC):
 
     #: False: ``attend`` takes no ``key_log_scale`` (the key constants are one per (batch, head) slice).
     rescales_keys: bool = False
+
+    #: None: a query that sees no key is explained in general terms; a mask whose arguments can empty a
+    #: row says which argument and how (PaddingMask: its key_mask), so the error names it.
+    no_key_cause: str | None = None
 
     # ---------------------------------------------------------------- products, checked once
 
@@ -397,6 +404,10 @@ class OperatorAdapter(MaskOperator):
     @property
     def rescales_keys(self) -> bool:
         return getattr(self.wrapped, "rescales_keys", False)
+
+    @property
+    def no_key_cause(self) -> str | None:
+        return getattr(self.wrapped, "no_key_cause", None)
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
         fn = getattr(self.wrapped, "key_stabilizer", None)

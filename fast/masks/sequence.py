@@ -663,6 +663,9 @@ class PaddingMask(MaskOperator):
     #: M_ij = 1 or 0.
     nonnegative = True
 
+    #: Named in the DenominatorError of a query that sees no key (fast.operator).
+    no_key_cause = "key_mask is False at every key of their sample, a fully padded sample"
+
     def __init__(self, key_mask: torch.Tensor):
         if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool:
             raise TypeError(f"key_mask must be a bool tensor of shape (..., N), got {key_mask!r:.80}")

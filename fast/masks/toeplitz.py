@@ -205,6 +205,12 @@ class BlockToeplitzMask(MaskOperator):
         self.transform_dtype = _check_float_dtype("transform_dtype", transform_dtype, (torch.float32, torch.float64))
 
     @property
+    def no_key_cause(self) -> str:
+        """Named in the DenominatorError of a query that sees no key (fast.operator)."""
+        log = "log_coeffs" if self._TABLE_NAME == "coeffs" else "log_table"
+        return f"{self._TABLE_NAME} is 0 at every offset they reach (a {log} entry of -inf gives 0)"
+
+    @property
     def nonnegative(self) -> bool:
         """True when every table entry is >= 0 (then M >= 0): read from the current table."""
         return bool((self.table.detach() >= 0).all())

@@ -262,3 +262,33 @@ def test_mask_operators_satisfy_the_protocol():
         assert isinstance(mask, fast.MaskOperator)
     assert not isinstance(object(), fast.MaskOperator)
     assert np.array_equal(PackingMask(torch.tensor([4, -1, 4])).segment_index.numpy(), [1, 0, 1])
+
+
+def test_a_fully_padded_sample_is_named_by_its_key_mask():
+    """The error says what emptied the rows: key_mask, not only "their mask row is all zero" (issue 24)."""
+    g = gen(0)
+    pq, pk, v = _inputs((2,), 4, 3, 2, g)
+    km = torch.tensor([[True, True, False, False], [False, False, False, False]])
+    with pytest.raises(DenominatorError, match=r"4 of 8 queries see no key \(their mask row is all zero: key_mask "
+                                               r"is False at every key of their sample, a fully padded sample\)"):
+        masked_linear_attention(pq, pk, v, PaddingMask(km))
+    with pytest.raises(DenominatorError, match=r"4 of 8 queries see no key \(their mask row is all zero: key_mask"):
+        fast.favor_attention(pq, pk, v, randn((5, 3), g), PaddingMask(km))
+
+
+def test_a_duck_typed_mask_declares_its_no_key_cause():
+    """OperatorAdapter reads no_key_cause off the object (fast.operator), default None."""
+    from fast.operator import as_operator
+
+    class Rows:
+        n = 3
+        nonnegative = True
+        no_key_cause = "rows is empty at queries 1 and 2"
+
+        def matmul(self, x):
+            return torch.cat([x.sum(-2, keepdim=True), torch.zeros_like(x[..., 1:, :])], -2)
+
+    assert as_operator(Rows()).no_key_cause == "rows is empty at queries 1 and 2"
+    with pytest.raises(DenominatorError, match=r"2 of 3 queries see no key \(their mask row is all zero: rows is empty"):
+        masked_linear_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 1), Rows())
+    assert as_operator(PaddingMask(torch.ones(3, dtype=torch.bool))).no_key_cause.startswith("key_mask")

@@ -667,3 +667,23 @@ def test_mask_built_in_inference_mode_works_in_and_out_of_it():
     dense = torch.as_tensor(toeplitz_mask(np_(mask.coeffs)))
     for got in (inside, again, outside):
         assert_fft_close(got, dense, mask.coeffs, x)
+
+
+@pytest.mark.parametrize("log", ["all", "partial"])
+def test_log_coefficients_of_minus_inf_are_named_when_queries_see_no_key(log):
+    """Log-coefficients -inf give weight 0: the queries left with no key are refused naming the
+    coefficients (issue 24: the message said only "their mask row is all zero")."""
+    n = 4
+    b = torch.full((2 * n - 1,), -torch.inf)
+    if log == "partial":
+        b[n:] = 0.0  # offsets i - j >= 1 only: query 0 sees no key
+    g = gen(0)
+    q, k, v = positive((n, 3), g), positive((n, 3), g), randn((n, 2), g)
+    count = n if log == "all" else 1
+    with pytest.raises(DenominatorError, match=rf"{count} of {n} queries see no key \(their mask row is all zero: coeffs "
+                                               rf"is 0 at every offset they reach \(a log_coeffs entry of -inf gives 0\)"):
+        masked_linear_attention(q, k, v, ToeplitzMask.from_log_coefficients(b))
+    table = torch.full((3, 3), -torch.inf)
+    with pytest.raises(DenominatorError, match=r"table is 0 at every offset they reach \(a log_table entry of -inf"):
+        masked_linear_attention(positive((4, 3), g), positive((4, 3), g), randn((4, 2), g),
+                                BlockToeplitzMask.from_log_table((2, 2), table))
