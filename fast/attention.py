@@ -35,7 +35,7 @@ from fast.favor_blockwise import favor_products
 from fast.features import favor_exponentials
 from fast.masks.explicit import as_mask_operator
 from fast.operator import MaskOperator
-from fast.scaling import times_pow2, value_shift
+from fast.scaling import times_pow2, value_shift, within_values
 from fast.validation import (broadcast_shape, check_favor_inputs, check_no_key, check_positive_int, check_same_device,
                              check_tensor, compute_dtype, finite_flag, raise_if_non_finite)
 
@@ -307,6 +307,7 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
     if not bool(finite_flag(num) | ~finite_flag(den)):  # finite inputs, den finite, num's sums overflowed:
         # redo on v 2^-s (exact); a non-finite den is refused below whatever num is
         num, den, shift = _rescaled_products(phi_q, phi_k, v, op, block_cols, key_log_scale, den)
+    negative = True  # not known to be a convex combination
     if optimistic:
         with torch.no_grad():
             negative = bool(phi_q.detach().amin() < 0) or bool(phi_k.detach().amin() < 0)
@@ -316,7 +317,11 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
         floor = _guard_floor(phi_q, phi_k, op, not negative, True)
     out = divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key,
                  no_key_cause=None if op is None else op.no_key_cause)
-    return (out if shift is None else times_pow2(out, shift)).to(out_dtype)
+    if shift is None:
+        return out.to(out_dtype)
+    if not negative:  # nonnegative weights: out lies in v's range, which round-off must not leave (near max)
+        out = within_values(out, times_pow2(v, -shift))
+    return times_pow2(out, shift).to(out_dtype)
 
 
 def _rescaled_products(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: MaskOperator | None,
@@ -606,8 +611,9 @@ def _favor_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, projectio
             work = compute_dtype(torch.promote_types(w_q.dtype, v.dtype))
             for bound in (den, None):  # as fast.attention's _rescaled_products
                 shift = value_shift(v.to(work), bound)
-                out, _, _ = favor_products(q, k, times_pow2(v.to(work), -shift), w_q, w_k, half)
+                scaled = times_pow2(v.to(work), -shift)
+                out, _, _ = favor_products(q, k, scaled, w_q, w_k, half)
                 if bool(finite_flag(out)):
                     break
-            out = times_pow2(out, shift)
+            out = times_pow2(within_values(out, scaled), shift)  # exponential weights: out in v's range
     return out.to(v.dtype)

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-__all__ = ["max_exponent", "pow2", "times_pow2", "value_shift"]
+__all__ = ["max_exponent", "pow2", "times_pow2", "value_shift", "within_values"]
 
 
 def max_exponent(dtype: torch.dtype) -> int:
@@ -93,3 +93,21 @@ def value_shift(v: torch.Tensor, bound: float | torch.Tensor | None = None) -> t
             e_b = torch.frexp(torch.as_tensor(b, dtype=v.dtype, device=v.device)).exponent.to(torch.int64)
             s = s + e_b - (emax - 2)  # |v| 2^-s bound < 2^(emax - 2) = 2^emax / 4
         return s.clamp_(0, 2 * (emax - 2))
+
+
+def within_values(out: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """out (..., N_q, d) clamped per column into [min(0, min_j v_jc), max(0, max_j v_jc)], v (..., N, d)
+    (leading dims broadcasting). For outputs that are convex combinations of v's rows (nonnegative
+    weights; 0 for a row that sees no key), where only round-off can leave that range: at values
+    within a few units in the last place of the dtype's maximum, the average of a constant column
+    would otherwise round past it and overflow when multiplied back. O(N d), the rare path only.
+
+    >>> import torch
+    >>> from fast.scaling import within_values
+    >>> within_values(torch.tensor([[1.0000001, -0.5]]), torch.tensor([[1.0, 2.0], [0.5, 3.0]])).tolist()
+    [[1.0, 0.0]]
+    """
+    with torch.no_grad():
+        lo, hi = v.detach().amin(-2, keepdim=True), v.detach().amax(-2, keepdim=True)
+        lo, hi = lo.clamp(max=0), hi.clamp(min=0)
+    return torch.clamp(out, min=lo, max=hi)

@@ -39,7 +39,7 @@ from fast.errors import DenominatorError
 from fast.graphs import Graph, as_graph
 from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
-from fast.scaling import pow2, times_pow2, value_shift
+from fast.scaling import pow2, times_pow2, value_shift, within_values
 from fast.segments import Segments, add_into, few_segments
 from fast.validation import (check_allocation, check_favor_inputs, check_positive_int, check_same_device, check_tensor,
                              compute_dtype, raise_if_non_finite)
@@ -509,15 +509,20 @@ def _gumbel_core(q, k, v, projection, tau: float, b: BatchIndex | None, samples:
     vs = v if shift is None else v * pow2(-shift, v.dtype)
     vk = vs.unsqueeze(0).expand(noise.shape[0], *v.shape)  # a view (stride 0), no copy of v
     out = _drive(phi_q, phi_k, vk, b, lambda: _diagnose(q, k, projection, tau, v=v, noise=noise)).mean(0)
-    return out if shift is None else out * pow2(shift, v.dtype)
+    if shift is None:
+        return out
+    # a mean of averages of v stays in v's range: where shifted (values near the maximum), round-off
+    # must not carry it past (selected on the device, so unshifted calls keep their bits)
+    return torch.where(shift > 0, within_values(out, vs), out) * pow2(shift, v.dtype)
 
 
 def _mean_shift(v: torch.Tensor, samples: int) -> torch.Tensor | None:
     """The mean over K samples sums K outputs each up to max |v|: a 0-dim int shift t = ceil(log2 K) where
     K max |v| could pass finfo.max / 2, else 0, so that the mean runs on v 2^-t and 2^t multiplies it back
-    (exact: powers of two; fast.scaling). On the device, no host read; two O(N d) passes (the max and v 2^-t)
-    and one of the output. None (nothing to do) for K = 1, an empty v, or half precisions (their K
-    outputs are summed in float32, which K max |v| cannot overflow)."""
+    (exact: powers of two; fast.scaling). On the device, no host read: O(N d) passes (the max, v 2^-t, the
+    range of v 2^-t for the clamp, the output's clamp and product). None (nothing to do) for K = 1, an
+    empty v, or half precisions (their K outputs are summed in float32, which K max |v| cannot
+    overflow)."""
     if samples == 1 or v.numel() == 0 or v.dtype not in (torch.float32, torch.float64):
         return None
     t = math.ceil(math.log2(samples))

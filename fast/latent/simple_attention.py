@@ -14,10 +14,11 @@ empty graphs allowed); graphs never share a norm, so every output depends on its
 The N x N scores are never formed: per graph, the (d_qk, d) state and the key sum, then each
 node's query against its graph's state, with one host read per call. A graph whose q (or k) is
 all zero gives q~ = 0 with gradient 0, never NaN. Only a one-node graph whose q is a negative
-multiple of its k can make a denominator vanish: fast.DenominatorError. The scores are >= 0, so
-z is an average of v and finite; values whose sums overflow (N_g max |v| beyond the dtype's
-maximum) are redone on v 2^-s and multiplied back, exactly (fast.scaling; one read pass over the
-output, O(N d), tells the rare path). Half precisions compute in float32 and are cast back; differentiable in q, k and v. docs/papers.md
+multiple of its k can make a denominator vanish: fast.DenominatorError. The sums inside reach
+about N_g max |v| while z stays within a factor (N + sqrt N) / (N - sqrt N) of max |v| (DIFFormer:
+an average of v): values whose sums overflow are redone on v 2^-s and multiplied back, exactly
+(fast.scaling; one read pass over the output, O(N d), tells the rare path). Half precisions
+compute in float32 and are cast back; differentiable in q, k and v. docs/papers.md
 ("fast.latent.simple_attention") has the norm options, the denominator bound and what is checked
 when.
 """
@@ -30,7 +31,7 @@ import torch
 from fast.algebra import guard_flag
 from fast.batching import BatchIndex, check_batch
 from fast.errors import DenominatorError
-from fast.scaling import times_pow2, value_shift
+from fast.scaling import times_pow2, value_shift, within_values
 from fast.segments import few_segments
 from fast.validation import check_same_device, check_tensor, compute_dtype, finite_flag, raise_if_non_finite
 
@@ -305,15 +306,19 @@ def _simple_attention(q, k, v, batch, joint_heads, own_value: bool, what: str) -
 
 def _rescaled(qw, kw, vw, bi: BatchIndex | None, joint: bool, own_value: bool) -> torch.Tensor:
     """The rare path's z for values whose sums overflowed: 2^s z(v 2^-s) (fast.scaling; exact, powers of
-    two). The scores 1 + q~ . k~ (N delta + q~ . k~) lie in [0, 2] ([0, N + 1]), so every sum of the
-    formulas is at most 2 N max |v| (|sum_v k~_v v_v| <= sqrt(N) max |v|): s keeps 2 N max |v| 2^-s below
-    finfo.max / 4, and only an output that overflows itself stays inf. Columns share s across graphs."""
+    two). Every sum of the formulas is at most 2 N max |v| (|sum_v k~_v v_v| <= sqrt(N) max |v|, |q~| <= 1):
+    s keeps 2 N max |v| 2^-s below finfo.max / 4, and only an output that overflows itself stays inf
+    (SGFormer's off-diagonal scores q~ . k~ may be negative, so its z can exceed max |v| by a factor
+    up to (N + sqrt N) / (N - sqrt N)). Columns share s across graphs."""
     n = vw.shape[-2]
     for bound in (2.0 * n, None):
         shift = value_shift(vw, bound)
-        out = _materialised(qw, kw, times_pow2(vw, -shift), bi, joint, own_value)[0]
+        scaled = times_pow2(vw, -shift)
+        out = _materialised(qw, kw, scaled, bi, joint, own_value)[0]
         if bool(finite_flag(out)):
             break
+    if not own_value:  # DIFFormer's scores 1 + q~ . k~ >= 0: z stays in v's range, round-off included
+        out = within_values(out, scaled)
     return times_pow2(out, shift)
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fast
 from fast import (CausalMask, DenseMask, EluPlusOne, PackingMask, ToeplitzMask, favor_attention,
                   gaussian_projection, linear_attention, masked_linear_attention)
-from fast.scaling import max_exponent, pow2, times_pow2, value_shift
+from fast.scaling import max_exponent, pow2, times_pow2, value_shift, within_values
 from tests.helpers import GenericMask, gen
 
 #: the factor 2^K of the homogeneity comparison, per dtype: v 2^-K is far from both ends of the range
@@ -170,5 +169,27 @@ def test_ordinary_values_take_the_common_path_unchanged():
         assert torch.equal(masked_linear_attention(phi_q, phi_k, v * 2.0 ** 100, mask), out * 2.0 ** 100)
 
 
-def test_public_names():
-    assert fast.scaling.__all__ == ["max_exponent", "pow2", "times_pow2", "value_shift"]
+def test_within_values_clamps_to_each_columns_range_and_zero():
+    v = torch.tensor([[[1.0, -2.0, 3.0], [2.0, -1.0, 4.0]]])  # columns: [1, 2], [-2, -1], [3, 4]
+    out = torch.tensor([[[2.5, -0.5, -1.0], [0.0, -3.0, 5.0]]])
+    want = torch.tensor([[[2.0, -0.5, 0.0], [0.0, -2.0, 4.0]]])  # ranges widened to hold 0 (no-key rows)
+    assert torch.equal(within_values(out, v), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mask", ["none", "causal (attend)", "dense tril (generic)"])
+def test_values_at_the_dtypes_maximum(mask, dtype):
+    """v = finfo.max in every entry: the average is that value, and the round-off of the rescaled
+    average (a few units in the last place above it) must not push it past the maximum."""
+    n, m = 30, 8
+    big = torch.finfo(dtype).max
+    phi_q, phi_k = elu_features(n, m, dtype)
+    v = torch.full((n, 2), big, dtype=dtype)
+    v[:, 1] = -big
+    g = gen(8)
+    q, k = (torch.randn(n, 4, generator=g, dtype=dtype) for _ in range(2))
+    w = gaussian_projection(8, 4, generator=g, dtype=dtype)
+    for out in (masked_linear_attention(phi_q, phi_k, v, MASKS[mask](n)),
+                favor_attention(q, k, v, w, None if mask == "none" else MASKS[mask](n))):
+        assert torch.isfinite(out).all()
+        assert float(((out.double() - v.double()) / v.double()).abs().max()) <= rounding_bound(n, m, dtype)
