@@ -10,8 +10,10 @@ below the dtype's largest number, and the result overflows only where the true o
 factors (no subnormal power of two, so flush-to-zero modes cannot turn it into 0). Entries of v
 below 2^(s + emin) (emin the dtype's smallest normal exponent: -126 in float32) become subnormal
 on the way and round there: an absolute error of at most 2^(s + emin - p) per entry (p the
-mantissa bits), far below the rescaled sum's own round-off. The drivers use these only on the
-rare path, after a flag read in their one host read says a numerator is not finite.
+mantissa bits), far below the rescaled sum's own round-off. ``within_values`` clamps an output
+that is a convex combination of v's rows into v's range, so that round-off at the maximum itself
+cannot overflow when 2^s multiplies it back. The drivers use these only on the rare path, after a
+flag read in their one host read says a numerator is not finite.
 """
 from __future__ import annotations
 
