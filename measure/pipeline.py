@@ -125,7 +125,7 @@ def collect(opts: Options) -> Results:
         with _stage("training", secs, load, 1):
             res.training = _guard("training", errors, lambda: stages.training_stage(
                 opts.quick, opts.progress, status))
-    for name, skip, run in (("peers", opts.skip_peers, lambda: stages.peers_stage(opts.device, status)),
+    for name, skip, run in (("peers", opts.skip_peers, lambda: stages.peers_stage(opts.device, opts.quick, status)),
                             ("history", opts.skip_history, lambda: stages.history_stage(status))):
         if opts.only and not skip:
             status(f"{name} skipped: --only restricts the run to some mechanisms")

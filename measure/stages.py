@@ -254,12 +254,13 @@ def training_stage(quick: bool, progress: bool = True, status: Status = lambda m
 # ------------------------------------------------------------------------------ the suites beside the package
 
 
-def peers_stage(device: str, status: Status = lambda msg: None) -> str:
-    """The peer suite's quick grid and summary (measure.suites.run_peers): the one-line note the
-    environment records ("quick peer grid on cpu in 95 s", or why it did not run)."""
+def peers_stage(device: str, quick: bool = False, status: Status = lambda msg: None) -> str:
+    """The peer suite's quick grid and summary (measure.suites.run_peers; ``quick``: one width):
+    the one-line note the environment records ("quick peer grid on cpu in 35 s", or why it did
+    not run)."""
     from measure.suites import run_peers
 
-    run = run_peers(device, status)
+    run = run_peers(device, status, quick=quick)
     status(f"  peers: {run.note}" + ("" if run.ok else f" (the Peers section says so; {run.command} runs it)"))
     return run.note
 

@@ -2,7 +2,8 @@
 report's Peers and History sections are filled by ``make report`` alone.
 
 - peers: the pytest-benchmark peer suite of ``benchmarks/`` (docs/benchmarks.md, "Peer
-  benchmarks") on its quick grid (N in {2^10, 2^12} on the CPU), each benchmark given
+  benchmarks") on its quick grid (N in {2^10, 2^12} on the CPU; measure --quick: at d = 64 only),
+  each benchmark given
   PEER_MAX_TIME_S of rounds (pytest-benchmark's --benchmark-max-time) and at least PEER_MIN_ROUNDS,
   then ``benchmarks/summary.py`` into ``benchmarks/out/peers-summary.json``, the file the Peers
   section reads. torch SDPA (the exact-softmax peer) is always installed; performer-pytorch and
@@ -35,6 +36,9 @@ from typing import Callable
 #: interval needs rounds, not long ones.
 PEER_MAX_TIME_S = 0.1
 PEER_MIN_ROUNDS = 5
+#: Widths d of the report's peer run in quick mode (the suite's quick CPU grid has d in {16, 64}:
+#: 70 s on 2 cores; one width halves it). Full mode runs the quick grid whole.
+QUICK_PEER_D = "64"
 #: The peer summary the report reads (relative to the repository root).
 PEERS_SUMMARY = Path("benchmarks") / "out" / "peers-summary.json"
 PEERS_JSON = Path("benchmarks") / "out" / "peers.json"
@@ -99,8 +103,10 @@ def run_child(argv: list[str], cwd: Path, env: dict | None = None, timeout: floa
                           timeout=timeout)
 
 
-def run_peers(device: str = "cpu", status: Status = lambda msg: None, root: Path | None = None) -> SuiteRun:
-    """The peer suite's quick grid on ``device`` and its summary (module docstring); never raises."""
+def run_peers(device: str = "cpu", status: Status = lambda msg: None, root: Path | None = None,
+              quick: bool = False) -> SuiteRun:
+    """The peer suite's quick grid on ``device`` (``quick``: at d = QUICK_PEER_D only) and its
+    summary (module docstring); never raises."""
     root = root or repo_root()
     command = "make bench-ops ARGS=--quick"
     start = time.perf_counter()
@@ -110,7 +116,7 @@ def run_peers(device: str = "cpu", status: Status = lambda msg: None, root: Path
     pytest_argv = [sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
                    "--benchmark-enable", "--quick", "--device", str(device),
                    f"--benchmark-max-time={PEER_MAX_TIME_S}", f"--benchmark-min-rounds={PEER_MIN_ROUNDS}",
-                   "--benchmark-json", str(PEERS_JSON)]
+                   "--benchmark-json", str(PEERS_JSON)] + (["--bench-d", QUICK_PEER_D] if quick else [])
     summary_argv = [sys.executable, "benchmarks/summary.py", str(PEERS_JSON), "--out", str(PEERS_SUMMARY)]
     try:
         tests = run_child(pytest_argv, root)

@@ -65,7 +65,10 @@ def test_peers_runs_the_quick_grid_then_the_summary(monkeypatch, root):
     assert {"--quick", "--benchmark-enable", "--device"} <= set(pytest_argv)
     assert pytest_argv[pytest_argv.index("--device") + 1] == "cpu"
     assert summary_argv[-2:] == ["--out", str(suites.PEERS_SUMMARY)]
-    assert (root / suites.PEERS_SUMMARY).is_file()
+    assert (root / suites.PEERS_SUMMARY).is_file() and "--bench-d" not in pytest_argv
+    suites.run_peers("cpu", root=root, quick=True)
+    quick = fake.calls[-2]
+    assert quick[quick.index("--bench-d") + 1] == suites.QUICK_PEER_D
 
 
 def test_peers_with_failed_benchmarks_still_summarises_and_says_so(monkeypatch, root):
@@ -120,7 +123,7 @@ def _stub_stages(monkeypatch, calls):
     for name in ("favor_stage", "favor_accuracy_stage", "gallery_stage", "training_stage"):
         monkeypatch.setattr(stages, name, lambda *a, **k: None)
     monkeypatch.setattr(stages, "sweeps_stage", lambda *a, **k: ([], []))
-    monkeypatch.setattr(stages, "peers_stage", lambda device, status: calls.append(("peers", device)) or "p ok")
+    monkeypatch.setattr(stages, "peers_stage", lambda device, quick, status: calls.append(("peers", device)) or "p ok")
     monkeypatch.setattr(stages, "history_stage", lambda status: calls.append(("history",)) or "h ok")
 
 
