@@ -506,14 +506,14 @@ def _gumbel_core(q, k, v, projection, tau: float, b: BatchIndex | None, samples:
     zq, zk = _exponents(q, k, projection, tau, noise)  # zk (K, ..., N, m): g / tau in log space
     phi_q, phi_k = _balanced_features(zq, zk, b)
     shift = _mean_shift(v, noise.shape[0])
-    vs = v if shift is None else v * pow2(-shift, v.dtype)
+    vs = v if shift is None else v * pow2(-shift, compute_dtype(v.dtype))  # a 0-dim factor: vs keeps v's dtype
     vk = vs.unsqueeze(0).expand(noise.shape[0], *v.shape)  # a view (stride 0), no copy of v
     out = _drive(phi_q, phi_k, vk, b, lambda: _diagnose(q, k, projection, tau, v=v, noise=noise)).mean(0)
     if shift is None:
         return out
     # a mean of averages of v stays in v's range: where shifted (values near the maximum), round-off
     # must not carry it past (selected on the device, so unshifted calls keep their bits)
-    return torch.where(shift > 0, within_values(out, vs), out) * pow2(shift, v.dtype)
+    return torch.where(shift > 0, within_values(out, vs), out) * pow2(shift, compute_dtype(v.dtype))
 
 
 def _mean_shift(v: torch.Tensor, samples: int) -> torch.Tensor | None:
@@ -521,9 +521,9 @@ def _mean_shift(v: torch.Tensor, samples: int) -> torch.Tensor | None:
     K max |v| could pass finfo.max / 2, else 0, so that the mean runs on v 2^-t and 2^t multiplies it back
     (exact: powers of two; fast.scaling). On the device, no host read: O(N d) passes (the max, v 2^-t, the
     range of v 2^-t for the clamp, the output's clamp and product). None (nothing to do) for K = 1, an
-    empty v, or half precisions (their K outputs are summed in float32, which K max |v| cannot
-    overflow)."""
-    if samples == 1 or v.numel() == 0 or v.dtype not in (torch.float32, torch.float64):
+    empty v, or float16 (its K outputs are summed in float32, which K * 65504 cannot overflow;
+    bfloat16 reaches float32's maximum and is shifted like it)."""
+    if samples == 1 or v.numel() == 0 or v.dtype == torch.float16:
         return None
     t = math.ceil(math.log2(samples))
     with torch.no_grad():

@@ -191,3 +191,15 @@ def test_nodeformer_attention_bias_term_of_huge_values():
     want = float(v[0, 0]) + bias  # kernelized softmax of a constant is that constant
     assert torch.isfinite(out).all()
     assert float(((out.double() - want) / want).abs().max()) <= rel_error_bound(n, 8, torch.float32)
+
+
+def test_bfloat16_values_near_float32s_maximum():
+    """bfloat16 reaches float32's range: its sums overflow the float32 compute dtype like float32's."""
+    n = 40
+    q, k = (t.bfloat16() for t in qk(n, torch.float32))
+    w = gaussian_projection(8, 4, generator=gen(12)).bfloat16()
+    v = torch.full((n, 3), 3e38).bfloat16()
+    for out in (difformer_attention(q, k, v), sgformer_attention(q, k, v), kernelized_softmax(q, k, v, w),
+                kernelized_gumbel_softmax(q, k, v, w, generator=gen(13))):
+        assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+        assert float(((out.double() - v.double()) / v.double()).abs().max()) <= 2 ** -7  # bfloat16's eps
