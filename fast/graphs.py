@@ -39,7 +39,7 @@ import torch
 
 from fast.segments import Segments, segment_max
 from fast.sparse import check_csr, csr_matrix, row_pointers
-from fast.validation import check_allocation, check_positive_int
+from fast.validation import check_allocation, check_device, check_positive_int
 
 __all__ = ["Graph", "as_graph", "normalized_adjacency", "SYMMETRY_RTOL"]
 
@@ -333,6 +333,8 @@ class Graph:
         CPU). name: the argument's name in errors."""
         if not isinstance(symmetrize, bool):
             raise TypeError(f"symmetrize must be a bool, got {type(symmetrize).__name__}")
+        if device is not None:
+            device = check_device("device", device)
         n = _check_n(n, name)
         if isinstance(graph, Graph):
             if edge_weight is not None:

@@ -300,6 +300,31 @@ def check_diffusion_time(lam: object, *, positive: bool = False) -> "float | tor
     return float(lam)
 
 
+def check_device(name: str, device: object) -> torch.device:
+    """``device`` as a torch.device (a torch.device, a string such as "cuda:0", or a CUDA index);
+    TypeError / ValueError naming ``name`` otherwise (torch's own says only "Expected one of cpu,
+    cuda, ..."). O(1).
+
+        >>> from fast.validation import check_device
+        >>> check_device("device", "cpu")
+        device(type='cpu')
+        >>> check_device("device", "gpu0")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: device must name a torch device (e.g. "cpu", "cuda:0" or torch.device(...)), got 'gpu0' (...)
+    """
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, bool) or not isinstance(device, (str, numbers.Integral)):
+        raise TypeError(f"{name} must be a torch.device, a device string or a CUDA index, got "
+                        f"{type(device).__name__} {device!r}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise ValueError(f'{name} must name a torch device (e.g. "cpu", "cuda:0" or torch.device(...)), got '
+                         f"{device!r} ({str(exc).splitlines()[0][:80]})") from None
+
+
 def memory_limit(device: "torch.device | str | None" = None) -> int:
     """The bytes one allocation may take on ``device`` before fast/ refuses it: the CUDA device's
     total memory (torch.cuda.get_device_properties), else the machine's physical RAM (os.sysconf;

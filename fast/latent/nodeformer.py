@@ -41,8 +41,8 @@ from fast.operator import SymmetricMaskOperator
 from fast.masks.explicit import SparseMask
 from fast.scaling import pow2, times_pow2, value_shift, within_values
 from fast.segments import Segments, add_into, few_segments
-from fast.validation import (check_allocation, check_favor_inputs, check_positive_int, check_same_device, check_tensor,
-                             compute_dtype, raise_if_non_finite)
+from fast.validation import (check_allocation, check_device, check_favor_inputs, check_positive_int, check_same_device,
+                             check_tensor, compute_dtype, raise_if_non_finite)
 
 __all__ = ["check_tau", "gumbel_noise", "kernelized_softmax", "kernelized_gumbel_softmax", "adjacency_orders", "relational_bias",
            "nodeformer_attention", "kernelized_attention_rows", "edge_log_likelihood", "edge_loss"]
@@ -136,6 +136,8 @@ def gumbel_noise(shape, *, generator: torch.Generator | None = None, device=None
                         f"got {type(generator).__name__}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a real floating torch.dtype, got {dtype!r}")
+    if device is not None:
+        device = check_device("device", device)
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (int(shape),)
     # each size an int (a torch.Size, or 0-d integer tensors): "abc" or 2.5 would convert to other sizes
@@ -898,7 +900,11 @@ def kernelized_attention_rows(q: torch.Tensor, k: torch.Tensor, projection: torc
     tau = check_tau(tau)
     n = q.shape[-2]
     b = check_batch(batch, n, device=q.device)
-    rows_t = torch.as_tensor(rows, device=q.device) if not isinstance(rows, torch.Tensor) else rows.to(q.device)
+    try:
+        rows_t = torch.as_tensor(rows, device=q.device) if not isinstance(rows, torch.Tensor) else rows.to(q.device)
+    except (TypeError, ValueError, RuntimeError) as exc:  # torch says only "Could not infer dtype of ..."
+        raise TypeError(f"rows must be a 1-D integer tensor or sequence of node ids, got {type(rows).__name__}") \
+            from exc
     if rows_t.dtype.is_floating_point or rows_t.dtype == torch.bool or rows_t.dim() != 1:
         raise TypeError(f"rows must be a 1-D integer tensor or sequence of node ids, got {rows_t.dtype} of shape "
                         f"{tuple(rows_t.shape)}")

@@ -30,7 +30,7 @@ from fast.segments import Segments, segment_max
 from fast.sparse import block_diagonal_index, csr_matmul, csr_matrix, index_dtype
 from fast.stabilizers import LocallyStabilised, plain_attend
 from fast.scaling import times_pow2, value_shift
-from fast.validation import check_diffusion_time, check_positive_int, check_tokens, compute_dtype, finite_flag
+from fast.validation import check_allocation, check_diffusion_time, check_positive_int, check_tokens, compute_dtype, finite_flag
 
 __all__ = ["KINDS", "DiffusionMask", "StabilisedSeries", "expm_action", "poisson_tail", "plan_terms", "ADJACENCY_STEP_THETA",
            "MAX_PRODUCTS"]
@@ -95,9 +95,11 @@ def poisson_tail(m: int, theta: float) -> float:
     0.080301
     """
     check_positive_int("m", m, "an int >= 0", minimum=0)
-    if not isinstance(theta, numbers.Real) or not math.isfinite(theta) or theta < 0:
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not math.isfinite(theta) or theta < 0:
         raise ValueError(f"theta must be a finite real >= 0, got {theta!r}")
     k_end = int(max(m, theta) + 10 * math.sqrt(theta) + 50)
+    check_allocation(f"m = {m}, theta = {theta!r}", (k_end + 1,), torch.float64, copies=4,
+                     what="the Poisson weights and tails")
     return float(_tails(float(theta), k_end)[int(m)])
 
 
@@ -119,16 +121,29 @@ def plan_terms(theta_total: float, tol: float, *, steps: int | None = None,
     minimising s * m subject to bound = s * P(Poisson(Theta / s) > m) <= tol and
     Theta / s <= max_step_theta; ``steps`` fixes s instead. Theta = 0 gives (1, 1, 0.0): one term,
     so that a learnable lambda at 0 still gets the exact first derivative -T x. O(Theta) per
-    candidate s.
+    candidate s. ValueError naming theta_total (not a finite real >= 0), tol (not in (0, 1)), steps (not
+    None or an int >= 1) or max_step_theta (not a positive real, inf allowed); MemoryError naming
+    theta_total when its Poisson weights (about Theta + 10 sqrt(Theta) numbers) would not fit.
 
     >>> from fast.masks.diffusion import plan_terms
     >>> s, m, bound = plan_terms(10.0, 1e-8)
     >>> s, m, bound <= 1e-8
     (1, 32, True)
     """
+    if isinstance(theta_total, bool) or not isinstance(theta_total, numbers.Real) or \
+            not math.isfinite(theta_total) or theta_total < 0:
+        raise ValueError(f"theta_total must be a finite real >= 0 (Theta = lam * beta), got {theta_total!r}")
+    tol = _check_tol(tol)
+    if steps is not None:
+        steps = check_positive_int("steps", steps, "None (planned) or an int >= 1")
+    if isinstance(max_step_theta, bool) or not isinstance(max_step_theta, numbers.Real) or \
+            not float(max_step_theta) > 0:
+        raise ValueError(f"max_step_theta must be a positive real (inf: no limit), got {max_step_theta!r}")
     theta_total = float(theta_total)
     if theta_total == 0.0:
         return 1, 1, 0.0
+    check_allocation(f"theta_total = {theta_total!r}", (int(theta_total + 10 * math.sqrt(theta_total) + 51),),
+                     torch.float64, copies=4, what="the Poisson weights and tails")
     if steps is not None:
         candidates = [int(steps)]
     else:

@@ -22,7 +22,7 @@ from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.segments import Segments, segment_max
 from fast.sparse import block_diagonal_index, csr_matmul, csr_matrix, index_dtype
 from fast.stabilizers import LocallyStabilised, plain_attend
-from fast.validation import check_positive_int, check_tokens, compute_dtype
+from fast.validation import check_allocation, check_positive_int, check_tokens, compute_dtype
 
 __all__ = ["PowerSeriesMask", "deconvolve", "convolve", "heat_alpha", "diffusion_alpha",
            "regularised_laplacian_alpha", "regularised_laplacian_radius", "spectral_radius_bounds",
@@ -296,6 +296,7 @@ def convolve(f, k_max: int | None = None) -> torch.Tensor:
         k_max = 2 * big_k
     else:
         k_max = check_positive_int("k_max", k_max, "None or an int >= 0", minimum=0)
+        check_allocation(f"k_max = {k_max}", (k_max + 1,), torch.float64, t.device, what="the convolved coefficients")
     idx = torch.arange(big_k + 1, device=t.device)
     # sums by p + q through fast.segments: a float index_add adds with atomics on CUDA (other bits at every run);
     # no segment has more than K + 1 terms (no host read)
@@ -313,7 +314,9 @@ def _real(name: str, value: object) -> float:
 
 
 def _k_max(k_max: object) -> int:
-    return check_positive_int("k_max", k_max, "an int >= 0 (the last power kept)", minimum=0)
+    k_max = check_positive_int("k_max", k_max, "an int >= 0 (the last power kept)", minimum=0)
+    check_allocation(f"k_max = {k_max}", (k_max + 1,), torch.float64, copies=2, what="the series coefficients")
+    return k_max
 
 
 def heat_alpha(beta: float, k_max: int) -> torch.Tensor:
@@ -381,7 +384,8 @@ def spectral_radius_bounds(graph, *, max_iter: int = 10_000, rtol: float = 1e-9,
     """(lo, hi) with lo <= rho(W) <= hi for the graph's weighted adjacency W: power iteration on W + I
     in float64 with the Collatz-Wielandt bounds and the Rayleigh quotient (docs/papers.md,
     fast.masks.power_series), O(|E| + n) per iteration, until hi - lo <= rtol hi, hi < stop_below,
-    lo >= stop_above or max_iter iterations. A graph without edges gives (0, 0).
+    lo >= stop_above or max_iter iterations. A graph without edges gives (0, 0). ValueError naming
+    max_iter (not an int >= 1), rtol (not a real >= 0), stop_below or stop_above (not None or a real).
 
     >>> import torch
     >>> from fast.masks.power_series import spectral_radius_bounds
@@ -389,6 +393,14 @@ def spectral_radius_bounds(graph, *, max_iter: int = 10_000, rtol: float = 1e-9,
     >>> round(lo, 6), round(hi, 6)
     (1.414214, 1.414214)
     """
+    max_iter = check_positive_int("max_iter", max_iter, "an int >= 1 (power iterations)")
+    rtol = _real("rtol", rtol)
+    if rtol < 0:
+        raise ValueError(f"rtol must be a real >= 0 (the relative gap hi - lo at which to stop), got {rtol!r}")
+    for name, value in (("stop_below", stop_below), ("stop_above", stop_above)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or
+                                  math.isnan(value)):
+            raise ValueError(f"{name} must be None or a real number (inf allowed), got {value!r}")
     g = as_graph(graph)
     if g.num_edges == 0:
         return 0.0, 0.0
@@ -413,7 +425,8 @@ def check_series_radius(graph, radius: float, name: str = "series", *, max_iter:
     """Bounds (lo, hi) on the spectral radius of the graph's W, certifying hi < radius (the series'
     radius of convergence in W's eigenvalues); ValueError naming the spectral radius (its bounds)
     and the radius when the series diverges (lo >= radius) or convergence could not be certified
-    within max_iter power iterations. O((|E| + n) iterations).
+    within max_iter power iterations; ValueError naming radius (not a positive real, inf allowed) or
+    max_iter. O((|E| + n) iterations).
 
     >>> import torch
     >>> from fast.masks.power_series import check_series_radius
@@ -422,6 +435,9 @@ def check_series_radius(graph, radius: float, name: str = "series", *, max_iter:
     ...
     ValueError: the geometric series diverges on this graph: ...
     """
+    if isinstance(radius, bool) or not isinstance(radius, numbers.Real) or not float(radius) > 0:
+        raise ValueError(f"radius must be a positive real (the series' radius of convergence; inf allowed), got "
+                         f"{radius!r}")
     lo, hi = spectral_radius_bounds(graph, max_iter=max_iter, stop_below=radius, stop_above=radius)
     if hi < radius:
         return lo, hi

@@ -445,3 +445,8 @@ def test_networkx_weights_that_are_not_numbers_are_refused():
     g[0][1]["weight"] = "2"
     with pytest.raises(TypeError, match=r"edge attribute 'weight' must be a real number, got str '2' on edge \(0, 1\)"):
         as_graph(g)
+
+
+def test_a_device_that_is_not_one_is_named():
+    with pytest.raises(ValueError, match=r'device must name a torch device \(e.g. "cpu", "cuda:0"'):
+        as_graph(CYCLE, device="abc")

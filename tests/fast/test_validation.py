@@ -137,3 +137,12 @@ def test_memory_limit_is_the_machines_ram():
     import fast.validation as fv
 
     assert fv.memory_limit() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") == fv.memory_limit("cpu")
+
+
+@pytest.mark.parametrize("bad, error", [("gpu0", ValueError), ([0], TypeError), (1.5, TypeError), (True, TypeError)])
+def test_check_device_names_the_argument(bad, error):
+    from fast.validation import check_device
+
+    assert check_device("device", "cpu") == torch.device("cpu")
+    with pytest.raises(error, match=r"^where must"):
+        check_device("where", bad)

@@ -561,3 +561,12 @@ def test_absurd_orders_and_rows_are_refused_before_allocating(ram_8gib):
     with pytest.raises(MemoryError, match=r"rows of R = 100000 node ids asks for 3 x the attention rows .* more than "
                                           r"this machine's memory \(RAM\), 8 GiB"):
         F.kernelized_attention_rows(q, q, torch.ones(3, 2), torch.arange(n))
+
+
+def test_gumbel_device_and_attention_rows_that_are_not_ids_are_named():
+    with pytest.raises(ValueError, match=r"device must name a torch device"):
+        F.gumbel_noise(3, device="abc")
+    q, w = randn((6, 4), gen(0)), randn((5, 4), gen(1))
+    for rows in (None, {"a": 1}, object()):
+        with pytest.raises(TypeError, match=r"rows must be a 1-D integer tensor or sequence of node ids"):
+            F.kernelized_attention_rows(q, q, w, rows)

@@ -703,3 +703,30 @@ def test_expm_action_near_the_maximum_matches_the_dense_exponential(kind, dtype,
     xs = x.double() * 2.0 ** -600
     roundoff = 50 * torch.finfo(dtype).eps / 2 * op.products
     assert _col_err(out.double() * 2.0 ** -600, m @ xs, xs) <= (op.error_bound + roundoff) * op.norm_bound
+
+
+# ---------------------------------------------------------------------------- plan arguments (issue 24)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"theta_total": "abc"}, r"theta_total must be a finite real >= 0"),
+    ({"theta_total": float("nan")}, r"theta_total must be a finite real >= 0"),
+    ({"tol": "abc"}, r"tol must be a real number in \(0, 1\)"),
+    ({"tol": float("nan")}, r"tol must be a real number in \(0, 1\)"),  # used to allocate gigabytes
+    ({"steps": 0}, r"steps must be None \(planned\) or an int >= 1"),
+    ({"max_step_theta": "x"}, r"max_step_theta must be a positive real"),
+])
+def test_plan_terms_refuses_bad_arguments_naming_them(kw, match):
+    args = {"theta_total": 1.0, "tol": 1e-8, **kw}
+    with pytest.raises(ValueError, match=match):
+        plan_terms(args.pop("theta_total"), args.pop("tol"), **args)
+
+
+def test_absurd_theta_is_refused_before_allocating(monkeypatch):
+    import fast.validation
+
+    monkeypatch.setattr(fast.validation, "memory_limit", lambda device=None: 2**30)
+    with pytest.raises(MemoryError, match=r"theta_total = 1000000000000000.0 asks for 4 x the Poisson weights and tails"):
+        plan_terms(1e15, 1e-8)
+    with pytest.raises(MemoryError, match=r"m = 3, theta = 1000000000000000.0 asks for"):
+        poisson_tail(3, 1e15)

@@ -379,3 +379,22 @@ def test_no_key_rows_through_favor_attention():
     assert float((out.double() - want).abs().max()) <= 1e-4 * float(want.abs().max())
     with pytest.raises(DenominatorError):
         favor_attention(q, k, v, w, mask)
+
+
+# ------------------------------------------------------------------ clear refusals (issue 24)
+
+
+def test_series_helpers_refuse_bad_arguments_naming_them():
+    from fast.masks.power_series import check_series_radius, heat_alpha, spectral_radius_bounds
+
+    path = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    for kw, match in (({"max_iter": "abc"}, r"max_iter must be an int >= 1"), ({"max_iter": 0}, r"max_iter must be"),
+                      ({"rtol": None}, r"rtol must be a finite real number"), ({"rtol": -1.0}, r"rtol must be a real >= 0"),
+                      ({"stop_below": "x"}, r"stop_below must be None or a real number")):
+        with pytest.raises(ValueError, match=match):
+            spectral_radius_bounds(path, **kw)
+    for radius in ("abc", None, 0.0, float("nan")):
+        with pytest.raises(ValueError, match=r"radius must be a positive real"):
+            check_series_radius(path, radius)
+    with pytest.raises(MemoryError, match=r"k_max = 10000000000000 asks for 2 x the series coefficients"):
+        heat_alpha(1.0, 10**13)
