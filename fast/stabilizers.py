@@ -1,6 +1,7 @@
-"""Per-key stabilisation of the graph masks whose rows reach only nearby keys (GRFMask, GRFAsymMask,
-RWGNKMask, PowerSeriesMask): the generic part, shared by fast.masks.grf, fast.masks.rwgnk and
-fast.masks.power_series (each builds its own rescaled product in ``_attend_stabilised``).
+"""Per-key stabilisation of the graph masks whose rows reach only nearby keys, or weigh them most
+(GRFMask, GRFAsymMask, RWGNKMask, PowerSeriesMask, DiffusionMask): the generic part, shared by
+fast.masks.grf, fast.masks.rwgnk, fast.masks.power_series and fast.masks.diffusion (each builds its
+own rescaled product in ``_attend_stabilised``).
 
 FAVOR+ features (fast.features) are exp(z - c) for a constant c the driver picks with the mask's
 ``key_stabilizer``. The default (fast.operator) is one max over all keys of a (batch, head) slice;
@@ -97,7 +98,7 @@ def _empty_products(phi_q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor,
 
 class LocallyStabilised:
     """Mixin of the graph masks whose rows reach only nearby keys (GRFMask, GRFAsymMask, RWGNKMask,
-    PowerSeriesMask): per-key constants (``local_key_stabilizer``) and an ``attend`` that undoes
+    PowerSeriesMask, DiffusionMask): per-key constants (``local_key_stabilizer``) and an ``attend`` that undoes
     them (``rescales_keys``, fast.operator). attend(phi_q, phi_k, v, key_log_scale=None) ->
     (num (..., N, d), den (..., N)): with key_log_scale None the plain product (the driver's
     generic path, fast.algebra.masked_products through matmul); otherwise the inputs in their
