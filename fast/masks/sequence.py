@@ -15,7 +15,7 @@ import torch
 
 from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.segments import Segments, segment_max
-from fast.validation import broadcast_shape, check_key_log_scale, check_positive_int, check_tokens
+from fast.validation import broadcast_shape, check_allocation, check_key_log_scale, check_positive_int, check_tokens
 
 
 def check_mask_batch(name: str, mask_shape: tuple, x: torch.Tensor, what: str) -> tuple[int, ...]:
@@ -681,6 +681,8 @@ class PaddingMask(MaskOperator):
         """
         check_positive_int("n", n)
         lengths = torch.as_tensor(lengths)
+        if lengths.dim() == 1:
+            check_allocation(f"n = {n}", (lengths.shape[0], n), torch.bool, lengths.device, what="the key mask (B, n)")
         if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool or lengths.dim() != 1:
             raise TypeError(f"lengths must be a 1-D integer tensor (B,) of real-token counts, got {lengths.dtype} "
                             f"of shape {tuple(lengths.shape)}: {lengths!r:.80}")

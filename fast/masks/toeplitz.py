@@ -21,7 +21,7 @@ import torch
 from fast.algebra import masked_products
 from fast.fft import fast_fft_size
 from fast.operator import MaskOperator
-from fast.validation import check_positive_int, check_tokens, compute_dtype
+from fast.validation import check_allocation, check_positive_int, check_tokens, compute_dtype
 
 #: Bound on the complex spectral buffer of one batched transform (bytes); more columns are chunked.
 DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20
@@ -112,6 +112,8 @@ def grid_offsets(shape: Sequence[int], device=None) -> torch.Tensor:
     ((3, 5, 2), [-1, -2], [0, 0])
     """
     shape = _check_shape(shape)
+    check_allocation(f"shape = {shape}", (*(2 * n - 1 for n in shape), len(shape)), torch.int64, device,
+                     what="the grid offsets")
     axes = [torch.arange(-(n - 1), n, device=device) for n in shape]
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
 
@@ -443,6 +445,7 @@ class ToeplitzMask(BlockToeplitzMask):
         """
         n = check_positive_int("n", n)
         _check_float_dtype("dtype", dtype)
+        check_allocation(f"n = {n}", (2 * n - 1,), dtype, device, copies=4, what="the coefficients and their spectrum")
         offsets = torch.arange(-(n - 1), n, device=device)
         values = _values_of(f, offsets.abs().to(dtype), "distances |i - j|", dtype)
         if causal:

@@ -18,7 +18,7 @@ import torch
 
 from fast.operator import SymmetricMaskOperator
 from fast.segments import IndexAdd, segment_max
-from fast.validation import check_positive_int, check_tokens
+from fast.validation import check_allocation, check_positive_int, check_tokens
 
 
 class Forest:
@@ -124,6 +124,7 @@ class Forest:
     def from_edges(cls, u: np.ndarray, v: np.ndarray, w: np.ndarray, n: int) -> "Forest":
         """Undirected edges (u_k, v_k) of length w_k, each once: checks it is a forest, roots it."""
         u, v, w = (np.asarray(a) for a in (u, v, w))
+        check_allocation(f"n = {n}", (n + 1,), torch.int64, copies=6, what="the forest's per-node arrays")
         if (u == v).any():
             raise ValueError("a forest has no self-loops")
         if np.isnan(w).any():

@@ -292,3 +292,8 @@ def test_a_duck_typed_mask_declares_its_no_key_cause():
     with pytest.raises(DenominatorError, match=r"2 of 3 queries see no key \(their mask row is all zero: rows is empty"):
         masked_linear_attention(torch.ones(3, 2), torch.ones(3, 2), torch.ones(3, 1), Rows())
     assert as_operator(PaddingMask(torch.ones(3, dtype=torch.bool))).no_key_cause.startswith("key_mask")
+
+
+def test_absurd_padding_length_is_refused_before_allocating():
+    with pytest.raises(MemoryError, match=r"n = 1152921504606846976 asks for the key mask \(B, n\)"):
+        PaddingMask.from_lengths(torch.tensor([1]), 2**60)

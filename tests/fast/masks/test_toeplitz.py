@@ -687,3 +687,11 @@ def test_log_coefficients_of_minus_inf_are_named_when_queries_see_no_key(log):
     with pytest.raises(DenominatorError, match=r"table is 0 at every offset they reach \(a log_table entry of -inf"):
         masked_linear_attention(positive((4, 3), g), positive((4, 3), g), randn((4, 2), g),
                                 BlockToeplitzMask.from_log_table((2, 2), table))
+
+
+def test_absurd_sizes_are_refused_before_allocating():
+    """n = 2^40 or a 2^20 x 2^20 grid: a MemoryError naming n or shape and the bytes (issue 24)."""
+    with pytest.raises(MemoryError, match=r"n = 1099511627776 asks for 4 x the coefficients and their spectrum .*TiB"):
+        ToeplitzMask.from_function(lambda d: torch.exp(-d), 2**40)
+    with pytest.raises(MemoryError, match=r"shape = \(1048576, 1048576\) asks for the grid offsets .*TiB"):
+        BlockToeplitzMask.from_distance((2**20, 2**20), lambda d: torch.exp(-d))

@@ -625,3 +625,10 @@ def test_numerics_check_rows_under_cuda_atomics(mechanism, seed, device, cuda_at
     cells, _ = numerics.sweep_cells(get(mechanism), 512, 128, seed, device, dtypes=(("float32", torch.float32),))
     assert [c["silent"] for c in cells] == [0] * len(cells), [(c["std"], c["worst_row_error"]) for c in cells]
     assert sum(numerics.failed_rows(c) for c in cells) == 0
+
+
+def test_absurd_forest_size_is_refused_before_allocating():
+    from fast import Forest
+
+    with pytest.raises(MemoryError, match=r"n = 1099511627776 asks for 6 x the forest's per-node arrays"):
+        Forest.from_edge_index(np.array([[0], [1]]), n=2**40)
