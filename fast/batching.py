@@ -112,6 +112,8 @@ class BatchIndex:
         Meant for stabilising constants (callers detach it); differentiable as torch's amax scatter
         (fast.segments.segment_max)."""
         x = self._nodes("x", x)
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating tensor (the maxima are stabilising constants), got {x.dtype}")
         return self.segments().max(x, dim=-2)
 
     def gather(self, y: torch.Tensor) -> torch.Tensor:

@@ -659,7 +659,8 @@ def _bias_operators(g: Graph, order: int, normalize: str | None) -> list[SparseM
 def _graph_of(graph: object, n: int, device: torch.device) -> Graph:
     """as_graph(graph, n=N) on ``device`` (edge indices out of [0, N): as_graph's ValueError). A fast.Graph
     passes through (n checked, no host read); anything else is canonicalised on every call."""
-    g = as_graph(graph, n=n, name="graph")
+    # the name says where n came from: an index past it is as likely a v (or x) of the wrong N as a bad graph
+    g = as_graph(graph, n=n, name=f"graph (on the N = {n} nodes of the inputs)")
     return g.to(device)
 
 

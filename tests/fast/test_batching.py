@@ -186,3 +186,11 @@ def test_absurd_graph_counts_are_refused_before_allocating():
 
     with pytest.raises(MemoryError, match=r"num_graphs = 1000000000000000 asks for 2 x the per-graph sizes"):
         check_batch(torch.zeros(3, dtype=torch.long), 3, num_graphs=10**15)
+
+
+def test_segment_max_needs_floating_values():
+    from fast.batching import check_batch
+
+    with pytest.raises(TypeError, match=r"x must be a floating tensor \(the maxima are stabilising constants\), got "
+                                        r"torch.int64"):
+        check_batch([0, 0, 1], 3).segment_max(torch.ones(3, 2, dtype=torch.long))

@@ -570,3 +570,10 @@ def test_gumbel_device_and_attention_rows_that_are_not_ids_are_named():
     for rows in (None, {"a": 1}, object()):
         with pytest.raises(TypeError, match=r"rows must be a 1-D integer tensor or sequence of node ids"):
             F.kernelized_attention_rows(q, q, w, rows)
+
+
+def test_a_graph_larger_than_the_inputs_says_where_n_came_from():
+    """v of N = 5 rows with a 6-node graph: the error says n is the inputs' N (issue 24)."""
+    cycle = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 0, 0, 1, 2, 3, 4, 5]])
+    with pytest.raises(ValueError, match=r"graph \(on the N = 5 nodes of the inputs\): edge_index entries must be < n=5"):
+        F.relational_bias(randn((5, 3), gen(0)), cycle, 0.1)
