@@ -464,6 +464,11 @@ class DiffusionMask(LocallyStabilised, MaskOperator):
                 f"steps={self.steps}, terms={self.terms})")
 
 
+#: Bytes of scaled products (values, their transposes and the gains) a StabilisedSeries keeps for the
+#: length of one attend call; beyond it each product's scaled values are formed at each use.
+SCALED_CACHE_BYTES = 256 * 2**20
+
+
 class StabilisedSeries(MaskOperator):
     """The per-call operator of DiffusionMask's stabilised attend, for key constants c (S, N) of S
     (batch, head) slices: M'_ij = exp(-r_i) M_ij exp(c_j) per slice, M = exp(-lam T) by the same
@@ -543,28 +548,54 @@ class StabilisedSeries(MaskOperator):
                              f"got {tuple(x.shape)}")
         return x.reshape(self.slices * self.n, x.shape[-1])
 
+    def _products(self, dtype: torch.dtype, transposes: bool) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Per step, per term k >= 1: (the scaled CSR, its transpose or itself), and per step the gains
+        exp(l_k - L) (S n, 1); kept on the operator (one attend call) while they fit SCALED_CACHE_BYTES,
+        so the driver's feature blocks and the column blocks reuse them."""
+        key = (dtype, transposes)
+        if key in self._index:
+            return self._index[key]
+        out = []
+        for levels, top in zip(self._steps, self._tops):
+            # exp(l_k - L) <= 1 for a counted term (exp(-inf) = 0); an uncounted term's weight is 0
+            gains = [torch.exp(torch.clamp(lv - top, max=0.0)).to(dtype).reshape(-1, 1) for lv in levels]
+            mats = []
+            for k in range(1, len(levels)):
+                a = self._scaled(levels[k - 1], levels[k], dtype, transpose=False)
+                mats.append((a, self._scaled(levels[k - 1], levels[k], dtype, transpose=True) if transposes else a))
+            out.append((gains, mats))
+        per_product = self.slices * (self._col.numel() * (2 if transposes else 1) + self.n) * dtype.itemsize
+        if per_product * self.mask.products <= SCALED_CACHE_BYTES:
+            self._index[key] = out
+        return out
+
     def _matmat(self, x: torch.Tensor) -> torch.Tensor:
-        """M' x, x (..., n, c) -> (..., n, c): the planned steps of scaled products (class doc)."""
+        """M' x, x (..., n, c) -> (..., n, c): the planned steps of scaled products (class doc); on the CPU
+        in column blocks that stay in cache, as DiffusionMask's products (``chain_columns``)."""
         xf = self._flat(x)
         if not self._steps:
             return x.clone()
         mask, dtype = self.mask, xf.dtype
         learn = isinstance(mask.lam, torch.Tensor) and mask.lam.requires_grad and torch.is_grad_enabled()
         w = mask._tensor_weights(mask.lam).to(device=x.device, dtype=dtype) if learn else mask._weights
-        grad = torch.is_grad_enabled() and (xf.requires_grad or learn)
-        y = xf
-        for levels, top in zip(self._steps, self._tops):
-            # exp(l_k - L) <= 1 for a counted term (exp(-inf) = 0); an uncounted term's weight is 0
-            gains = [torch.exp(torch.clamp(lv - top, max=0.0)).to(dtype).reshape(-1, 1) for lv in levels]
+        plan = self._products(dtype, torch.is_grad_enabled() and (xf.requires_grad or learn))
+        c = xf.shape[1]
+        width = chain_columns(xf.shape[0], c, xf.element_size()) if xf.device.type == "cpu" else c
+        if width < c and (dtype, torch.is_grad_enabled() and (xf.requires_grad or learn)) in self._index:
+            parts = [self._series(xf[:, i:i + width], plan, w) for i in range(0, c, width)]
+            return torch.cat(parts, 1).view(x.shape)
+        return self._series(xf, plan, w).view(x.shape)
+
+    @staticmethod
+    def _series(y: torch.Tensor, plan, w) -> torch.Tensor:
+        for gains, mats in plan:
             acc = y * (gains[0] * w[0])
             v = y
-            for k in range(1, len(levels)):
-                a = self._scaled(levels[k - 1], levels[k], dtype, transpose=False)
-                a_t = self._scaled(levels[k - 1], levels[k], dtype, transpose=True) if grad else a
+            for k, (a, a_t) in enumerate(mats, start=1):
                 v = csr_matmul(a, v, a_t)
                 acc = torch.addcmul(acc, gains[k] * w[k], v)
             y = acc
-        return y.view(x.shape)
+        return y
 
     def parameters(self) -> list[torch.Tensor]:
         lam = self.mask.lam

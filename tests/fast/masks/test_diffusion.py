@@ -730,3 +730,27 @@ def test_absurd_theta_is_refused_before_allocating(monkeypatch):
         plan_terms(1e15, 1e-8)
     with pytest.raises(MemoryError, match=r"m = 3, theta = 1000000000000000.0 asks for"):
         poisson_tail(3, 1e15)
+
+
+def test_stabilised_series_column_blocks_and_uncached_products_agree(monkeypatch):
+    """The CPU column blocks (chain_columns) and the path that forms each scaled product at each use
+    (past SCALED_CACHE_BYTES) compute the same products as one block with cached ones."""
+    import fast.masks.diffusion as diffusion
+    from tests.fast.masks.test_grf import stabilised_inputs
+
+    mask = DiffusionMask(grid(), 0.8, "random-walk", tol=1e-12)
+    z, phi_q, v = stabilised_inputs(mask.n, (2, 3), m=4, d=3, spread=20.0, seed=3)
+    c = mask.key_stabilizer(z).expand(2, 3, mask.n, 1)
+    x = torch.randn(2, 3, mask.n, 40, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    want = diffusion.StabilisedSeries(mask, c.reshape(6, mask.n)).matmul(x)
+    monkeypatch.setattr(diffusion, "CHAIN_CACHE_BYTES", 4 * 6 * mask.n * 8 * 16)  # 16 columns per block
+    assert diffusion.chain_columns(6 * mask.n, 40, 8) == 16
+    assert_close = torch.testing.assert_close
+    assert_close(diffusion.StabilisedSeries(mask, c.reshape(6, mask.n)).matmul(x), want, rtol=1e-14, atol=0)
+    monkeypatch.setattr(diffusion, "SCALED_CACHE_BYTES", 0)
+    assert_close(diffusion.StabilisedSeries(mask, c.reshape(6, mask.n)).matmul(x), want, rtol=1e-14, atol=0)
+    num, den = mask.attend(phi_q, torch.exp(z - c), v, key_log_scale=c)
+    monkeypatch.undo()
+    num0, den0 = mask.attend(phi_q, torch.exp(z - c), v, key_log_scale=c)
+    assert_close(num, num0, rtol=1e-14, atol=0)
+    assert_close(den, den0, rtol=1e-14, atol=0)
