@@ -66,13 +66,15 @@ def plot_history(histories: list[MechanismHistory], commits: list[str], claims: 
                  out_dir: Path, name: str = "asv_history.png") -> str | None:
     """Two panels per mechanism, x = commits in commit-date order (short hashes): its fitted
     exponent (asv track_exponent; grey guide: the class's exponent) and its fast path's time at
-    a fixed N (asv time_attention)."""
+    a fixed N (asv time_attention). Without any time_attention result (``make report`` records
+    only the exponents) one panel per mechanism: 23 empty time panels would say nothing."""
     if not histories or not commits:
         return None
-    shown = histories[: style.MAX_PANELS // 2]
-    fig, axes = style.grid(2 * len(shown), ncols=4, w=3.6, h=3.1)
+    per = 2 if has_times(histories) else 1
+    shown = histories[: style.MAX_PANELS // per]
+    fig, axes = style.grid(per * len(shown), ncols=4, w=3.6, h=3.1)
     for i, h in enumerate(shown):
-        ax_e, ax_t = axes[2 * i], axes[2 * i + 1]
+        ax_e, ax_t = axes[per * i], (axes[per * i + 1] if per == 2 else None)
         if h.exponent:
             values = _history_lines(ax_e, h.exponent, commits)
             claim = claims.get(h.mechanism)
@@ -85,6 +87,9 @@ def plot_history(histories: list[MechanismHistory], commits: list[str], claims: 
             style.no_data(ax_e, "no track_exponent results")
         ax_e.set_title(f"{h.mechanism}: fitted exponent", fontsize=9)
         ax_e.set_ylabel("exponent", fontsize=8)
+        if ax_t is None:
+            _commit_axis(ax_e, commits)
+            continue
         if h.time:
             _seconds_axis(ax_t, _history_lines(ax_t, h.time, commits))
         else:
@@ -97,6 +102,17 @@ def plot_history(histories: list[MechanismHistory], commits: list[str], claims: 
             if len(ax.get_legend_handles_labels()[0]) > 1:
                 style.legend_below(ax, fontsize=6)
     return style.save(fig, out_dir, name)
+
+
+def has_times(histories: list[MechanismHistory]) -> bool:
+    """Whether any mechanism has asv time_attention results (the figure's time panels).
+
+    >>> from reports.sections.history import has_times
+    >>> from reports.asv_history import MechanismHistory
+    >>> has_times([MechanismHistory("linear", "linear")])
+    False
+    """
+    return any(h.time for h in histories)
 
 
 def plot_track(series: dict[str, list[AsvSeries]], commits: list[str], out_dir: Path,
@@ -137,6 +153,7 @@ class HistoryView:
     track_figure: str | None
     track_benchmarks: list[str]
     mechanisms: int
+    times: bool = True  # any time_attention result (else the figure has exponent panels only)
 
 
 def _commit_dates(history: AsvHistory) -> dict[str, str]:
@@ -165,7 +182,8 @@ def history_view(history: AsvHistory | None, histories: list[MechanismHistory], 
     notes = [f"{h.mechanism}: time at N = {fmt.pow2_text(h.time_n)}, {h.time_note}"
              for h in histories if h.time_n is not None and not h.time_note.startswith("largest")]
     return HistoryView(history.results_dir, history.files, [(c[:8], dates.get(c, "")) for c in history.commits],
-                       rows, notes, history.errors, figure, track_figure, track_benchmarks, len(histories))
+                       rows, notes, history.errors, figure, track_figure, track_benchmarks, len(histories),
+                       has_times(histories))
 
 
 def draw(inputs: PageInputs, out_dir: Path, note: Callable[[str], None]) -> dict[str, Any]:

@@ -219,3 +219,20 @@ def test_the_summary_cites_the_sections_by_their_numbers():
     for sid, cited in (("crossover", "section 4"), ("memory", "section 5"), ("roofline", "section 7"),
                        ("verification", "Section 9"), ("numerics", "section 10")):
         assert cited in prose and cited.endswith(f" {number[sid]}"), (sid, cited, number[sid])
+
+
+def test_history_with_exponents_only_draws_one_panel_per_mechanism(tmp_path):
+    """make report records only asv's exponents: the figure then has no empty time panels, and
+    the caption says which command adds the times."""
+    from matplotlib import image
+
+    from reports.asv_history import Line, MechanismHistory
+    from reports.sections.history import has_times, plot_history
+
+    exp_only = [MechanismHistory(m, m, exponent=[Line("exponent", [1.0])]) for m in ("a", "b", "c", "d")]
+    with_time = [MechanismHistory(m, m, exponent=[Line("exponent", [1.0])], time=[Line("fast", [1e-3])], time_n=1024)
+                 for m in ("a", "b", "c", "d")]
+    assert not has_times(exp_only) and has_times(with_time)
+    one = image.imread(tmp_path / plot_history(exp_only, ["c1"], {}, tmp_path, "one.png"))
+    two = image.imread(tmp_path / plot_history(with_time, ["c1"], {}, tmp_path, "two.png"))
+    assert one.shape[0] < two.shape[0]  # 4 panels fill one row of 4; 8 panels need two rows
