@@ -480,7 +480,8 @@ class StabilisedSeries(MaskOperator):
     largest key a row reaches keeps its own units); the sum of a step's terms is taken at the level
     L = max_k l_k, term k weighted w_k exp(l_k - L) <= w_k; the next step starts from L, and r is the
     last step's L. The levels depend on c only: they are formed once here (O(s m S |E|)), the scaled
-    values at each product (O(S |E|) beside its O(S |E| c)). matmul(x) takes x (..., n, c) whose
+    products at the first product of the call (O(S |E|) each beside its O(S |E| c); kept while they fit
+    SCALED_CACHE_BYTES, else formed at each use). matmul(x) takes x (..., n, c) whose
     leading dims hold exactly the S slices (ValueError naming x otherwise), O(s m S (|E| + n) c),
     differentiable in x and lam; no rmatmul (the driver's backward differentiates matmul).
 
@@ -506,6 +507,7 @@ class StabilisedSeries(MaskOperator):
                                             output_size=self._col.numel())
         self._steps: list[list[torch.Tensor]] = []  # per step: the levels l_0..l_m (S, N)
         self._tops: list[torch.Tensor] = []  # per step: L (S, N)
+        self._index: dict = {}  # the block-diagonal index and the scaled products, built at first use
         if mask.terms == 0:  # M = I: M' = I (r = c)
             return
         # a term of weight 0 (lam = 0, or underflow) adds nothing: its level must not set the scale L of a row
@@ -524,7 +526,6 @@ class StabilisedSeries(MaskOperator):
                 self._steps.append(levels)
                 self._tops.append(top)
                 level = top
-        self._index: dict = {}
 
     def _block_index(self) -> tuple[torch.Tensor, torch.Tensor]:
         if "block" not in self._index:
@@ -578,10 +579,11 @@ class StabilisedSeries(MaskOperator):
         mask, dtype = self.mask, xf.dtype
         learn = isinstance(mask.lam, torch.Tensor) and mask.lam.requires_grad and torch.is_grad_enabled()
         w = mask._tensor_weights(mask.lam).to(device=x.device, dtype=dtype) if learn else mask._weights
-        plan = self._products(dtype, torch.is_grad_enabled() and (xf.requires_grad or learn))
+        transposes = torch.is_grad_enabled() and (xf.requires_grad or learn)  # CSRProduct's backward needs them
+        plan = self._products(dtype, transposes)
         c = xf.shape[1]
         width = chain_columns(xf.shape[0], c, xf.element_size()) if xf.device.type == "cpu" else c
-        if width < c and (dtype, torch.is_grad_enabled() and (xf.requires_grad or learn)) in self._index:
+        if width < c and (dtype, transposes) in self._index:  # blocks only reuse kept products
             parts = [self._series(xf[:, i:i + width], plan, w) for i in range(0, c, width)]
             return torch.cat(parts, 1).view(x.shape)
         return self._series(xf, plan, w).view(x.shape)
