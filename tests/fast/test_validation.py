@@ -146,3 +146,16 @@ def test_check_device_names_the_argument(bad, error):
     assert check_device("device", "cpu") == torch.device("cpu")
     with pytest.raises(error, match=r"^where must"):
         check_device("where", bad)
+
+
+def test_memory_limit_on_cuda_is_the_devices_memory(monkeypatch):
+    """On a CUDA device the limit is the device's total memory and the message says so (faked here)."""
+    import types
+
+    import fast.validation as fv
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=4096))
+    assert fv.memory_limit("cuda:0") == 4096
+    with pytest.raises(MemoryError, match=r"samples = 1000 asks for .* 7.81 KiB, more than the device's memory, 4 KiB"):
+        fv.check_allocation("samples = 1000", (1000, 2), torch.float32, "cuda:0")
