@@ -98,8 +98,9 @@ def _query_features(x: torch.Tensor, w_q: torch.Tensor, work: torch.dtype) -> to
 
 
 def _key_features(x: torch.Tensor, w_k: torch.Tensor, half: float, c: torch.Tensor) -> torch.Tensor:
-    """phi = exp(x W'^T - (n + c)) (l, n, m), x a block of keys (compute dtype), c (l, 1, 1)."""
-    return _projected(x, w_k).sub_(features.half_sq_norm(x, half) + c).exp_()
+    """phi = exp((x W'^T - n) - c) (l, n, m), x a block of keys (compute dtype), c (l, 1, 1); n then c,
+    as fast.features.favor_exponentials (n + c rounds at n's scale: inf features at huge keys)."""
+    return _projected(x, w_k).sub_(features.half_sq_norm(x, half)).sub_(c).exp_()
 
 
 def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
@@ -121,7 +122,7 @@ def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
         new = torch.maximum(old, features.slice_max(p.amax(-1, keepdim=True) - norms))  # NaN propagates too
         scale = torch.exp(old - new).to(work)  # 0 on a slice's first block (old = -inf)
         c[l0:l1] = new
-        phi = p.sub_(norms + new).exp_().to(work)
+        phi = p.sub_(norms).sub_(new).exp_().to(work)  # n then c: each exponent <= 0 (fast.features)
         s[l0:l1].mul_(scale).add_(_gram(phi, v3[l0:l1, a:b].to(work)))
         z[l0:l1].mul_(scale.squeeze(-1)).add_(phi.sum(-2))
         del x, p, phi  # before the next block's are allocated: one block alive at a time

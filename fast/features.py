@@ -145,7 +145,10 @@ def favor_exponentials(
     if key_stabilizer is None:
         rows = p.detach().amax(-1, keepdim=True) - n.detach()  # (..., N, 1)
         c = slice_max(rows) if row_stabilizer is None else row_stabilizer(rows)
-        return p.sub_(n + c).exp_(), c, n
+        # (p - n) - c, never p - (n + c): each fl(p_ij - n_i) <= fl(max_j p_ij - n_i) = rows_i <= c
+        # (the same rounded difference), so no exponent passes 0 where c bounds the rows. n + c
+        # rounds at n's scale (|x| ~ 1e10 in float32: n ~ 1e20, ulp ~ 1e13) and exp overflowed.
+        return p.sub_(n).sub_(c).exp_(), c, n
     z = p.sub_(n)
     c = key_stabilizer(z.detach()).detach()
     if _shares_memory(c, z):  # a stabiliser that returns a view of z: keep its values
