@@ -13,7 +13,10 @@ lambda and limits: docs/papers.md, fast.masks.diffusion.
 FAVOR+ keys are stabilised per key (fast.stabilizers.LocallyStabilised), as the other graph masks
 are: a row of M weighs nearby keys far more than distant ones, so one constant per (batch, head)
 slice lets the keys near a quiet query underflow in float32 (an isolated node sees only itself).
-The stabilised ``attend`` runs the same series on scaled products (``StabilisedSeries``).
+The stabilised ``attend`` runs the same series on scaled products (``StabilisedSeries``), about 1.35x
+the plain series; fast.favor_attention first takes ``attend_optimistic`` (the plain series, keys
+back at one constant per slice) and runs the stabilised one only when a denominator is too small to
+trust.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from fast.graphs import Graph, as_graph
 from fast.operator import MaskOperator
 from fast.segments import Segments, segment_max
 from fast.sparse import block_diagonal_index, csr_matmul, csr_matrix, index_dtype
-from fast.stabilizers import LocallyStabilised, plain_attend
+from fast.stabilizers import LocallyStabilised, plain_attend, stabilised_inputs
 from fast.scaling import times_pow2, value_shift
 from fast.validation import check_allocation, check_diffusion_time, check_positive_int, check_tokens, compute_dtype, finite_flag
 
@@ -234,7 +237,9 @@ class DiffusionMask(LocallyStabilised, MaskOperator):
 
     FAVOR+ keys get one constant each (``key_stabilizer``, fast.stabilizers); ``attend(phi_q, phi_k,
     v, key_log_scale=c)`` undoes them on scaled products (``StabilisedSeries``), so float32 refuses
-    only the rows float64 refuses.
+    only the rows float64 refuses. ``attend_optimistic`` (the driver's first route, fast.operator) runs
+    the plain series with the keys back at one constant per slice, and flags the call for
+    ``attend_exact`` (= attend) when a denominator is below what underflow could have changed.
 
     >>> import torch
     >>> from fast import DiffusionMask
@@ -258,6 +263,7 @@ class DiffusionMask(LocallyStabilised, MaskOperator):
             check_positive_int("steps", steps, "None (planned) or an int >= 1")
         self._fixed_steps = None if steps is None else int(steps)
         self.lam = _check_lam(lam)
+        self._row_gain = 1.0  # a bound on ||Bh^k||_inf over k (rows of Bh sum to 1 or less; random-walk below)
         self.graph: Graph = as_graph(graph)
         g = self.graph
         self.n = g.n
@@ -283,6 +289,9 @@ class DiffusionMask(LocallyStabilised, MaskOperator):
             values = g.weight * d_plus[g.col]  # (W D^+)_ij = w_ij / d_j
             values_t = g.weight * d_plus[g.row]  # (D^+ W)_ij = w_ij / d_i: same pattern, W is symmetric
             diag = iso.to(torch.float64)
+            # ||Bh^k||_inf <= d_max / d_min over the nodes with edges: Bh = D P D^-1 there, P = D^-1 W
+            # row-stochastic (an isolated node's row is its own 1); read by _trust_floor
+            self._row_gain = float(d.max() / d[~iso].min()) if bool((~iso).any()) else 1.0
         else:
             self.shift, self.beta = 0.0, d_max
             values = g.weight / d_max if d_max > 0 else g.weight
@@ -454,6 +463,41 @@ class DiffusionMask(LocallyStabilised, MaskOperator):
         detached key constants c (S, N): the true products times exp(-r_i) per query row
         (``StabilisedSeries``); gradients reach phi_q, phi_k, v and a learnable lam."""
         return plain_attend(StabilisedSeries(self, c), phi_q, phi_k, v)
+
+    def attend_optimistic(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                          key_log_scale: torch.Tensor) -> tuple[object, torch.Tensor | None]:
+        """((num, den), trusted) for fast.favor_attention without a host read (the contract's optimistic
+        attend, fast.operator): the keys brought back to one constant per (batch, head) slice, R = max_j
+        c_j (phi_k exp(c - R) <= phi_k), and the plain series (matmul; rmatmul in the backward), which
+        costs what it did before per-key constants (``StabilisedSeries`` costs about 1.35x). The result
+        is the true (num, den) times exp(-R). trusted (0-dim bool): every den_i is normal, finite and at
+        least ``_trust_floor``, so the keys that underflowed under R (and the series' own underflow) change
+        it by less than a unit of round-off; where it reads False the driver calls ``attend_exact`` (the
+        per-key series), which refuses only what float64 refuses. A subclass that overrides ``attend``
+        gets the contract's default."""
+        if type(self).attend is not LocallyStabilised.attend:
+            return super().attend_optimistic(phi_q, phi_k, v, key_log_scale)
+        phi_q, phi_k, v, c = stabilised_inputs(self.n, phi_q, phi_k, v, key_log_scale)
+        if c.shape[0] == 0:  # an empty batch: the exact route's zeros
+            return super().attend_optimistic(phi_q, phi_k, v, key_log_scale)
+        with torch.no_grad():
+            factor = torch.exp(c - c.amax(-1, keepdim=True)).reshape(*phi_k.shape[:-1], 1)  # <= 1, detached
+        num, den = plain_attend(self, phi_q, phi_k * factor, v)
+        with torch.no_grad():
+            low = den.detach()
+            trusted = ((low >= self._trust_floor(phi_q)) & (low >= torch.finfo(low.dtype).tiny)
+                       & (low <= torch.finfo(low.dtype).max)).all()  # NaN: False
+        return (num, den), trusted
+
+    def _trust_floor(self, phi_q: torch.Tensor) -> torch.Tensor:
+        """The least den_i (..., N) that the optimistic attend trusts: sum_a |phi_q_ia| G (P + s + 1) tiny / eps,
+        G = norm_bound * _row_gain >= ||g Bh^k||_inf, P + s + 1 operations of the series. Each key feature and
+        each vector of the series loses at most tiny (flushed) per entry to underflow, so den_i loses at most
+        sum_a |phi_q_ia| G (P + s + 1) tiny: at this floor, a relative eps (a unit of round-off). inf (never
+        trusted) where G is. O(N m)."""
+        info = torch.finfo(phi_q.dtype)
+        scale = self.norm_bound * self._row_gain * (self.products + self.steps + 1) * (info.tiny / info.eps)
+        return phi_q.detach().abs().sum(-1) * scale
 
     def _rmatmat(self, x: torch.Tensor) -> torch.Tensor:
         """exp(-lam T)^T @ x = exp(-lam T^T) x for x (..., n, c) (T^T = T except random-walk: D^-1 L)."""

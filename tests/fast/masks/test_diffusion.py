@@ -754,3 +754,88 @@ def test_stabilised_series_column_blocks_and_uncached_products_agree(monkeypatch
     num0, den0 = mask.attend(phi_q, torch.exp(z - c), v, key_log_scale=c)
     assert_close(num, num0, rtol=1e-14, atol=0)
     assert_close(den, den0, rtol=1e-14, atol=0)
+
+
+def _spy_on_stabilised_series(monkeypatch) -> list[int]:
+    """Count the StabilisedSeries built (the exact per-key route) from here on."""
+    import fast.masks.diffusion as diffusion
+
+    calls: list[int] = []
+    original = diffusion.StabilisedSeries
+
+    class Spy(original):
+        def __init__(self, *args, **kwargs):
+            calls.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(diffusion, "StabilisedSeries", Spy)
+    return calls
+
+
+@pytest.mark.parametrize("graph", ["mixed", "isolated64"])
+def test_ordinary_inputs_take_the_optimistic_route_and_extreme_ones_the_exact(graph, monkeypatch):
+    """favor_attention with DiffusionMask runs the plain series (one constant per slice) on ordinary
+    inputs: q, k of std 1 build no StabilisedSeries, forward or backward, and give the exact route's
+    result and gradients (float64, to round-off). At std 8 (the draws of the float32 test above) the
+    optimistic denominators are not trusted and the exact per-key series runs."""
+    from fast import DenominatorError, favor_attention
+    from fast.operator import MaskOperator
+
+    adj = isolated_loops_components() if graph == "mixed" else _isolated64()
+    n = adj.shape[0]
+    calls = _spy_on_stabilised_series(monkeypatch)
+    exact_routes = 0
+    for kind in KINDS:
+        mask = DiffusionMask(adj, 1.0, kind)
+        for seed in range(3):
+            g = torch.Generator().manual_seed(seed)
+            q, k = (torch.randn(n, 16, generator=g, dtype=torch.float64) for _ in range(2))
+            v, w = torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(16, 16, generator=g, dtype=torch.float64)
+            for dtype in (torch.float32, torch.float64):
+                favor_attention(q.to(dtype), k.to(dtype), v.to(dtype), w.to(dtype), mask)
+            inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            out = favor_attention(*inputs, w, mask)
+            grads = torch.autograd.grad((out * out).sum(), inputs)
+            assert not calls, (kind, seed)
+            with monkeypatch.context() as patch:  # the exact route, forced
+                patch.setattr(DiffusionMask, "attend_optimistic", MaskOperator.attend_optimistic)
+                ref_inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+                ref = favor_attention(*ref_inputs, w, mask)
+                ref_grads = torch.autograd.grad((ref * ref).sum(), ref_inputs)
+            assert calls
+            calls.clear()
+            torch.testing.assert_close(out, ref, rtol=1e-10, atol=0)
+            for a, b in zip(grads, ref_grads):
+                torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-12 * float(b.abs().max()))
+            g = torch.Generator().manual_seed(seed)
+            q, k = (8 * torch.randn(n, 16, generator=g, dtype=torch.float32) for _ in range(2))
+            try:
+                favor_attention(q, k, v.float(), w.float(), mask)
+            except DenominatorError:
+                pass
+            exact_routes += bool(calls)
+            calls.clear()
+    # with one constant per slice an isolated node's own key underflows at std 8 (test above)
+    assert exact_routes >= (9 if graph == "isolated64" else 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_optimistic_attend_gradcheck(kind):
+    """Gradients of the optimistic attend (the plain series on keys brought to one constant per slice)
+    reach phi_q, phi_k, v and a learnable lam (gradcheck), and it is trusted on these inputs."""
+    from tests.fast.masks.test_grf import stabilised_inputs
+
+    adj = isolated_loops_components()
+    z, phi_q, v = stabilised_inputs(adj.shape[0], (2,), m=2, d=2, spread=3.0, seed=7)
+    c = z.amax(-1, keepdim=True)
+    phi_k = torch.exp(z - c)
+    lam = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
+    inputs = (phi_q.requires_grad_(True), phi_k.requires_grad_(True), v.requires_grad_(True))
+    (_, trusted) = DiffusionMask(adj, lam, kind, tol=1e-12).attend_optimistic(*inputs, c)
+    assert bool(trusted)
+
+    def f(pq, pk, vv, ll):
+        return DiffusionMask(adj, ll, kind, tol=1e-12).attend_optimistic(pq, pk, vv, c)[0]
+
+    assert torch.autograd.gradcheck(f, (*inputs, lam))
+    assert torch.autograd.gradcheck(lambda pq, pk, vv: f(pq, pk, vv, 0.6), inputs)
