@@ -403,7 +403,7 @@ def gradient_inputs(op: MaskOperator, like: torch.Tensor) -> tuple[list[torch.Te
     probes, walks = [], []
     for _ in range(2):
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_discard, _unreachable):
-            probe = op.matmul(like[..., :1].detach())
+            probe = op.matmul_unscaled(like[..., :1].detach())
         if not probe.requires_grad:
             return kept, False
         probes.append(probe)  # alive until both walks are done: node ids are not reused
@@ -435,7 +435,7 @@ class _MaskedProducts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, phi_q, phi_k, v, op, fpb, retain, *params):
-        matmul = op.matmul
+        matmul = op.matmul_unscaled
         den = (phi_q * matmul(phi_k)).sum(-1)
         num = blocked_numerator(phi_q, phi_k, v, matmul, fpb)
         ctx.save_for_backward(phi_q, phi_k, v)
@@ -459,7 +459,7 @@ class _MaskedProducts(torch.autograd.Function):
                         None, None, None, *[None] * len(params))
         if not create:
             phi_q, phi_k, v = _leaf(phi_q, need_q), _leaf(phi_k, need_k), _leaf(v, need_v)
-        matmul = op.matmul
+        matmul = op.matmul_unscaled
         m = phi_k.shape[-1]
         grad_p: list = [None] * len(params)
         wanted_p = [p for p, need in zip(params, need_p) if need]
@@ -518,21 +518,21 @@ def _adjoint_backward(phi_q, phi_k, v, g_num, g_den, op, fpb: int, need_q: bool,
     m, d = phi_k.shape[-1], v.shape[-1]
     gq = gk = gv = None
     if need_q:
-        gq = g_den.unsqueeze(-1) * op.matmul(phi_k)
+        gq = g_den.unsqueeze(-1) * op.matmul_unscaled(phi_k)
     if need_k:
-        gk = op.rmatmul(g_den.unsqueeze(-1) * phi_q)
+        gk = op.rmatmul_unscaled(g_den.unsqueeze(-1) * phi_q)
     gq_blocks, gk_blocks = [], []
     for a in range(0, m, fpb):
         b = min(m, a + fpb)
         pq_b, pk_b = phi_q[..., a:b], phi_k[..., a:b]
         if need_q:
             cols = (pk_b[..., None] * v[..., None, :]).flatten(-2)
-            mixed = op.matmul(cols).unflatten(-1, (b - a, d))
+            mixed = op.matmul_unscaled(cols).unflatten(-1, (b - a, d))
             del cols
             gq_blocks.append(torch.einsum("...nd,...nkd->...nk", g_num, mixed))
             del mixed
         if need_k or need_v:
-            h = op.rmatmul((pq_b[..., None] * g_num[..., None, :]).flatten(-2))
+            h = op.rmatmul_unscaled((pq_b[..., None] * g_num[..., None, :]).flatten(-2))
             h = h.unflatten(-1, (b - a, d))
             if need_k:
                 gk_blocks.append(torch.einsum("...nkd,...nd->...nk", h, v))

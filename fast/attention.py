@@ -374,12 +374,12 @@ def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: MaskOperator | No
         if op is None:
             scale = (apq @ (apk if apk is not None else pk.abs()).sum(dim=-2).unsqueeze(-1)).squeeze(-1)
         elif mask_nonnegative:
-            scale = (apq * op.matmul(pk.abs())).sum(-1)
+            scale = (apq * op.matmul_unscaled(pk.abs())).sum(-1)
         elif op.has_abs_matmul:
             apk = apk if apk is not None else pk.abs()
             scale = (apq * op.abs_matmul(apk)).sum(-1)
         else:  # sign unknown, no entrywise bound: cancellation in the final contraction only (docs/papers.md)
-            scale = (apq * op.matmul(pk).abs()).sum(-1)
+            scale = (apq * op.matmul_unscaled(pk).abs()).sum(-1)
         u = torch.finfo(pk.dtype).eps / 2
         floor = (8.0 * u * math.sqrt(pk.shape[-2] * pk.shape[-1])) * scale
         return floor if extra is None else floor + extra
@@ -394,7 +394,7 @@ def _no_key_rows(op: MaskOperator | None, phi_k: torch.Tensor) -> torch.Tensor |
     with torch.no_grad():
         ones = torch.ones_like(phi_k[..., :1]).detach()  # (..., N, 1)
         if op.nonnegative:
-            sums = op.matmul(ones)
+            sums = op.matmul_unscaled(ones)
         elif op.has_abs_matmul:
             sums = op.abs_matmul(ones)
         else:

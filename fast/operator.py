@@ -11,9 +11,13 @@ optional capability declared here with its default, read by the drivers as an at
 capability                meaning                                                         default
 ========================  ==============================================================  ============
 ``matmul(x)``             M @ x, x (..., N, c) -> (..., N, c), sub-quadratic in N          required
-                          (subclass: ``_matmat``)
+                          (subclass: ``_matmat``); entries an inner sum overflowed are
+                          redone on x 2^-s (one output pass and host read).
+                          ``matmul_unscaled``: the same product unchecked, for the
+                          drivers, which rescale v themselves
 ``rmatmul(x)``            M^T @ x (subclass: ``_rmatmat``); ``has_rmatmul`` says whether   absent
-                          it exists. With it (and no parameter requiring grad) the
+                          it exists (``rmatmul_unscaled``: unchecked, as above). With it
+                          (and no parameter requiring grad) the
                           generic path's backward is two plain passes per block
                           (fast.algebra); symmetric masks: ``SymmetricMaskOperator``
 ``abs_matmul(x)``         B @ x for some B >= |M| entrywise (subclass: ``_abs_matmat``,   absent
@@ -52,7 +56,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from fast.validation import check_tokens
+from fast.scaling import times_pow2, value_shift
+from fast.validation import check_tokens, finite_flag
 
 __all__ = ["MaskOperator", "SymmetricMaskOperator", "OperatorAdapter", "as_operator", "default_key_stabilizer",
            "default_parameters"]
@@ -129,6 +134,45 @@ def _broadcasts_to(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
     if len(src) > len(dst):
         return False
     return all(s in (1, t) for s, t in zip(reversed(src), reversed(dst)))
+
+
+class _PairedPow2(torch.autograd.Function):
+    """x 2^e forward, the gradient passed unchanged: for the pair x -> M (x 2^-s) 2^s around a linear
+    M, whose derivative is M's own (the true factors 2^s and 2^-s would overflow the gradient on the
+    way where M^T g does not)."""
+
+    @staticmethod
+    def forward(ctx, x, e):
+        return times_pow2(x, e)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _without_overflow(x: torch.Tensor, y: torch.Tensor, product: Callable[[torch.Tensor], torch.Tensor],
+                      parameters: Callable[[], Iterable[torch.Tensor]]) -> torch.Tensor:
+    """y = product(x), with its non-finite entries computed again as 2^s product(x 2^-s) when x is
+    finite (s per leading slice and column of x: its largest |entry| scaled into [0.5, 1),
+    fast.scaling.value_shift). The entries y has finite met no overflow (an inf intermediate
+    leaves inf or NaN in every sum it reaches) and are kept as they are: the rescaled product would
+    round x's entries far below its largest into subnormals. Half precisions take s in float32
+    and the product in their own dtype. Gradients: M^T g for x when no parameter of M requires
+    grad; otherwise the true factors (exact, but 2^s g may overflow on the way). One read pass
+    (a sum: NaN or inf in any entry makes it NaN or inf; a third of aminmax's time on CPU) and one
+    host read; finite_flag and the redo only on the rare path."""
+    with torch.no_grad():
+        if bool(torch.isfinite(y.sum())):  # the one host read
+            return y
+        if bool(finite_flag(y)) or not bool(finite_flag(x)):  # the sum itself overflowed; or x is not finite
+            return y
+    wide = x if x.dtype in (torch.float32, torch.float64) else x.float()  # pow2's dtypes
+    shift = value_shift(wide)
+    paired = not (torch.is_grad_enabled() and any(p.requires_grad for p in parameters()))
+    scale = _PairedPow2.apply if paired else times_pow2
+    redo = product(scale(wide, -shift).to(x.dtype))
+    redo = scale(redo.to(wide.dtype), shift).to(y.dtype)
+    return torch.where(torch.isfinite(y), y, redo)
 
 
 class MaskOperator(abc.ABC):
@@ -213,19 +257,57 @@ class MaskOperator(abc.ABC):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., N, c) -> (..., N, c), x's leading dims broadcast against the mask's.
 
-        Computed in x's dtype, with no host read: sums inside the product (an FFT's, a series'
-        powers, a GEMM's partial sums) can overflow for x within a factor of about N of the
-        dtype's maximum where M @ x is finite. The attention drivers redo such a call on x 2^-s
-        (fast.scaling, exact); a direct caller with values that large scales x itself.
+        Computed in x's dtype and exact where M @ x is finite: sums inside the product (an FFT's,
+        a series' powers, a GEMM's partial sums) can overflow for x within a factor of about N of
+        the dtype's maximum where M @ x does not, and then the entries that came back inf or NaN
+        are computed again on x 2^-s and multiplied back by 2^s (fast.scaling: exact in floating
+        point; only entries whose true value overflows stay inf). The check is one read pass over
+        the output and one host read (a device sync on CUDA); the redo, a second product, runs
+        only for finite x whose product is not. The attention drivers call ``matmul_unscaled``
+        and rescale v themselves; call it too where a sync per product matters and |x| is far
+        below the maximum.
 
         Raises TypeError / ValueError naming ``mask.matmul(x)`` for an input that is not a
         floating (..., N, c) tensor, or an output of the wrong type, shape or device."""
         self._check_input("matmul", x)
-        return self._checked("matmul", x, self._matmat(x))
+        return _without_overflow(x, self._checked("matmul", x, self._matmat(x)),
+                                 lambda scaled: self._checked("matmul", scaled, self._matmat(scaled)),
+                                 self.parameters)
 
     def rmatmul(self, x: torch.Tensor) -> torch.Tensor:
         """M^T @ x for x (..., N, c) -> (..., N, c); NotImplementedError when ``has_rmatmul`` is False.
-        Checked as ``matmul``."""
+        Checked, and redone on x 2^-s where it overflows, as ``matmul``."""
+        self._check_input("rmatmul", x)
+        return _without_overflow(x, self._checked("rmatmul", x, self._rmatmat(x)),
+                                 lambda scaled: self._checked("rmatmul", scaled, self._rmatmat(scaled)),
+                                 self.parameters)
+
+    def matmul_unscaled(self, x: torch.Tensor) -> torch.Tensor:
+        """M @ x as ``matmul`` but with no overflow check (no pass over the output, no host read):
+        an intermediate sum that overflows leaves inf or NaN in the result. For callers that
+        detect and rescale overflow themselves (the attention drivers and their backward,
+        fast.algebra: one host read per call for all their products). Errors as ``matmul``.
+
+        >>> import torch
+        >>> from fast import DenseMask
+        >>> op, x = DenseMask(torch.ones(3, 3)), torch.tensor([[2e38], [2e38], [-2e38]])   # M @ x = 2e38
+        >>> op.matmul_unscaled(x).flatten().tolist(), op.matmul(x).flatten().tolist() == [x[0].item()] * 3
+        ([inf, inf, inf], True)
+
+        A subclass (or instance) that overrides ``matmul`` itself, rather than ``_matmat``, is
+        called through its override here too, so that the drivers compute with the product it
+        defines.
+        """
+        if getattr(self.matmul, "__func__", None) is not _BASE_MATMUL:
+            return self.matmul(x)
+        self._check_input("matmul", x)
+        return self._checked("matmul", x, self._matmat(x))
+
+    def rmatmul_unscaled(self, x: torch.Tensor) -> torch.Tensor:
+        """M^T @ x as ``rmatmul`` but with no overflow check (``matmul_unscaled``; an override of
+        ``rmatmul`` is called through as there)."""
+        if getattr(self.rmatmul, "__func__", None) is not _BASE_RMATMUL:
+            return self.rmatmul(x)
         self._check_input("rmatmul", x)
         return self._checked("rmatmul", x, self._rmatmat(x))
 
@@ -313,6 +395,8 @@ class MaskOperator(abc.ABC):
 
 #: The base key_stabilizer as defined at import: one patched in later is called on z like any other.
 _DEFAULT_KEY_STABILIZER = MaskOperator.key_stabilizer
+#: The checked public products as defined at import: matmul_unscaled calls an override of them.
+_BASE_MATMUL, _BASE_RMATMUL = MaskOperator.matmul, MaskOperator.rmatmul
 
 
 class SymmetricMaskOperator(MaskOperator):

@@ -53,11 +53,12 @@ def unit_rows(shape, g: torch.Generator, dtype=torch.float64, norm: float = 1.0)
 
 class GenericMask:
     """Exposes only ``n`` and ``matmul`` of a mask operator, so the driver takes its generic
-    column-block path instead of a specialised ``attend``."""
+    column-block path instead of a specialised ``attend``. Its matmul is the mask's unchecked
+    product (``matmul_unscaled``), as a user's own operator would be: no host read of its own."""
 
     def __init__(self, mask):
         self.n = mask.n
-        self._matmul = mask.matmul
+        self._matmul = mask.matmul_unscaled
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self._matmul(x)

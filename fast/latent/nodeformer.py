@@ -763,7 +763,7 @@ def _bias(v: torch.Tensor, g: Graph, b, order: int,
     vw = v.to(work)
     out = None
     for r, op in enumerate(_bias_operators(g, order, normalize)):
-        term = gates[r] * op.matmul(vw)
+        term = gates[r] * op.matmul_unscaled(vw)  # its own overflow check: _check_bias_flags
         out = term if out is None else out + term
     return out.to(v.dtype), b_flag
 

@@ -665,9 +665,9 @@ def expm_action(graph, x: torch.Tensor, lam: float | torch.Tensor, kind: str = "
     (True, (3, 1))
     """
     op = DiffusionMask(graph, lam, kind, tol)
-    out = op.matmul(x)
+    out = op.matmul_unscaled(x)  # one host read: the check below
     if not bool(finite_flag(out)) and bool(finite_flag(x)):  # the series' sums overflowed: exact rescale
         work = x.to(compute_dtype(x.dtype))
         shift = value_shift(work)
-        out = times_pow2(op.matmul(times_pow2(work, -shift)), shift).to(x.dtype)
+        out = times_pow2(op.matmul_unscaled(times_pow2(work, -shift)), shift).to(x.dtype)
     return out
