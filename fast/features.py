@@ -245,8 +245,9 @@ class FavorPlus(_Projected):
     def exponentials(self, x: torch.Tensor, is_query: bool = False, key_stabilizer=None) -> torch.Tensor:
         """sqrt(m) phi(x) = exp(W x - |x|^2/2 - c): the features without their 1/sqrt(m), (..., N, d) -> (..., N, m).
 
-        Stabilised, the largest entry of each query row is exactly 1, and that of each key slice
-        (or of the keys sharing one constant of ``key_stabilizer``) is 1 up to round-off.
+        Stabilised, the largest entry of each query row and of each key slice is exactly 1, every
+        entry at most 1 (keys of any finite |x|^2 / 2 included); that of the keys sharing one
+        constant of ``key_stabilizer`` is 1 up to round-off.
         fast.favor_attention uses these: the factor 1/sqrt(m) cancels in attention's ratio, and
         without it the denominator is measured against the largest features (its guard refuses a
         den below float's normal range). One GEMM and about one elementwise pass (``favor_exponentials``).
