@@ -257,15 +257,17 @@ class MaskOperator(abc.ABC):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x for x (..., N, c) -> (..., N, c), x's leading dims broadcast against the mask's.
 
-        Computed in x's dtype and exact where M @ x is finite: sums inside the product (an FFT's,
+        Computed in x's dtype, and finite wherever M @ x is: sums inside the product (an FFT's,
         a series' powers, a GEMM's partial sums) can overflow for x within a factor of about N of
         the dtype's maximum where M @ x does not, and then the entries that came back inf or NaN
         are computed again on x 2^-s and multiplied back by 2^s (fast.scaling: exact in floating
-        point; only entries whose true value overflows stay inf). The check is one read pass over
-        the output and one host read (a device sync on CUDA); the redo, a second product, runs
-        only for finite x whose product is not. The attention drivers call ``matmul_unscaled``
-        and rescale v themselves; call it too where a sync per product matters and |x| is far
-        below the maximum.
+        point; only entries whose true value overflows stay inf); the others are returned as
+        computed. Gradients are the product's (x's: M^T g; with a parameter of M requiring grad
+        the factors 2^-s, 2^s stay in the graph, and its backward overflows where g 2^s does).
+        The check is one read pass over the output and one host read (a device sync on CUDA);
+        the redo, a second product, runs only for finite x whose product is not. The attention
+        drivers call ``matmul_unscaled`` and rescale v themselves; call it too where a sync per
+        product matters and |x| is far below the maximum.
 
         Raises TypeError / ValueError naming ``mask.matmul(x)`` for an input that is not a
         floating (..., N, c) tensor, or an output of the wrong type, shape or device."""

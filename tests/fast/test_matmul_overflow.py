@@ -173,3 +173,16 @@ def test_an_override_of_matmul_is_what_the_drivers_compute_with():
     op.rmatmul = lambda y: 3 * (m.T @ y)
     assert torch.equal(op.rmatmul_unscaled(x), 3 * (m.T @ x))
     assert torch.equal(fast.DenseMask(m).rmatmul_unscaled(x), m.T @ x)
+
+
+def test_a_learnable_mask_gets_its_gradient_through_the_redo():
+    """With a parameter requiring grad the factors 2^-s, 2^s stay in the graph: d(sum M x)/dM = 1 x^T
+    exactly (powers of two), here where g 2^s fits float64."""
+    m = torch.full((3, 3), 1e5, dtype=torch.float64, requires_grad=True)
+    x = torch.tensor([[1e303], [1e303], [-1e303]], dtype=torch.float64)
+    op = fast.DenseMask(m)
+    assert not torch.isfinite(op.matmul_unscaled(x)).all()
+    out = op.matmul(x)
+    assert torch.isfinite(out).all() and out[0, 0].item() == pytest.approx(1e308, rel=1e-12)
+    out.sum().backward()
+    assert torch.equal(m.grad, torch.ones(3, 1, dtype=torch.float64) @ x.T)
