@@ -36,10 +36,12 @@ from verify.registry import COST_FACTOR_CLASSES, EQUIVALENCE_BATCH
 IDS = ("gdk", "rwgnk", "power-series", "grf", "grf-asym")
 RANDOM = ("rwgnk", "grf", "grf-asym")
 DEFAULT = {"gdk": "path", "rwgnk": "path", "power-series": "grid-2d", "grf": "grid-2d", "grf-asym": "path"}
-OPTIONS = {"gdk": ["random-walk", "adjacency", "update", "learnable"], "rwgnk": ["alpha-1", "fixed-length"],
-           "power-series": ["update", "learnable"],
-           "grf": ["karate", "shared-ensemble", "antithetic", "repelling", "update", "learnable"],
-           "grf-asym": ["update", "learnable"]}
+# every graph record ends with "backward" (equivalence-only: gradient, matmul and rmatmul vs the dense mask)
+OPTIONS = {"gdk": ["random-walk", "adjacency", "update", "learnable", "backward"],
+           "rwgnk": ["alpha-1", "fixed-length", "backward"],
+           "power-series": ["update", "learnable", "backward"],
+           "grf": ["karate", "shared-ensemble", "antithetic", "repelling", "update", "learnable", "backward"],
+           "grf-asym": ["update", "learnable", "backward"]}
 PARAMS = {"gdk": ("lam",), "rwgnk": (), "power-series": ("alpha",), "grf": ("f",), "grf-asym": ("alpha",)}
 
 
@@ -83,7 +85,7 @@ def test_variants_are_the_graph_families_default_first():
         assert rest == (OPTIONS[mech_id] if mech_id == "grf" else ["karate", *OPTIONS[mech_id]])
         for v in mech.all_variants:
             assert v.title
-            assert v.protocol == (v.name if v.name in ("update", "learnable") else "plain")
+            assert v.protocol == (v.name if v.name in ("update", "learnable", "backward") else "plain")
             if v.name in M.GRAPH_FAMILIES:
                 assert dict(v.params) == {"graph": v.name}
 

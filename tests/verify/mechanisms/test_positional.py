@@ -154,13 +154,14 @@ def test_variants_and_protocols_declared():
         "toeplitz-1d": ["default", "from-log-coefficients", "causal-function", "update", "learnable"],
         "block-toeplitz": ["default", "cls-token", "grid-3d", "chunked", "from-log-table", "update", "learnable"],
         "low-rank": ["default", "learnable"],
-        "hypercube-gdk": ["default", "update", "learnable"],
+        "hypercube-gdk": ["default", "update", "learnable", "backward"],
     }
     for m in POSITIONAL:
         mech = get(m)
         assert mech.default_variant.sweep and not any(v.sweep for v in mech.all_variants[1:])  # same cost class
-        assert all(v.protocol == v.name for v in mech.all_variants if v.name in ("update", "learnable"))
-        assert all(v.protocol == "plain" for v in mech.all_variants if v.name not in ("update", "learnable"))
+        assert all(v.protocol == v.name for v in mech.all_variants if v.name in ("update", "learnable", "backward"))
+        assert all(v.protocol == "plain" for v in mech.all_variants
+                   if v.name not in ("update", "learnable", "backward"))
     assert [get(m).mask_params for m in POSITIONAL] == [("coeffs",), ("table",), ("encodings", "rpe_projection"),
                                                          ("lam",)]
 
