@@ -30,7 +30,9 @@ What is timed (a PerfCase), documented once here:
   (``Mechanism.fast_mask`` of the registry's problem at N, e.g. packing's segment ids), except
   causal, which times ``fast.CausalMask(N)`` with its default chunk.
 - mask products: ``mask.matmul(x)`` for x of shape (N, c) = (N, 64), float32, with the operator
-  of ``Mechanism.fast_mask`` on the registry's problem at N.
+  of ``Mechanism.fast_mask`` on the registry's problem at N: the public product a user calls, its
+  overflow check included (one pass over the output and a host read; the attention drivers call
+  ``matmul_unscaled`` instead).
 
 FLOP counts, per (batch, head) slice (``linear_attention_flops``): phi(Q) and phi(K) each
 2 N d m (the projection GEMM) + N (3 d + 4 m + 1) elementwise (scale by d^-1/4, |x|^2 / 2, the
