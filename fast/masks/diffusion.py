@@ -13,10 +13,10 @@ lambda and limits: docs/papers.md, fast.masks.diffusion.
 FAVOR+ keys are stabilised per key (fast.stabilizers.LocallyStabilised), as the other graph masks
 are: a row of M weighs nearby keys far more than distant ones, so one constant per (batch, head)
 slice lets the keys near a quiet query underflow in float32 (an isolated node sees only itself).
-The stabilised ``attend`` runs the same series on scaled products (``StabilisedSeries``), about 1.35x
-the plain series; fast.favor_attention first takes ``attend_optimistic`` (the plain series, keys
-back at one constant per slice) and runs the stabilised one only when a denominator is too small to
-trust.
+The stabilised ``attend`` runs the same series on scaled products (``StabilisedSeries``: it forms
+them at each call and has no rmatmul, so it costs more than the plain series, training most);
+fast.favor_attention first takes ``attend_optimistic`` (the plain series, keys back at one constant
+per slice) and runs the stabilised one only when a denominator is too small to trust.
 """
 from __future__ import annotations
 
@@ -469,7 +469,7 @@ class DiffusionMask(LocallyStabilised, MaskOperator):
         """((num, den), trusted) for fast.favor_attention without a host read (the contract's optimistic
         attend, fast.operator): the keys brought back to one constant per (batch, head) slice, R = max_j
         c_j (phi_k exp(c - R) <= phi_k), and the plain series (matmul; rmatmul in the backward), which
-        costs what it did before per-key constants (``StabilisedSeries`` costs about 1.35x). The result
+        costs what it did before per-key constants (less than ``StabilisedSeries``). The result
         is the true (num, den) times exp(-R). trusted (0-dim bool): every den_i is normal, finite and at
         least ``_trust_floor``, so the keys that underflowed under R (and the series' own underflow) change
         it by less than a unit of round-off; where it reads False the driver calls ``attend_exact`` (the
