@@ -125,12 +125,15 @@ def collect(opts: Options) -> Results:
         with _stage("training", secs, load, 1):
             res.training = _guard("training", errors, lambda: stages.training_stage(
                 opts.quick, opts.progress, status))
-    for name, skip, run in (("peers", opts.skip_peers, lambda: stages.peers_stage(opts.device, opts.quick, status)),
-                            ("history", opts.skip_history, lambda: stages.history_stage(status))):
+    from measure.suites import HISTORY_THREADS, PEER_THREADS
+
+    for name, skip, threads, run in (
+            ("peers", opts.skip_peers, PEER_THREADS, lambda: stages.peers_stage(opts.device, opts.quick, status)),
+            ("history", opts.skip_history, HISTORY_THREADS, lambda: stages.history_stage(status))):
         if opts.only and not skip:
             status(f"{name} skipped: --only restricts the run to some mechanisms")
         elif not skip:
-            with _stage(name, secs, load, 1):
+            with _stage(name, secs, load, threads):
                 note = _guard(name, errors, run)
             if note:
                 res.environment[f"{name}_run"] = note

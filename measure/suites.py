@@ -36,6 +36,10 @@ from typing import Callable
 #: interval needs rounds, not long ones.
 PEER_MAX_TIME_S = 0.1
 PEER_MIN_ROUNDS = 5
+#: Torch threads of the peer run (the suite's default, passed explicitly so the load log can
+#: subtract them) and of asv's exponent sweeps (asv_bench pins one).
+PEER_THREADS = 2
+HISTORY_THREADS = 1
 #: Widths d of the report's peer run in quick mode (the suite's quick CPU grid has d in {16, 64}:
 #: 70 s on 2 cores; one width halves it). Full mode runs the quick grid whole.
 QUICK_PEER_D = "64"
@@ -114,7 +118,7 @@ def run_peers(device: str = "cpu", status: Status = lambda msg: None, root: Path
         return SuiteRun(False, 0.0, command, None, "no benchmarks/ folder beside the installed package")
     (root / PEERS_JSON).parent.mkdir(parents=True, exist_ok=True)
     pytest_argv = [sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
-                   "--benchmark-enable", "--quick", "--device", str(device),
+                   "--benchmark-enable", "--quick", "--device", str(device), "--threads", str(PEER_THREADS),
                    f"--benchmark-max-time={PEER_MAX_TIME_S}", f"--benchmark-min-rounds={PEER_MIN_ROUNDS}",
                    "--benchmark-json", str(PEERS_JSON)] + (["--bench-d", QUICK_PEER_D] if quick else [])
     summary_argv = [sys.executable, "benchmarks/summary.py", str(PEERS_JSON), "--out", str(PEERS_SUMMARY)]

@@ -64,6 +64,7 @@ def test_peers_runs_the_quick_grid_then_the_summary(monkeypatch, root):
     pytest_argv, summary_argv = fake.calls
     assert {"--quick", "--benchmark-enable", "--device"} <= set(pytest_argv)
     assert pytest_argv[pytest_argv.index("--device") + 1] == "cpu"
+    assert pytest_argv[pytest_argv.index("--threads") + 1] == str(suites.PEER_THREADS)
     assert summary_argv[-2:] == ["--out", str(suites.PEERS_SUMMARY)]
     assert (root / suites.PEERS_SUMMARY).is_file() and "--bench-d" not in pytest_argv
     suites.run_peers("cpu", root=root, quick=True)
