@@ -362,6 +362,33 @@ class Sweep:
         return replace(self, seconds=[float(x) for x in mins], all_rounds=table.tolist(), clock="cpu",
                        summary=CLOCKS["cpu"])
 
+    def at_sizes(self, sizes) -> "Sweep":
+        """This sweep restricted to ``sizes`` (each one of its sizes, kept in the sweep's order):
+        every per-point field (seconds, rounds, CPU and wait rounds, cost factors, metrics) sliced
+        alike. ValueError naming a size the sweep lacks.
+
+        >>> from measure.timing import Sweep
+        >>> s = Sweep("m", "fast", "cpu", "float32", 1, [1, 2, 4], [1.0, 2.0, 4.0], 1, [[1.0, 2.0, 4.0]])
+        >>> s.at_sizes([4, 1]).sizes, s.at_sizes([4, 1]).all_rounds
+        ([1, 4], [[1.0, 4.0]])
+        """
+        want = {int(n) for n in sizes}
+        missing = sorted(want - set(self.sizes))
+        if missing:
+            raise ValueError(f"sizes {missing} are not among the sweep's {self.sizes}")
+        keep = [i for i, n in enumerate(self.sizes) if n in want]
+
+        def cols(rows):
+            return None if rows is None else [[row[i] for i in keep] for row in rows]
+
+        return replace(self, sizes=[self.sizes[i] for i in keep], seconds=[self.seconds[i] for i in keep],
+                       all_rounds=cols(self.all_rounds) or [], cpu_rounds=cols(self.cpu_rounds),
+                       wait_rounds=cols(self.wait_rounds),
+                       cost_factors=None if self.cost_factors is None else [self.cost_factors[i] for i in keep],
+                       metrics={k: [v[i] for i in keep] for k, v in self.metrics.items()},
+                       error=self.error if self.error_n is None or self.error_n in want else None,
+                       error_n=self.error_n if self.error_n in want else None)
+
     def fitted(self) -> list[bool]:
         """Which points the fit uses (``fit_points``)."""
         return fit_times(self.sizes, self.seconds)[0]

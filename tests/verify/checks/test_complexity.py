@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from measure.timing import Sweep
+from measure.timing import Sweep, fit_times
 from results.check import Context
 from verify.checks import complexity as C
 from verify.mechanisms import get, mechanisms
@@ -454,3 +454,31 @@ def test_inconclusive_is_counted_printed_and_not_a_pass(monkeypatch, capsys):
         monkeypatch.setattr(cli, "run_checks", lambda results=results, **kw: results)
         assert cli.main(["--quick", "--no-progress"]) == code
     capsys.readouterr()
+
+
+def test_a_covering_full_sweep_is_judged_on_the_check_grid(monkeypatch):
+    """measure's full sweep covers the quick grid: the quick check reuses its measurements (no new
+    sweep) but judges them at the quick grid's sizes only, as python -m verify --quick would. The
+    full grid here bends above 2^14 (a cache step: 3x per octave) as difformer's did on a quiet
+    machine; judged on the full grid that reads as super-linear, on the quick grid it passes."""
+    from measure.timing import sweep_key
+
+    mech = get("difformer")
+
+    def bent(n):  # linear, then 3x per doubling above 2^14 (out of cache)
+        return 1e-7 * n * (1.5 ** max(0, math.log2(n / 2**14)))
+
+    def full(impl, model):
+        sizes = list(mech.sizes(impl, False))
+        secs = [model(n) for n in sizes]
+        return Sweep(mech.id, impl, "cpu", "float32", 1, sizes, secs, 5, all_rounds=[secs] * 5,
+                     variant=mech.default_variant.name, seed=0)
+
+    ctx = Context(quick=True)
+    for impl, model in (("fast", bent), ("dense", lambda n: 1e-9 * n * n)):
+        s = full(impl, model)
+        ctx.sweeps[sweep_key(mech.id, s.variant, impl, s.sizes, 5, "cpu", 0, None)] = s
+    monkeypatch.setattr(C, "sweep", lambda *a, **k: pytest.fail("the covering sweep should be reused"))
+    r = C.check_for(mech).evaluate(ctx)
+    assert r.status == "pass" and r.details["fast"]["sizes"] == list(mech.sizes("fast", True))
+    assert fit_times(*(lambda s: (s.sizes, s.seconds))(full("fast", bent)))[1].slope > C.CLASS_UPPER["N"]  # the whole grid fails
