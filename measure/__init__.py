@@ -26,7 +26,7 @@ it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time
 5. checks: verify.runner.run_checks (quick unless --verify-full) sharing the sweep cache, so
    complexity/<id> fits the sweep stage's own sweep whenever it covers the check's grid with at
    least as many rounds (measure.timing.covering_sweep: always, since full sweeps cover the quick
-   grid); --verify-json PATH loads a ``python -m
+   grid), judged at the check's own grid; --verify-json PATH loads a ``python -m
    verify --json`` file instead; --only restricts them to the checks about those mechanisms.
 6. training: the training demo of issue 13 (measure.training: NodeFormer, SGFormer, DIFFormer and
    an MLP on three small graphs, 3 seeds x 80 epochs quick, 5 x 150 full, torch on 1 thread),

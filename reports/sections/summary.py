@@ -70,6 +70,12 @@ def exponent_note(results: Results, mech: MechanismInfo, sweep: SweepResult | No
         own = Fit.from_dict(fast.get("fit"))
     except (TypeError, ValueError):
         own = None
+    sizes = fast.get("sizes") or []
+    at = {n: t for n, t in zip(sweep.sizes, sweep.seconds)}
+    if sizes and all(n in at for n in sizes) and _same(fast.get("seconds", []), [at[n] for n in sizes]):
+        # the same sweep judged at the check's own grid (a quick check in a full report)
+        what = f"{cid} tested this sweep at N = {fmt.pow2_text(min(sizes))}-{fmt.pow2_text(max(sizes))}"
+        return f"{what}: slope {fmt.fit_text(own)}" if own is not None else what
     return (f"{cid} timed a separate sweep: slope {fmt.fit_text(own)}" if own is not None
             else f"{cid} timed a separate sweep")
 
