@@ -38,10 +38,9 @@ it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time
    History section; measure.suites.run_history). --skip-peers, --skip-history and --only leave
    them out; what each did is the environment's "peers_run" / "history_run" line.
 
-Time, 23 mechanisms, 2 cores, ``make report`` (so rendering included): quick 7.1 minutes in a
-fresh clone, venv included (sweeps 126 s, memory 86 s, checks 137 s, training 12 s, rendering
-20 s; README); full 53.1 minutes at 462e2e7 on a machine busy with other work, load average 4-8
-(sweeps 1362 s, memory 814 s, checks 899 s, training 65 s, rendering 37 s; issue 23).
+Time, 23 mechanisms, 2 cores, quiet machine, ``make report`` in a fresh clone (venv and rendering
+included; commit 0fa78fd): full 11.7 minutes (sweeps 312 s, memory 92 s, checks 137 s, training
+37 s, peers 37 s, history 20 s, rendering 27 s), quick 7.3 minutes.
 
 Exit status: 0 when the JSON was written (even if checks failed: ``python -m verify`` is the
 gate), 2 on bad arguments.
