@@ -267,22 +267,7 @@ def _gradient_errors(mech, problem, params, leaves, got, expected, n, ctx) -> tu
     minus = mech.reference(_with(problem, {k: p - FD_STEP * direction[k] for k, p in params.items()}))
     diff = (plus - minus).reshape(slices, *got.shape[-2:]) / (2 * FD_STEP)
     fd = (diff * g).sum(axis=(1, 2))
-    # autograd, one slice at a time (retain_graph: the same forward serves every slice)
-    out = got.reshape(slices, *got.shape[-2:])
-    gt = torch.as_tensor(g, dtype=got.dtype, device=got.device)
-    auto = np.zeros(slices)
-    names = list(leaves)
-    reached = set()
-    for s in range(slices):
-        if not out.requires_grad:  # no graph reaches the parameters: a zero gradient (named below)
-            break
-        grads = torch.autograd.grad((out[s] * gt[s]).sum(), [leaves[k] for k in names], retain_graph=True,
-                                    allow_unused=True)
-        reached.update(k for k, gr in zip(names, grads) if gr is not None)
-        auto[s] = sum(float((gr.detach().cpu().double().numpy() * direction[k]).sum())
-                      for k, gr in zip(names, grads) if gr is not None)
-    scale = np.maximum(np.linalg.norm(np.asarray(expected).reshape(slices, -1), axis=1), np.finfo(float).tiny)
-    return np.abs(auto - fd) / scale, [k for k in names if k not in reached]
+    return _directional_errors(got, g, leaves, direction, fd, expected, slices)
 
 
 def _backward(mech, problem, expected, n, ctx, rec: _Record, info: dict) -> None:
@@ -341,22 +326,29 @@ def _input_gradient_errors(mech, problem, base, leaves, got, expected, n, ctx) -
         return (np.asarray(out).reshape(slices, *got.shape[-2:]) * g).sum(axis=(1, 2))
 
     fd = (loss(FD_STEP) - loss(-FD_STEP)) / (2 * FD_STEP)
+    return _directional_errors(got, g, leaves, direction, fd, expected, slices)
+
+
+
+def _directional_errors(got, g, leaves: dict, direction: dict, fd, expected, slices: int):
+    """Per slice s, |<d/dleaves sum(got_s * g_s), direction> - fd_s| / |expected_s| (autograd one slice
+    at a time, retain_graph: the same forward serves every slice), and the leaves no graph reached
+    (a zero gradient, named by the caller)."""
     out = got.reshape(slices, *got.shape[-2:])
     gt = torch.as_tensor(g, dtype=got.dtype, device=got.device)
     auto = np.zeros(slices)
     names = list(leaves)
     reached = set()
     for s in range(slices):
-        if not out.requires_grad:
+        if not out.requires_grad:  # no graph reaches the leaves
             break
-        grads = torch.autograd.grad((out[s] * gt[s]).sum(), [leaves[f] for f in names], retain_graph=True,
+        grads = torch.autograd.grad((out[s] * gt[s]).sum(), [leaves[k] for k in names], retain_graph=True,
                                     allow_unused=True)
-        reached.update(f for f, gr in zip(names, grads) if gr is not None)
-        auto[s] = sum(float((gr.detach().cpu().double().numpy() * direction[f]).sum())
-                      for f, gr in zip(names, grads) if gr is not None)
+        reached.update(k for k, gr in zip(names, grads) if gr is not None)
+        auto[s] = sum(float((gr.detach().cpu().double().numpy() * direction[k]).sum())
+                      for k, gr in zip(names, grads) if gr is not None)
     scale = np.maximum(np.linalg.norm(np.asarray(expected).reshape(slices, -1), axis=1), np.finfo(float).tiny)
-    return np.abs(auto - fd) / scale, [f for f in names if f not in reached]
-
+    return np.abs(auto - fd) / scale, [k for k in names if k not in reached]
 
 PROTOCOL_RUNS = {"plain": _plain, "update": _update, "learnable": _learnable, "backward": _backward}
 
