@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from fast.kernels.dispatch import use_causal_kernel
 from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.segments import Segments, segment_max
 from fast.validation import broadcast_shape, check_allocation, check_key_log_scale, check_positive_int, check_tokens
@@ -59,7 +60,9 @@ class CausalMask(MaskOperator):
     supported. ``key_stabilizer`` returns per-key running maxima (``rescales_keys``) that
     ``attend(..., key_log_scale=c)`` undoes exactly, so no FAVOR+ key underflows the early keys the
     early queries see; ``attend_optimistic`` / ``attend_exact`` are the driver's routes to it
-    (fast.operator). Derivations and the chunk rule: docs/papers.md, fast.masks.sequence.
+    (fast.operator). Derivations and the chunk rule: docs/papers.md, fast.masks.sequence. On CUDA
+    the scan runs as a Triton kernel where Triton imports (fast.kernels.causal_scan; the switch and
+    the rule: fast.kernels.dispatch), and as the PyTorch scan here otherwise.
 
     >>> import torch
     >>> from fast import CausalMask, masked_linear_attention
@@ -131,13 +134,30 @@ class CausalMask(MaskOperator):
         non-finite key_log_scale.
         """
         self._check_attend_inputs(phi_q, phi_k, v)
+        kernel = use_causal_kernel(phi_q, phi_k, v)
         if key_log_scale is None:
-            return _CausalScan.apply(phi_q, phi_k, v, self)
+            return self._kernel_scan(phi_q, phi_k, v, None) if kernel else _CausalScan.apply(phi_q, phi_k, v, self)
         c = self._check_log_scale(key_log_scale, phi_k)
         finite, narrow = torch.stack([torch.isfinite(c).all(), self._narrow(c)]).tolist()  # one host read
         if not finite:
             raise ValueError("key_log_scale contains non-finite values (NaN or inf)")
+        if kernel:
+            return self._kernel_scan(phi_q, phi_k, v, c)
         return _StableCausalScan.apply(phi_q, phi_k, v, c, self, narrow)
+
+    def _kernel_scan(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                     c: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num, den) of ``attend`` by the Triton scan (fast.kernels.causal_scan; chosen by
+        fast.kernels.dispatch): with constants c (..., N) always the decayed form, exact for any
+        span of c; the PyTorch scan's backward serves double backward."""
+        from fast.kernels.causal_scan import causal_scan  # imports Triton: only once the kernel is chosen
+        return causal_scan(phi_q, phi_k, v, None if c is None else c.unsqueeze(-1), twin_backward=self._twin_backward)
+
+    def _twin_backward(self, phi_q, phi_k, v, c, g_num, g_den):
+        """The PyTorch scan's (differentiable) backward of ``_kernel_scan`` (constants c (..., N) or None)."""
+        if c is None:
+            return self._scan_backward(phi_q, phi_k, v, g_num, g_den)
+        return self._stable_scan_backward(phi_q, phi_k, v, c, g_num, g_den)
 
     def _narrow(self, c: torch.Tensor) -> torch.Tensor:
         """0-dim bool: every slice of the constants c (..., N) has r_N - r_1 <= factor_range(dtype), r
@@ -154,7 +174,7 @@ class CausalMask(MaskOperator):
         """
         if type(self).attend is not CausalMask.attend:
             return super().attend_optimistic(phi_q, phi_k, v, key_log_scale)
-        if self._wide:
+        if self._wide or use_causal_kernel(phi_q, phi_k, v):  # the kernel's scan is exact for any constants
             return self._attend_scaled(phi_q, phi_k, v, key_log_scale), None
         self._check_attend_inputs(phi_q, phi_k, v)
         c = self._check_log_scale(key_log_scale, phi_k)
@@ -186,7 +206,10 @@ class CausalMask(MaskOperator):
         checks its inputs once per call).
         """
         self._check_attend_inputs(phi_q, phi_k, v)
-        return _StableCausalScan.apply(phi_q, phi_k, v, self._check_log_scale(key_log_scale, phi_k), self, False)
+        c = self._check_log_scale(key_log_scale, phi_k)
+        if use_causal_kernel(phi_q, phi_k, v):
+            return self._kernel_scan(phi_q, phi_k, v, c)
+        return _StableCausalScan.apply(phi_q, phi_k, v, c, self, False)
 
     def _one_reference(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(key factors exp(c_j - R) (..., N, 1), query factors exp(R - r_i) (..., N)), R = max_j c_j per

@@ -1,0 +1,8 @@
+"""Hand-written GPU kernels of fast/ (Triton), each beside the PyTorch code it twins.
+
+- fast.kernels.causal_scan: CausalMask's chunked causal scan, forward and backward, with the
+  per-key stabiliser (fast.masks.sequence keeps the PyTorch scan as its fallback and twin).
+
+Triton is optional: nothing here imports it until a kernel is asked for, and the masks fall back
+to their PyTorch paths where it is absent (docs/design.md, "The Triton causal scan").
+"""

@@ -1,0 +1,376 @@
+"""The chunked causal scan of CausalMask.attend as Triton kernels, forward and backward
+(choromanski22 Sec. 3.1; docs/papers.md, fast.masks.sequence; docs/design.md, "The Triton causal
+scan"). The PyTorch scan (fast.masks.sequence) is its twin and its fallback.
+
+For phi_q, phi_k (S, N, m) and v (S, N, d) (S = the flattened leading dims), with key constants c
+(S, N) and their running maxima r_i = max_{j <= i} c_j (c = 0 without stabiliser), the kernel
+returns
+
+    num_i = sum_{j <= i} exp(c_j - r_i) (phi_q_i . phi_k_j) v_j,    den_i = the same with v_j = 1,
+
+the true (num_i, den_i) times exp(-r_i) when phi_k_j = phi_true_j exp(-c_j). Tokens are cut into
+chunks of C; one program per (slice, block of BD value columns) walks the chunks in order keeping
+the running state S_t = sum_{j in chunks <= t} exp(c_j - E_t) phi_k_j v_j^T (BM x BD, float32) and
+z_t (the same with v_j = 1), E_t = r at the last token of chunk t. For chunk t:
+
+    num = [(q k^T) o W] v + diag(exp(E_{t-1} - r_i)) q S_{t-1},   W_ij = exp(c_j - r_i) [j <= i],
+    S_t = exp(E_{t-1} - E_t) S_{t-1} + (diag(exp(c_j - E_t)) k)^T v.
+
+Every factor is exp of a non-positive number (r is a running maximum), so none overflows: the
+guarantee of the PyTorch scan's decayed route, without its one-reference shortcut. The backward
+kernel runs the same scan for dq (the state of phi_k [v, 1]^T) and the reverse scan for dk, dv (the
+state of phi_q [g_num, g_den]^T in units of E_t), each program writing its value block's share
+of dq and dk, which are summed after (one term per block).
+
+Work O(N C (m + d) + N m d) per slice, as the PyTorch scan; memory O(N (m + d)) saved for backward
+(the inputs), O(N m d / BD) transient in backward. Inputs of float32, bfloat16 or float16 are read
+in their dtype and computed in float32 (float64 in float64); the outputs are rounded to the input
+dtype at the end (by torch: to nearest).
+The products use TF32 only where torch's own float32 matmuls do
+(torch.backends.cuda.matmul.allow_tf32), and for half-precision inputs, whose values TF32 holds
+exactly.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from fast.kernels.dispatch import MAX_WIDTH, interpreting
+from fast.validation import check_key_log_scale
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the PyTorch scan serves everywhere (fast.kernels.dispatch)
+    triton = None
+
+__all__ = ["causal_scan", "kernel_blocks"]
+
+
+def kernel_blocks(m: int, d: int) -> tuple[int, int, int]:
+    """(C, BM, BD): the chunk length, the feature block (all m features, a power of two >= 16) and
+    the value block (the grid's second axis runs over ceil(d / BD) of them) for widths m, d <=
+    MAX_WIDTH. Smaller chunks and value blocks for wide features keep a program's state (BM x BD)
+    and chunk (C x BM) within a GPU's registers. ValueError naming m or d beyond MAX_WIDTH.
+
+    >>> from fast.kernels.causal_scan import kernel_blocks
+    >>> kernel_blocks(64, 64), kernel_blocks(20, 3), kernel_blocks(256, 256)
+    ((64, 64, 64), (64, 32, 16), (16, 256, 32))
+    """
+    for name, width in (("m (the feature width)", m), ("d (the value width)", d)):
+        if not 1 <= width <= MAX_WIDTH:
+            raise ValueError(f"{name} must be in [1, {MAX_WIDTH}] for the Triton causal scan, got {width}")
+    bm = max(16, _next_power_of_2(m))
+    chunk = 64 if bm <= 64 else 32 if bm <= 128 else 16
+    bd = max(16, min(_next_power_of_2(d), 64 if bm <= 64 else 32))
+    return chunk, bm, bd
+
+
+def _next_power_of_2(x: int) -> int:
+    """The least power of two >= x (x >= 1), as triton.next_power_of_2, without importing Triton."""
+    return 1 << (int(x) - 1).bit_length()
+
+
+def causal_scan(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, key_log_scale: torch.Tensor | None = None,
+                *, twin_backward: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num (..., N, d), den (..., N)) of causal linear attention by the Triton scan (module doc),
+    for phi_q, phi_k (..., N, m) and v (..., N, d) of one floating dtype and device, m, d <=
+    MAX_WIDTH: the function of CausalMask.attend. key_log_scale: None, or per-key constants
+    (..., N, 1) (finite: CausalMask.attend checks), undone as the PyTorch scan does (every factor
+    <= 1; the result is the true (num_i, den_i) times exp(-r_i)). Differentiable in phi_q, phi_k,
+    v; twin_backward: a differentiable callable (phi_q, phi_k, v, c, g_num, g_den) -> (dq, dk, dv)
+    (c (..., N) or None) used for double backward, where the kernels' backward is not
+    differentiable (RuntimeError without it). O(N C (m + d) + N m d) work.
+
+    Raises ValueError naming the argument for mismatched shapes, dtypes or devices and widths
+    beyond MAX_WIDTH; RuntimeError where Triton is not installed or cannot run on the tensors'
+    device (a CPU tensor without TRITON_INTERPRET=1 set before Triton's import).
+
+    >>> import torch
+    >>> from fast.kernels.causal_scan import causal_scan
+    >>> from fast.kernels.dispatch import use_causal_kernel
+    >>> q = torch.rand(2, 40, 16, generator=torch.Generator().manual_seed(0))
+    >>> dense = (q @ q.mT).tril()                     # M o (phi_q phi_k^T)
+    >>> if use_causal_kernel(q, q, q):                # CUDA and Triton (or forced under the interpreter)
+    ...     num, den = causal_scan(q, q, q)
+    ...     ok = torch.allclose(den, dense.sum(-1), rtol=1e-4) and torch.allclose(num, dense @ q, rtol=1e-4)
+    ... else:                                         # elsewhere CausalMask.attend runs the PyTorch scan
+    ...     ok = True
+    >>> ok
+    True
+    """
+    _check_inputs(phi_q, phi_k, v)
+    c = None if key_log_scale is None else check_key_log_scale(key_log_scale, phi_k, phi_k.shape[-2])
+    return _TritonCausalScan.apply(phi_q, phi_k, v, c, twin_backward)
+
+
+def _check_inputs(phi_q: object, phi_k: object, v: object) -> None:
+    for name, t in (("phi_q", phi_q), ("phi_k", phi_k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() < 2 or not t.is_floating_point():
+            got = (f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__)
+            raise ValueError(f"{name} must be a floating tensor (..., N, c), got {got}")
+    if phi_q.shape != phi_k.shape or phi_k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"phi_q, phi_k (..., N, m) and v (..., N, d) must share their leading dims and N (and phi_q, "
+                         f"phi_k their m), got {tuple(phi_q.shape)}, {tuple(phi_k.shape)} and {tuple(v.shape)}")
+    if not phi_q.dtype == phi_k.dtype == v.dtype:
+        raise ValueError(f"phi_q, phi_k and v must share one dtype, got {phi_q.dtype}, {phi_k.dtype} and {v.dtype}")
+    if not phi_q.device == phi_k.device == v.device:
+        raise ValueError(f"phi_q, phi_k and v must be on one device, got {phi_q.device}, {phi_k.device} and {v.device}")
+    kernel_blocks(phi_q.shape[-1], v.shape[-1])  # the widths
+    if triton is None:
+        raise RuntimeError("the Triton causal scan needs triton (pip install triton; CUDA builds of torch bring it): "
+                           "CausalMask.attend runs the PyTorch scan without it")
+    if not phi_q.is_cuda and not interpreting():
+        raise RuntimeError(f"the Triton causal scan runs on CUDA tensors, or on CPU tensors under Triton's interpreter "
+                           f"(TRITON_INTERPRET=1 set before triton is imported); got tensors on {phi_q.device}")
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision: exact float32 products unless torch itself allows TF32 for them;
+    TF32 for half-precision inputs (it holds their values exactly); IEEE for float64."""
+    if dtype == torch.float64:
+        return "ieee"
+    if dtype in (torch.bfloat16, torch.float16):
+        return "tf32"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, *t.shape[-2:]).contiguous()
+
+
+def _constants(c: torch.Tensor | None, acc: torch.dtype, n: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(c, r) as contiguous (S, N) tensors in the accumulation dtype, r the running max of c."""
+    if c is None:
+        return None, None
+    c = c.reshape(-1, n).to(acc).contiguous()
+    return c, torch.cummax(c, dim=-1).values.contiguous()
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _TritonCausalScan(torch.autograd.Function):
+    """causal_scan's autograd: saves phi_q, phi_k, v (and c); backward runs the backward kernel, or
+    twin_backward under create_graph (double backward)."""
+
+    @staticmethod
+    def forward(ctx, phi_q, phi_k, v, c, twin_backward):
+        ctx.twin_backward = twin_backward
+        ctx.save_for_backward(phi_q, phi_k, v, c)
+        return _forward(phi_q, phi_k, v, c)
+
+    @staticmethod
+    def backward(ctx, g_num, g_den):
+        phi_q, phi_k, v, c = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: the kernels' backward is not differentiable
+            if ctx.twin_backward is None:
+                raise RuntimeError("double backward through the Triton causal scan needs its twin_backward (the "
+                                   "PyTorch scan's; CausalMask.attend passes it)")
+            dq, dk, dv = ctx.twin_backward(phi_q, phi_k, v, c, g_num, g_den)
+        else:
+            dq, dk, dv = _backward(phi_q, phi_k, v, c, g_num, g_den)
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None)
+
+
+def _forward(phi_q, phi_k, v, c):
+    (n, m), d = phi_q.shape[-2:], v.shape[-1]
+    acc = _acc_dtype(v.dtype)
+    # written in the accumulation dtype and rounded by torch: to nearest, where Triton's interpreter
+    # truncates a float32 -> bfloat16 conversion (so the tests see what a GPU computes)
+    num = torch.empty(v.shape, dtype=acc, device=v.device)
+    den = torch.empty(v.shape[:-1], dtype=acc, device=v.device)
+    if num.numel() == 0:
+        return num.to(v.dtype), den.to(v.dtype)
+    q, k, vv = _flat(phi_q), _flat(phi_k), _flat(v)
+    c, r = _constants(c, acc, n)
+    chunk, bm, bd = kernel_blocks(m, d)
+    grid = (q.shape[0], triton.cdiv(d, bd))
+    _forward_kernel[grid](q, k, vv, q if c is None else c, q if r is None else r, num, den, n, m, d,
+                          CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, PRECISION=_precision(v.dtype),
+                          ACC=tl.float64 if acc == torch.float64 else tl.float32)
+    return num.to(v.dtype), den.to(v.dtype)
+
+
+def _backward(phi_q, phi_k, v, c, g_num, g_den):
+    n, m, d = phi_q.shape[-2], phi_q.shape[-1], v.shape[-1]
+    if phi_q.numel() == 0 or v.numel() == 0:
+        return torch.zeros_like(phi_q), torch.zeros_like(phi_k), torch.zeros_like(v)
+    q, k, vv = _flat(phi_q), _flat(phi_k), _flat(v)
+    gn = _flat(g_num.to(v.dtype))
+    gd = g_den.to(v.dtype).reshape(-1, n).contiguous()
+    acc = _acc_dtype(v.dtype)
+    c, r = _constants(c, acc, n)
+    chunk, bm, bd = kernel_blocks(m, d)
+    blocks = triton.cdiv(d, bd)
+    s = q.shape[0]
+    # each value block's share of dq and dk (summed below); dv is per block already
+    dq = torch.empty(blocks, s, n, m, dtype=acc, device=q.device)
+    dk = torch.empty(blocks, s, n, m, dtype=acc, device=q.device)
+    dv = torch.empty(s, n, d, dtype=acc, device=q.device)
+    _backward_kernel[(s, blocks)](q, k, vv, q if c is None else c, q if r is None else r, gn, gd, dq, dk, dv,
+                                  n, m, d, s * n, CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None,
+                                  PRECISION=_precision(v.dtype), ACC=tl.float64 if acc == torch.float64 else tl.float32)
+    dq, dk = dq.sum(0), dk.sum(0)
+    return (dq.reshape(phi_q.shape).to(phi_q.dtype), dk.reshape(phi_k.shape).to(phi_k.dtype),
+            dv.reshape(v.shape).to(v.dtype))
+
+
+if triton is not None:
+    @triton.jit
+    def _chunk_factors(C, R, rows, causal, t, N, CHUNK: tl.constexpr, ACC: tl.constexpr):
+        """For chunk t: W (CHUNK x CHUNK) = exp(c_j - r_i) on j <= i, else 0; the query factors
+        exp(E_{t-1} - r_i), the key factors exp(c_j - E_t) and the state's decay exp(E_{t-1} - E_t),
+        all exp of numbers <= 0 (rows past N repeat the last token's constants)."""
+        idx = tl.minimum(rows, N - 1)
+        cj = tl.load(C + idx).to(ACC)
+        ri = tl.load(R + idx).to(ACC)
+        e = tl.load(R + tl.minimum(t * CHUNK + CHUNK, N) - 1).to(ACC)
+        e_prev = tl.load(R + tl.maximum(t * CHUNK - 1, 0)).to(ACC)
+        w = tl.exp(tl.where(causal, cj[None, :] - ri[:, None], float("-inf")))
+        return w, tl.exp(e_prev - ri), tl.exp(cj - e), tl.exp(e_prev - e)
+
+    @triton.jit
+    def _forward_kernel(Q, K, V, C, R, NUM, DEN, N, M, D, CHUNK: tl.constexpr, BM: tl.constexpr,
+                        BD: tl.constexpr, STABLE: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+        s = tl.program_id(0).to(tl.int64)
+        pd = tl.program_id(1)
+        offs_c = tl.arange(0, CHUNK)
+        offs_m = tl.arange(0, BM)
+        offs_d = pd * BD + tl.arange(0, BD)
+        m_ok = offs_m < M
+        d_ok = offs_d < D
+        Q += s * N * M
+        K += s * N * M
+        V += s * N * D
+        NUM += s * N * D
+        DEN += s * N
+        C += s * N
+        R += s * N
+        causal = offs_c[:, None] >= offs_c[None, :]
+        n_den = tl.where(pd == 0, N, 0)  # the tokens whose den this program writes: value block 0's
+        state = tl.zeros((BM, BD), dtype=ACC)
+        zstate = tl.zeros((BM,), dtype=ACC)
+        for t in range(0, tl.cdiv(N, CHUNK)):
+            rows = (t * CHUNK + offs_c).to(tl.int64)
+            r_ok = rows < N
+            q = tl.load(Q + rows[:, None] * M + offs_m[None, :], mask=r_ok[:, None] & m_ok[None, :], other=0.0).to(ACC)
+            k = tl.load(K + rows[:, None] * M + offs_m[None, :], mask=r_ok[:, None] & m_ok[None, :], other=0.0).to(ACC)
+            v = tl.load(V + rows[:, None] * D + offs_d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0).to(ACC)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            if STABLE:
+                w, fq, fk, decay = _chunk_factors(C, R, rows, causal, t, N, CHUNK, ACC)
+                scores = scores * w
+                qs = q * fq[:, None]
+                ks = k * fk[:, None]
+            else:
+                scores = tl.where(causal, scores, 0.0)
+                qs = q
+                ks = k
+            num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(qs, state, input_precision=PRECISION)
+            den = tl.sum(scores, axis=1) + tl.sum(qs * zstate[None, :], axis=1)
+            tl.store(NUM + rows[:, None] * D + offs_d[None, :], num.to(NUM.dtype.element_ty),
+                     mask=r_ok[:, None] & d_ok[None, :])
+            tl.store(DEN + rows, den.to(DEN.dtype.element_ty), mask=rows < n_den)
+            if STABLE:
+                state = state * decay + tl.dot(tl.trans(ks), v, input_precision=PRECISION)
+                zstate = zstate * decay + tl.sum(ks, axis=0)
+            else:
+                state += tl.dot(tl.trans(k), v, input_precision=PRECISION)
+                zstate += tl.sum(k, axis=0)
+
+    @triton.jit
+    def _backward_kernel(Q, K, V, C, R, GN, GD, DQ, DK, DV, N, M, D, SN, CHUNK: tl.constexpr, BM: tl.constexpr,
+                         BD: tl.constexpr, STABLE: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+        s = tl.program_id(0).to(tl.int64)
+        pd = tl.program_id(1)
+        offs_c = tl.arange(0, CHUNK)
+        offs_m = tl.arange(0, BM)
+        offs_d = pd * BD + tl.arange(0, BD)
+        m_ok = offs_m < M
+        d_ok = offs_d < D
+        Q += s * N * M
+        K += s * N * M
+        V += s * N * D
+        GN += s * N * D
+        DV += s * N * D
+        GD += s * N
+        C += s * N
+        R += s * N
+        DQ += (pd.to(tl.int64) * SN + s * N) * M  # this value block's share of dq, dk
+        DK += (pd.to(tl.int64) * SN + s * N) * M
+        causal = offs_c[:, None] >= offs_c[None, :]
+        n_den = tl.where(pd == 0, N, 0)  # the den column [v, 1] belongs to value block 0
+        chunks = tl.cdiv(N, CHUNK)
+        # dq_i = sum_{j <= i} W_ij (G_i . [v_j, 1]) k_j: the forward scan of k [v, 1]^T
+        state = tl.zeros((BM, BD), dtype=ACC)
+        zstate = tl.zeros((BM,), dtype=ACC)
+        for t in range(0, chunks):
+            rows = (t * CHUNK + offs_c).to(tl.int64)
+            r_ok = rows < N
+            qm = r_ok[:, None] & m_ok[None, :]
+            dm = r_ok[:, None] & d_ok[None, :]
+            k = tl.load(K + rows[:, None] * M + offs_m[None, :], mask=qm, other=0.0).to(ACC)
+            v = tl.load(V + rows[:, None] * D + offs_d[None, :], mask=dm, other=0.0).to(ACC)
+            g = tl.load(GN + rows[:, None] * D + offs_d[None, :], mask=dm, other=0.0).to(ACC)
+            gd = tl.load(GD + rows, mask=rows < n_den, other=0.0).to(ACC)
+            ds = tl.dot(g, tl.trans(v), input_precision=PRECISION) + gd[:, None]
+            cross = tl.dot(g, tl.trans(state), input_precision=PRECISION) + gd[:, None] * zstate[None, :]
+            if STABLE:
+                w, fq, fk, decay = _chunk_factors(C, R, rows, causal, t, N, CHUNK, ACC)
+                ds = ds * w
+                cross = cross * fq[:, None]
+                ks = k * fk[:, None]
+            else:
+                ds = tl.where(causal, ds, 0.0)
+                ks = k
+            dq = tl.dot(ds, k, input_precision=PRECISION) + cross
+            tl.store(DQ + rows[:, None] * M + offs_m[None, :], dq.to(DQ.dtype.element_ty), mask=qm)
+            if STABLE:
+                state = state * decay + tl.dot(tl.trans(ks), v, input_precision=PRECISION)
+                zstate = zstate * decay + tl.sum(ks, axis=0)
+            else:
+                state += tl.dot(tl.trans(k), v, input_precision=PRECISION)
+                zstate += tl.sum(k, axis=0)
+        # dk_j, dv_j: the reverse scan of q [g, g_den]^T, kept in units of E_t
+        state = tl.zeros((BM, BD), dtype=ACC)
+        zstate = tl.zeros((BM,), dtype=ACC)
+        for tt in range(0, chunks):
+            t = chunks - 1 - tt
+            rows = (t * CHUNK + offs_c).to(tl.int64)
+            r_ok = rows < N
+            qm = r_ok[:, None] & m_ok[None, :]
+            dm = r_ok[:, None] & d_ok[None, :]
+            q = tl.load(Q + rows[:, None] * M + offs_m[None, :], mask=qm, other=0.0).to(ACC)
+            k = tl.load(K + rows[:, None] * M + offs_m[None, :], mask=qm, other=0.0).to(ACC)
+            v = tl.load(V + rows[:, None] * D + offs_d[None, :], mask=dm, other=0.0).to(ACC)
+            g = tl.load(GN + rows[:, None] * D + offs_d[None, :], mask=dm, other=0.0).to(ACC)
+            gd = tl.load(GD + rows, mask=rows < n_den, other=0.0).to(ACC)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            ds = tl.dot(g, tl.trans(v), input_precision=PRECISION) + gd[:, None]
+            if STABLE:
+                w, fq, fk, decay = _chunk_factors(C, R, rows, causal, t, N, CHUNK, ACC)
+                scores = scores * w
+                ds = ds * w
+                ks = k * fk[:, None]
+                qs = q * fq[:, None]
+                dk_cross = (tl.dot(v, tl.trans(state), input_precision=PRECISION) + zstate[None, :]) * fk[:, None]
+            else:
+                scores = tl.where(causal, scores, 0.0)
+                ds = tl.where(causal, ds, 0.0)
+                ks = k
+                qs = q
+                dk_cross = tl.dot(v, tl.trans(state), input_precision=PRECISION) + zstate[None, :]
+            dv = tl.dot(tl.trans(scores), g, input_precision=PRECISION) + tl.dot(ks, state, input_precision=PRECISION)
+            dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION) + dk_cross
+            tl.store(DV + rows[:, None] * D + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=dm)
+            tl.store(DK + rows[:, None] * M + offs_m[None, :], dk.to(DK.dtype.element_ty), mask=qm)
+            if STABLE:
+                state = state * decay + tl.dot(tl.trans(qs), g, input_precision=PRECISION)
+                zstate = zstate * decay + tl.sum(qs * gd[:, None], axis=0)
+            else:
+                state += tl.dot(tl.trans(q), g, input_precision=PRECISION)
+                zstate += tl.sum(q * gd[:, None], axis=0)

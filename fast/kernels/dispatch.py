@@ -1,0 +1,70 @@
+"""When fast/ runs its Triton kernels (fast.kernels.causal_scan) instead of the PyTorch code they
+twin: the choice made in one place, without importing Triton until a kernel is wanted.
+
+The switch is ``CAUSAL_KERNEL`` (read at every call; its default comes from the environment
+variable MASKBENCH_CAUSAL_KERNEL, else "auto"):
+
+- "auto": the kernel for CUDA tensors of float32, bfloat16 or float16 with m, d <= MAX_WIDTH, when
+  Triton imports; the PyTorch scan otherwise (float64 too: the kernel's float64 dots are not the
+  tensor-core path, and the PyTorch scan is the one verified at that precision);
+- "off": always the PyTorch scan;
+- "force": the kernel wherever Triton can run it, any floating dtype: CUDA tensors, and CPU tensors
+  when TRITON_INTERPRET=1 was set before Triton was imported (the interpreter; how the tests check
+  it without a GPU, tests/fast/test_causal_triton.py).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+__all__ = ["CAUSAL_KERNEL", "MAX_WIDTH", "MODES", "interpreting", "use_causal_kernel"]
+
+#: The values of CAUSAL_KERNEL.
+MODES = ("auto", "off", "force")
+#: "auto", "off" or "force" (module doc); users set ``fast.kernels.dispatch.CAUSAL_KERNEL = "off"``.
+CAUSAL_KERNEL = os.environ.get("MASKBENCH_CAUSAL_KERNEL", "auto")
+#: The widest m and d the kernel takes (one block of features per program; wider runs the PyTorch scan).
+MAX_WIDTH = 256
+#: The dtypes "auto" sends to the kernel.
+AUTO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreting() -> bool:
+    """Whether TRITON_INTERPRET asks Triton to run kernels on CPU tensors by its interpreter (it
+    must be set before Triton is imported; Triton reads it then). O(1).
+
+    >>> import os
+    >>> from fast.kernels.dispatch import interpreting
+    >>> interpreting() == (os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false", "no"))
+    True
+    """
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def use_causal_kernel(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether CausalMask.attend runs the Triton scan for features phi_q, phi_k (..., N, m) and
+    values v (..., N, d) under the switch CAUSAL_KERNEL (module doc); "auto" also asks for one
+    dtype and one device for the three. O(1); imports nothing for CPU tensors under "auto".
+    ValueError naming CAUSAL_KERNEL for a value outside MODES.
+
+    >>> import torch
+    >>> from fast.kernels.dispatch import use_causal_kernel
+    >>> x = torch.ones(8, 4)
+    >>> use_causal_kernel(x, x, x)   # CPU tensors: the PyTorch scan
+    False
+    """
+    mode = CAUSAL_KERNEL
+    if mode not in MODES:
+        raise ValueError(f"fast.kernels.dispatch.CAUSAL_KERNEL (or MASKBENCH_CAUSAL_KERNEL) must be one of {MODES}, "
+                         f"got {mode!r}")
+    if mode == "off":
+        return False
+    if mode == "auto" and not (phi_q.is_cuda and phi_q.dtype in AUTO_DTYPES and phi_q.dtype == phi_k.dtype == v.dtype
+                               and phi_q.device == phi_k.device == v.device
+                               and phi_q.shape[-1] <= MAX_WIDTH and v.shape[-1] <= MAX_WIDTH):
+        return False
+    if not (phi_q.is_cuda or interpreting()):
+        return False
+    return importlib.util.find_spec("triton") is not None
