@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from fast.kernels.dispatch import MAX_WIDTH, interpreting
+from fast.kernels.dispatch import MAX_WIDTH, interpreting, triton_supported
 from fast.validation import check_key_log_scale
 
 try:
@@ -118,9 +118,9 @@ def _check_inputs(phi_q: object, phi_k: object, v: object) -> None:
     if not phi_q.device == phi_k.device == v.device:
         raise ValueError(f"phi_q, phi_k and v must be on one device, got {phi_q.device}, {phi_k.device} and {v.device}")
     kernel_blocks(phi_q.shape[-1], v.shape[-1])  # the widths
-    if triton is None:
-        raise RuntimeError("the Triton causal scan needs triton (pip install triton; CUDA builds of torch bring it): "
-                           "CausalMask.attend runs the PyTorch scan without it")
+    if triton is None or not triton_supported():
+        raise RuntimeError("the Triton causal scan needs triton >= 3 (pip install triton; CUDA builds of torch bring "
+                           "it): CausalMask.attend runs the PyTorch scan without it")
     if not phi_q.is_cuda and not interpreting():
         raise RuntimeError(f"the Triton causal scan runs on CUDA tensors, or on CPU tensors under Triton's interpreter "
                            f"(TRITON_INTERPRET=1 set before triton is imported); got tensors on {phi_q.device}")

@@ -14,12 +14,14 @@ variable MASKBENCH_CAUSAL_KERNEL, else "auto"):
 """
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import importlib.util
 import os
 
 import torch
 
-__all__ = ["CAUSAL_KERNEL", "MAX_WIDTH", "MODES", "interpreting", "use_causal_kernel"]
+__all__ = ["CAUSAL_KERNEL", "MAX_WIDTH", "MODES", "interpreting", "triton_supported", "use_causal_kernel"]
 
 #: The values of CAUSAL_KERNEL.
 MODES = ("auto", "off", "force")
@@ -67,4 +69,27 @@ def use_causal_kernel(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor)
         return False
     if not (phi_q.is_cuda or interpreting()):
         return False
-    return importlib.util.find_spec("triton") is not None
+    return triton_supported()
+
+
+@functools.lru_cache(maxsize=1)
+def triton_supported() -> bool:
+    """Whether a Triton the kernels run on is installed: version 3 or later (tl.dot's
+    input_precision), read from the package metadata without importing it. An older Triton (pinned by
+    an older CUDA build of torch) leaves the PyTorch scans in use rather than being replaced. O(1)
+    after the first call.
+
+    >>> from fast.kernels.dispatch import triton_supported
+    >>> triton_supported() in (True, False)
+    True
+    """
+    if importlib.util.find_spec("triton") is None:
+        return False
+    for dist in ("triton", "pytorch-triton"):  # CUDA nightlies of torch ship the latter
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        major = version.split(".")[0]
+        return major.isdigit() and int(major) >= 3
+    return True  # importable but unregistered (a source build): let the kernel try
