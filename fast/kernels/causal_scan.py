@@ -26,9 +26,9 @@ Work O(N C (m + d) + N m d) per slice, as the PyTorch scan; memory O(N (m + d)) 
 (the inputs), O(N m d / BD) transient in backward. Inputs of float32, bfloat16 or float16 are read
 in their dtype and computed in float32 (float64 in float64); the outputs are rounded to the input
 dtype at the end (by torch: to nearest).
-The products use TF32 only where torch's own float32 matmuls do
-(torch.backends.cuda.matmul.allow_tf32), and for half-precision inputs, whose values TF32 holds
-exactly.
+Float32 products keep float32 accuracy (three TF32 products on tensor cores, "tf32x3") unless
+torch's own float32 matmuls may use TF32 (torch.backends.cuda.matmul.allow_tf32), when one TF32
+product serves; half-precision inputs take TF32 products, which hold their values exactly.
 """
 from __future__ import annotations
 
@@ -126,14 +126,18 @@ def _check_inputs(phi_q: object, phi_k: object, v: object) -> None:
                            f"(TRITON_INTERPRET=1 set before triton is imported); got tensors on {phi_q.device}")
 
 
-def _precision(dtype: torch.dtype) -> str:
-    """tl.dot's input_precision: exact float32 products unless torch itself allows TF32 for them;
-    TF32 for half-precision inputs (it holds their values exactly); IEEE for float64."""
-    if dtype == torch.float64:
+def _precision(x: torch.Tensor) -> str:
+    """tl.dot's input_precision for inputs like x: float32 products to float32 accuracy unless torch
+    itself allows TF32 for them, by three TF32 products (split operands; tensor cores, where IEEE
+    products would run on the FMA units) on a GPU that has TF32 (compute capability 8.0 on),
+    IEEE otherwise; TF32 for half-precision inputs (it holds their values exactly); IEEE for float64."""
+    if x.dtype == torch.float64:
         return "ieee"
-    if dtype in (torch.bfloat16, torch.float16):
+    if x.dtype in (torch.bfloat16, torch.float16):
         return "tf32"
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    if torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "tf32x3" if x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 0) else "ieee"
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -190,7 +194,7 @@ def _forward(phi_q, phi_k, v, c):
     chunk, bm, bd = kernel_blocks(m, d)
     grid = (q.shape[0], triton.cdiv(d, bd))
     _forward_kernel[grid](q, k, vv, q if c is None else c, q if r is None else r, num, den, n, m, d,
-                          CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, PRECISION=_precision(v.dtype),
+                          CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, PRECISION=_precision(v),
                           ACC=tl.float64 if acc == torch.float64 else tl.float32)
     return num.to(v.dtype), den.to(v.dtype)
 
@@ -213,7 +217,7 @@ def _backward(phi_q, phi_k, v, c, g_num, g_den):
     dv = torch.empty(s, n, d, dtype=acc, device=q.device)
     _backward_kernel[(s, blocks)](q, k, vv, q if c is None else c, q if r is None else r, gn, gd, dq, dk, dv,
                                   n, m, d, s * n, CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None,
-                                  PRECISION=_precision(v.dtype), ACC=tl.float64 if acc == torch.float64 else tl.float32)
+                                  PRECISION=_precision(v), ACC=tl.float64 if acc == torch.float64 else tl.float32)
     dq, dk = dq.sum(0), dk.sum(0)
     return (dq.reshape(phi_q.shape).to(phi_q.dtype), dk.reshape(phi_k.shape).to(phi_k.dtype),
             dv.reshape(v.shape).to(v.dtype))
