@@ -3,7 +3,7 @@
     python -m measure.gpu [--out reports/out/gpu.json] [--device cuda] [--budget 480]
         [--skip-tests] [--skip-checks] [--skip-sweeps] [--skip-peers] [--no-progress]
 
-Four stages, each with its share of one wall-clock budget (default 480 s, ``make gpu-check``'s
+Five stages, each with its share of one wall-clock budget (default 480 s, ``make gpu-check``'s
 8 minutes on one H100), in this order:
 
 1. tests: ``pytest -k cuda tests`` (every CUDA test; they skip on a machine without one), per
@@ -16,7 +16,15 @@ Four stages, each with its share of one wall-clock budget (default 480 s, ``make
    ``torch.cuda.max_memory_allocated`` peak of one more call above what was allocated before it
    (measure.memory.peak_memory; docs/methods.md: never nvidia-smi), in this process. A mechanism
    gets no further N once it has used its share of the stage's time;
-4. peers: the peer suite (benchmarks/, ``--device <device> --quick``): maskbench beside torch
+4. causal: the causal comparisons of issue 25 (``causal_stage``), in this process: causal
+   linear attention on given features (B = 1, H = 8, d = m = 64, N in CAUSAL_SIZES, float32 and
+   bfloat16, forward and forward + backward) by maskbench's driver, by CausalMask.attend alone (the
+   Triton scan on CUDA) and by flash-linear-attention's ``chunk_linear_attn`` where installed;
+   causal FAVOR+ against the same features given; and causal FAVOR+ against SDPA's flash kernel in
+   bfloat16 over CROSSOVER_SIZES, with the N from which FAVOR+ is faster and its interval
+   (``crossover``). Few N and ``CAUSAL_ROUNDS`` rounds: a share of the budget, points in order of
+   importance, no new point once it is used;
+5. peers: the peer suite (benchmarks/, ``--device <device> --quick``): maskbench beside torch
    SDPA, performer-pytorch and flash-linear-attention where installed, each shown to compute the
    same function before it is timed; benchmarks/summary.py turns it into the peers summary.
 
@@ -57,7 +65,8 @@ DEFAULT_OUT = Path("reports") / "out" / "gpu.json"
 DEFAULT_BUDGET_S = 480.0
 #: Each stage's share of the budget (they add up to 1); a stage may use what earlier ones left. On an
 #: H200 the CUDA tests took 32 s (16 cores, pytest-xdist), all 23 sweeps 41 s, 37 quick checks 42 s.
-SHARES = {"tests": 0.15, "checks": 0.5, "sweeps": 0.1, "peers": 0.25}
+#: The causal stage (not yet run on a GPU) takes its 10% (48 s) from the checks' ample half.
+SHARES = {"tests": 0.15, "checks": 0.4, "sweeps": 0.1, "causal": 0.1, "peers": 0.25}
 STAGES = tuple(SHARES)
 #: Timed measurements per point of a sweep (median); each lasts at least timing.MIN_MEASURE_S.
 ROUNDS = 3
@@ -416,6 +425,234 @@ def sweeps_stage(device: str, budget_s: float, mechanisms=None,
     return {"seconds": round(time.perf_counter() - start, 2), "rounds": ROUNDS, "curves": curves}
 
 
+# ------------------------------------------------------------------------------ the causal stage
+
+#: (B, H, d, m) of the causal comparisons: issue 25's targets (one H100, B = 1, H = 8, d = m = 64).
+CAUSAL_SHAPE = (1, 8, 64, 64)
+#: N of the features-given and FAVOR+ comparisons (issue 25: 2^14 .. 2^20): both ends and the middle.
+CAUSAL_SIZES = (2**14, 2**17, 2**20)
+#: N of causal FAVOR+ against SDPA's flash kernel in bfloat16, the grid the crossover is read on.
+CROSSOVER_SIZES = (2**11, 2**12, 2**13, 2**14, 2**15, 2**16)
+#: Timed rounds per point (each a measure.timing.measure of at least MIN_MEASURE_S).
+CAUSAL_ROUNDS = 3
+#: What the causal stage times: maskbench's driver on given features (masked_linear_attention),
+#: CausalMask.attend alone (the Triton scan on CUDA), fla-core's chunk_linear_attn, causal FAVOR+
+#: (favor_attention) and SDPA's flash kernel (exact softmax, is_causal=True).
+CAUSAL_IMPLS = ("maskbench", "attend", "fla", "favor", "sdpa-flash")
+#: This project's implementations: an exception in one of them fails the run (``failures``).
+MASKBENCH_IMPLS = ("maskbench", "attend", "favor")
+PASSES = ("forward", "forward+backward")
+
+
+def causal_plan(sizes: tuple[int, ...] = CAUSAL_SIZES,
+                crossover_sizes: tuple[int, ...] = CROSSOVER_SIZES) -> list[tuple[str, int, str, str]]:
+    """The causal stage's points (impl, N, dtype, pass) in the order they run, the most wanted first:
+    per N of ``sizes``, the features-given trio (maskbench, attend, fla) in float32 and bfloat16 and
+    FAVOR+ in float32, both passes; then FAVOR+ and SDPA flash in bfloat16 over ``crossover_sizes``."""
+    plan = []
+    for n in sizes:
+        for dtype in ("float32", "bfloat16"):
+            for pass_ in PASSES:
+                plan += [(impl, n, dtype, pass_) for impl in ("maskbench", "attend", "fla")]
+        plan += [("favor", n, "float32", pass_) for pass_ in PASSES]
+    for n in crossover_sizes:
+        plan += [(impl, n, "bfloat16", pass_) for pass_ in PASSES for impl in ("favor", "sdpa-flash")]
+    return plan
+
+
+def causal_unavailable(impl: str, device: str, dtype: str) -> str | None:
+    """Why a peer of the causal stage cannot run here (benchmarks/ops.py's message), or None."""
+    if impl not in ("fla", "sdpa-flash"):
+        return None
+    import torch
+
+    from benchmarks import ops
+
+    library = ops.FLA if impl == "fla" else ops.SDPA_FLASH
+    return ops.library_unavailable(library, device, causal=True, dtype=getattr(torch, dtype), d=CAUSAL_SHAPE[2])
+
+
+def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: int = 0) -> Callable[[], object]:
+    """The zero-argument call the causal stage times: ``impl`` (CAUSAL_IMPLS) at N = n on seeded
+    inputs of CAUSAL_SHAPE in ``dtype`` on ``device`` (made here, untimed), forward under no_grad or
+    forward and backward (gradients of every input, cleared before each call). Features given:
+    positive, ELU+1 of Gaussian draws, the same for maskbench and fla-core (whose layout
+    (B, N, H, m) is made here)."""
+    import torch
+    import torch.nn.functional as F
+
+    import fast
+
+    b, h, d, m = CAUSAL_SHAPE
+    dt = getattr(torch, dtype)
+    backward = pass_ == "forward+backward"
+    g = torch.Generator().manual_seed(seed)
+    leaves: list = []
+
+    def leaf(width: int, positive: bool = False):
+        x = torch.randn(b, h, n, width, generator=g)
+        x = F.elu(x) + 1 if positive else x
+        t = x.to(device=device, dtype=dt).requires_grad_(backward)
+        leaves.append(t)
+        return t
+
+    if impl in ("maskbench", "attend", "fla"):
+        phi_q, phi_k, v = leaf(m, True), leaf(m, True), leaf(d)
+        mask = fast.CausalMask(n)
+        if impl == "maskbench":
+            def call():
+                return fast.masked_linear_attention(phi_q, phi_k, v, mask)
+        elif impl == "attend":
+            def call():
+                return mask.attend(phi_q, phi_k, v)
+        else:
+            from benchmarks.ops import fla_linear_causal
+
+            leaves[:] = [t.detach().transpose(1, 2).contiguous().requires_grad_(backward) for t in leaves]
+
+            def call():
+                return fla_linear_causal(*leaves)
+    elif impl == "favor":
+        q, k, v = leaf(d), leaf(d), leaf(d)
+        w = fast.gaussian_projection(m, d, orthogonal=True, generator=g).to(device)
+        mask = fast.CausalMask(n)
+
+        def call():
+            return fast.favor_attention(q, k, v, w, mask=mask)
+    elif impl == "sdpa-flash":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = leaf(d), leaf(d), leaf(d)
+
+        def call():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        raise ValueError(f"impl must be one of {CAUSAL_IMPLS}, got {impl!r}")
+    if not backward:
+        def forward():
+            with torch.no_grad():
+                return call()
+        return forward
+
+    def forward_backward():
+        for t in leaves:
+            t.grad = None
+        out = call()
+        outs = out if isinstance(out, tuple) else (out,)
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    return forward_backward
+
+
+def time_point(runner: Callable[[], object], device: str, rounds: int = CAUSAL_ROUNDS) -> list[float]:
+    """One warm-up call (compiles, autotunes, plans), then ``rounds`` synchronised
+    measure.timing.measure's: their seconds per call, sorted."""
+    from measure.timing import measure
+
+    runner()
+    return sorted(measure(runner, device) for _ in range(rounds))
+
+
+def causal_stage(device: str, budget_s: float, progress: Callable[[str], None] = lambda msg: None,
+                 plan: list[tuple[str, int, str, str]] | None = None, rounds: int = CAUSAL_ROUNDS) -> dict:
+    """Time the points of ``plan`` (default causal_plan()) in order while ``budget_s`` seconds last
+    (a point starts only with time left; the rest are listed in ``not_run``). A peer that cannot
+    run here is skipped with its reason (``skipped``); an exception at one point is recorded in its
+    ``error`` and the next point runs. Returns {"seconds", "rounds", "shape", "points", "skipped",
+    "not_run", "summary"} (``causal_summary``)."""
+    import torch
+
+    plan = causal_plan() if plan is None else plan
+    start = time.perf_counter()
+    points, skipped, not_run = [], {}, []
+    for impl, n, dtype, pass_ in plan:
+        key = f"{impl} {dtype}"
+        if key not in skipped:
+            why = causal_unavailable(impl, device, dtype)
+            if why is not None:
+                skipped[key] = why
+                progress(f"causal: {key} skipped ({why})")
+        if key in skipped:
+            continue
+        if time.perf_counter() - start >= budget_s:
+            not_run.append({"impl": impl, "n": n, "dtype": dtype, "pass": pass_})
+            continue
+        point = {"impl": impl, "n": int(n), "dtype": dtype, "pass": pass_}
+        try:
+            point["seconds"] = time_point(causal_runner(impl, n, dtype, pass_, device), device, rounds)
+        except Exception as exc:  # noqa: BLE001 - recorded; the next point runs
+            point["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            if str(device).startswith("cuda"):
+                torch.cuda.empty_cache()
+        points.append(point)
+        got = f"{point['seconds'][len(point['seconds']) // 2] * 1e3:.3g} ms" if "seconds" in point else point["error"]
+        progress(f"causal: {impl} N = {n:,} {dtype} {pass_}: {got}")
+    return {"seconds": round(time.perf_counter() - start, 2), "rounds": rounds, "shape": dict(zip("BHdm", CAUSAL_SHAPE)),
+            "points": points, "skipped": skipped, "not_run": not_run, "summary": causal_summary(points)}
+
+
+def _median(xs: list[float]) -> float:
+    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+
+def crossing(sizes: list[int], ratios: list[float]) -> float | str | None:
+    """The N at which ratios (time of A / time of B, one per N of ``sizes``, increasing N) fall
+    below 1 for good, interpolated linearly in (log2 N, log ratio) between the two N around the last
+    crossing: a float; "below" when A is faster at every N; None when A is not faster at the
+    largest N (no crossover on this grid)."""
+    if not sizes or ratios[-1] >= 1:
+        return None
+    k = max((i for i in range(len(ratios)) if ratios[i] >= 1), default=-1)
+    if k < 0:
+        return "below"
+    x0, x1 = math.log2(sizes[k]), math.log2(sizes[k + 1])
+    y0, y1 = math.log(ratios[k]), math.log(ratios[k + 1])
+    return 2 ** (x0 + (x1 - x0) * y0 / (y0 - y1))
+
+
+def causal_summary(points: list[dict]) -> dict:
+    """The causal stage's comparisons from its points (medians of their rounds):
+
+    - ``vs_fla``: per (N, dtype, pass), fla / maskbench and fla / attend (>= 1: maskbench at least as
+      fast as fla-core's chunk_linear_attn; issue 25's target for the features-given path);
+    - ``favor_vs_given``: per (N, pass), favor / maskbench in float32 (issue 25's target: <= 1.3);
+    - ``crossover``: per pass, the N from which causal FAVOR+ beats SDPA's flash kernel in bfloat16
+      (``crossing`` of the median ratios) and its interval: the crossings of the rounds' most and
+      least favourable ratios (fastest FAVOR+ over slowest SDPA, and the reverse), None where that
+      ratio does not cross on the grid, "below" where FAVOR+ wins at every N.
+    """
+    t = {(p["impl"], p["n"], p["dtype"], p["pass"]): p["seconds"] for p in points if p.get("seconds")}
+    med = {key: _median(s) for key, s in t.items()}
+    vs_fla = []
+    for (impl, n, dtype, pass_), s in sorted(med.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][1])):
+        if impl != "fla":
+            continue
+        row = {"n": n, "dtype": dtype, "pass": pass_, "fla_s": s}
+        for mine in ("maskbench", "attend"):
+            if (mine, n, dtype, pass_) in med:
+                row[f"{mine}_s"] = med[(mine, n, dtype, pass_)]
+                row[f"fla_over_{mine}"] = s / med[(mine, n, dtype, pass_)]
+        vs_fla.append(row)
+    favor_vs_given = [{"n": n, "pass": pass_, "favor_s": s, "given_s": med[("maskbench", n, dtype, pass_)],
+                       "favor_over_given": s / med[("maskbench", n, dtype, pass_)]}
+                      for (impl, n, dtype, pass_), s in sorted(med.items(), key=lambda kv: (kv[0][3], kv[0][1]))
+                      if impl == "favor" and dtype == "float32" and ("maskbench", n, dtype, pass_) in med]
+    crossover = {}
+    for pass_ in PASSES:
+        ns = sorted(n for (impl, n, dtype, p) in t if impl == "favor" and dtype == "bfloat16" and p == pass_
+                    and ("sdpa-flash", n, dtype, p) in t)
+        if not ns:
+            continue
+        fav = [t[("favor", n, "bfloat16", pass_)] for n in ns]
+        sdp = [t[("sdpa-flash", n, "bfloat16", pass_)] for n in ns]
+        ratios = [_median(f) / _median(s) for f, s in zip(fav, sdp)]
+        crossover[pass_] = {"sizes": ns, "favor_over_sdpa": ratios, "n": crossing(ns, ratios),
+                            "interval": [crossing(ns, [f[0] / s[-1] for f, s in zip(fav, sdp)]),
+                                         crossing(ns, [f[-1] / s[0] for f, s in zip(fav, sdp)])]}
+    return {"vs_fla": vs_fla, "favor_vs_given": favor_vs_given, "crossover": crossover}
+
+
 # ------------------------------------------------------------------------------ the run
 
 
@@ -431,6 +668,10 @@ def failures(run: dict) -> list[str]:
     bad = [r["id"] for r in checks.get("results", []) if r.get("status") == "fail"]
     if bad:
         out.append(f"{len(bad)} check(s) failed: {', '.join(bad[:10])}")
+    bad = [f"{p['impl']} N = {p['n']} {p['dtype']} {p['pass']}" for p in (run.get("causal") or {}).get("points", [])
+           if p.get("error") and p["impl"] in MASKBENCH_IMPLS]
+    if bad:
+        out.append(f"{len(bad)} causal comparison point(s) of maskbench raised: {', '.join(bad[:10])}")
     peers = run.get("peers") or {}
     if peers.get("returncode") not in (None, 0, 5) and not peers.get("timed_out"):
         out.append(f"the peer suite exited with status {peers['returncode']}")
@@ -478,6 +719,8 @@ def collect(device: str, out: Path, budget_s: float = DEFAULT_BUDGET_S, skip: tu
             run[stage] = checks_stage(work, device, limit, echo, only)
         elif stage == "sweeps":
             run[stage] = sweeps_stage(device, limit, progress=status)
+        elif stage == "causal":
+            run[stage] = causal_stage(device, limit, progress=status)
         else:
             run[stage] = peers_stage(work, device, limit, echo)
         run["stage_seconds"][stage] = round(time.perf_counter() - t0, 2)

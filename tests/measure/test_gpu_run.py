@@ -107,22 +107,25 @@ def test_collect_rewrites_the_json_after_each_stage_within_the_budget(tmp_path, 
         monkeypatch.setattr(gpu, "tests_stage", lambda work, limit, echo: stage("tests", use_all)(limit))
         monkeypatch.setattr(gpu, "checks_stage", lambda work, dev, limit, echo, only: stage("checks", use_all)(limit))
         monkeypatch.setattr(gpu, "sweeps_stage", lambda dev, limit, progress: stage("sweeps", use_all)(limit))
+        monkeypatch.setattr(gpu, "causal_stage", lambda dev, limit, progress: stage("causal", use_all)(limit))
         monkeypatch.setattr(gpu, "peers_stage", lambda work, dev, limit, echo: stage("peers", use_all)(limit))
 
     install(use_all=True)
     run = gpu.collect("cuda", out, budget_s=100.0, skip=("peers",), echo=False)
     assert run["tests"]["saw"] == [] and run["checks"]["saw"] == ["tests"] and run["sweeps"]["saw"] == ["checks", "tests"]
+    assert run["causal"]["saw"] == ["checks", "sweeps", "tests"]
     assert "peers" not in run and run["skipped_stages"] == ["peers"] and run["failures"] == []
     assert json.loads(out.read_text())["seconds"] == run["seconds"] == pytest.approx(100.0)
     sh = gpu.SHARES
-    ran = sh["tests"] + sh["checks"] + sh["sweeps"]  # the shares of the stages that run
+    ran = sh["tests"] + sh["checks"] + sh["sweeps"] + sh["causal"]  # the shares of the stages that run
     assert limits == pytest.approx({"tests": 100 * sh["tests"] / ran, "checks": 100 * sh["checks"] / ran,
-                                    "sweeps": 100 * sh["sweeps"] / ran})
+                                    "sweeps": 100 * sh["sweeps"] / ran, "causal": 100 * sh["causal"] / ran})
     clock[0] = 0.0
     install(use_all=False)  # instant stages: each later one may use what the earlier ones left
     gpu.collect("cuda", out, budget_s=100.0, echo=False)
     assert limits == pytest.approx({"tests": 100 * sh["tests"], "checks": 100 * sh["checks"] / (1 - sh["tests"]),
-                                    "sweeps": 100 * sh["sweeps"] / (sh["sweeps"] + sh["peers"]), "peers": 100.0})
+                                    "sweeps": 100 * sh["sweeps"] / (sh["sweeps"] + sh["causal"] + sh["peers"]),
+                                    "causal": 100 * sh["causal"] / (sh["causal"] + sh["peers"]), "peers": 100.0})
 
 
 def test_failures_name_what_failed():
@@ -163,3 +166,100 @@ def test_peers_stage_runs_each_operation_apart_and_summarises(tmp_path, monkeypa
     none = gpu.peers_stage(tmp_path, "cpu", timeout=1, echo=False, bench_args=small)  # no time for any part
     assert none["summary"] is None and "no part of the peer suite finished" in none["summary_error"]
     assert [p["skipped"] for p in none["parts"]] == ["no time left"] * 2
+
+
+# ------------------------------------------------------------------------------ the causal stage (issue 25)
+
+
+def test_causal_plan_puts_the_targets_first_and_the_crossover_in_bfloat16():
+    plan = gpu.causal_plan()
+    first_n = gpu.CAUSAL_SIZES[0]
+    assert plan[:3] == [(impl, first_n, "float32", "forward") for impl in ("maskbench", "attend", "fla")]
+    assert {p[0] for p in plan} == set(gpu.CAUSAL_IMPLS)
+    assert {p[2] for p in plan if p[0] == "sdpa-flash"} == {"bfloat16"}
+    assert {p[1] for p in plan if p[0] == "sdpa-flash"} == set(gpu.CROSSOVER_SIZES)
+    assert {(p[1], p[2], p[3]) for p in plan if p[0] == "fla"} == {
+        (n, dt, ps) for n in gpu.CAUSAL_SIZES for dt in ("float32", "bfloat16") for ps in gpu.PASSES}
+    assert len(plan) == len(set(plan))
+
+
+def test_causal_peers_that_cannot_run_here_say_why():
+    assert "needs --device cuda" in gpu.causal_unavailable("fla", "cpu", "float32")
+    assert gpu.causal_unavailable("maskbench", "cpu", "float32") is None
+
+
+@pytest.mark.parametrize("impl", ["maskbench", "attend", "favor"])
+@pytest.mark.parametrize("pass_", gpu.PASSES)
+def test_causal_runner_runs_maskbench_on_the_cpu(monkeypatch, impl, pass_):
+    monkeypatch.setattr(gpu, "CAUSAL_SHAPE", (1, 2, 8, 8))  # small: the plumbing, not the speed
+    run = gpu.causal_runner(impl, 40, "float32", pass_, "cpu")
+    run()
+    run()  # gradients are cleared between calls: a second call runs as the first
+    with pytest.raises(ValueError, match="impl must be one of"):
+        gpu.causal_runner("flash", 40, "float32", pass_, "cpu")
+
+
+def test_causal_stage_with_fakes_skips_absent_peers_records_errors_and_keeps_to_its_budget(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(gpu.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(gpu, "causal_unavailable", lambda impl, device, dtype: "not here" if impl == "fla" else None)
+
+    def runner(impl, n, dtype, pass_, device):
+        if impl == "attend" and n == 32 and dtype == "float32" and pass_ == "forward":
+            raise RuntimeError("planted")
+        return lambda: None
+
+    def timed(run, device, rounds):
+        clock[0] += 10.0  # each point costs 10 s
+        return [1.0, 2.0, 3.0][:rounds]
+
+    monkeypatch.setattr(gpu, "causal_runner", runner)
+    monkeypatch.setattr(gpu, "time_point", timed)
+    plan = gpu.causal_plan(sizes=(32, 64), crossover_sizes=(16,))
+    out = gpu.causal_stage("cpu", budget_s=75.0, plan=plan)
+    assert out["skipped"] == {"fla float32": "not here", "fla bfloat16": "not here"}
+    assert not [p for p in out["points"] if p["impl"] == "fla"]
+    ran = [p for p in out["points"] if "seconds" in p]
+    assert len(ran) == 8 and all(p["seconds"] == [1.0, 2.0, 3.0] for p in ran)  # 75 s at 10 s a point (an error: 0 s)
+    errors = [p for p in out["points"] if "error" in p]
+    assert errors == [{"impl": "attend", "n": 32, "dtype": "float32", "pass": "forward", "error": "RuntimeError: planted"}]
+    assert out["not_run"] and out["not_run"][-1] == {"impl": "sdpa-flash", "n": 16, "dtype": "bfloat16",
+                                                     "pass": "forward+backward"}
+    json.dumps(out)
+    # an error of maskbench's own fails the run; a skipped peer does not
+    assert gpu.failures({"causal": out}) == ["1 causal comparison point(s) of maskbench raised: attend N = 32 float32 "
+                                             "forward"]
+
+
+def test_crossing_interpolates_in_log_n():
+    sizes = [2**11, 2**12, 2**13, 2**14]
+    assert gpu.crossing(sizes, [4.0, 2.0, 1.0, 0.5]) == pytest.approx(2**13)  # 1.0 is not faster yet
+    # between 2^13 (1.25) and 2^14 (0.5): log2 N = 13 + log 1.25 / (log 1.25 - log 0.5)
+    import math
+    want = 2 ** (13 + math.log(1.25) / (math.log(1.25) - math.log(0.5)))
+    assert gpu.crossing(sizes, [4.0, 2.0, 1.25, 0.5]) == pytest.approx(want)
+    assert gpu.crossing(sizes, [0.9, 0.8, 0.7, 0.5]) == "below"
+    assert gpu.crossing(sizes, [4.0, 2.0, 0.5, 1.5]) is None  # slower again at the largest N: no crossover
+    assert gpu.crossing(sizes, [0.5, 2.0, 0.9, 0.8]) == pytest.approx(2 ** (12 + math.log(2) / (math.log(2) - math.log(0.9))))
+
+
+def test_causal_summary_ratios_and_crossover_interval():
+    pts = [{"impl": "maskbench", "n": 64, "dtype": "float32", "pass": "forward", "seconds": [1.0, 2.0, 3.0]},
+           {"impl": "attend", "n": 64, "dtype": "float32", "pass": "forward", "seconds": [1.0, 1.0, 1.0]},
+           {"impl": "fla", "n": 64, "dtype": "float32", "pass": "forward", "seconds": [3.0, 3.0, 3.0]},
+           {"impl": "favor", "n": 64, "dtype": "float32", "pass": "forward", "seconds": [2.5, 2.6, 2.7]},
+           {"impl": "maskbench", "n": 128, "dtype": "float32", "pass": "forward", "error": "x"}]
+    for n, fav, sdp in ((2**11, 2.0, 1.0), (2**12, 2.0, 4.0)):
+        pts += [{"impl": "favor", "n": n, "dtype": "bfloat16", "pass": "forward", "seconds": [fav * 0.9, fav, fav * 1.1]},
+                {"impl": "sdpa-flash", "n": n, "dtype": "bfloat16", "pass": "forward", "seconds": [sdp * 0.9, sdp, sdp * 1.1]}]
+    got = gpu.causal_summary(pts)
+    assert got["vs_fla"] == [{"n": 64, "dtype": "float32", "pass": "forward", "fla_s": 3.0, "maskbench_s": 2.0,
+                              "fla_over_maskbench": 1.5, "attend_s": 1.0, "fla_over_attend": 3.0}]
+    assert got["favor_vs_given"] == [{"n": 64, "pass": "forward", "favor_s": 2.6, "given_s": 2.0,
+                                      "favor_over_given": pytest.approx(1.3)}]
+    cross = got["crossover"]["forward"]
+    assert cross["sizes"] == [2**11, 2**12] and cross["favor_over_sdpa"] == pytest.approx([2.0, 0.5])
+    assert cross["n"] == pytest.approx(2**11.5)  # log ratio +log 2 to -log 2: halfway in log N
+    lo, hi = cross["interval"]
+    assert 2**11 < lo < cross["n"] < hi < 2**12
+    assert "forward+backward" not in got["crossover"]
