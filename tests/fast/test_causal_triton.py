@@ -5,8 +5,8 @@ TRITON_INTERPRET=1 must be set before triton is imported, so the kernel runs in 
 (MASKBENCH_CAUSAL_KERNEL=force: CausalMask.attend takes the kernel on CPU tensors there) that
 prints its measurements as JSON; the tests below judge them. Sizes are small (the interpreter
 runs each program in Python): N ragged against the chunk (one full chunk of 64 and a partial one,
-or several chunks of 16 for m = 256), m != d, m, d in {16, 32, 64}, d wider than one value block,
-float32, bfloat16 and float64.
+or several chunks of 16 for m = 256; N = 1), m != d, m, d in {16, 32, 64}, d wider than one value
+block, float32, bfloat16 and float64.
 
 Tolerances are bounds, not fits (docs/methods.md): every output is a sum of at most
 K = N + m + 2 C products of nonnegative factors, so in a working precision with unit roundoff u
@@ -111,7 +111,8 @@ res = {"cases": []}
 for args in [(80, 16, 16, torch.float32, False, 1), (80, 16, 16, torch.float32, True, 2),
              (75, 20, 80, torch.float32, True, 3), (70, 32, 24, torch.bfloat16, False, 4),
              (70, 32, 24, torch.bfloat16, True, 5), (40, 64, 32, torch.float64, True, 6),
-             (37, 256, 40, torch.float32, True, 7)]:
+             (37, 256, 40, torch.float32, True, 7), (1, 16, 16, torch.float32, True, 10),
+             (70, 64, 64, torch.float32, False, 11)]:
     res["cases"].append(case(*args))
 
 # gradcheck (float64, finite differences of the kernel's forward vs its backward kernel), plain and stabilised
