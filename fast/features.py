@@ -254,8 +254,51 @@ class FavorPlus(_Projected):
         """
         x = self._checked(x)
         w = self.projection.to(x.dtype)
-        return favor_exponentials(x, w, 0.5, is_query=is_query, stabilize=self.stabilize,
-                                  key_stabilizer=key_stabilizer)[0]
+        out, _, n = favor_exponentials(x, w, 0.5, is_query=is_query, stabilize=self.stabilize,
+                                       key_stabilizer=key_stabilizer)
+        # |x|^2 / 2 overflows (float32 |x| >~ 1.8e19) where the stabilised features do not: the
+        # constant then meets inf - inf. One read of the (N, 1) norm term tells; the rare path forms
+        # the exponents without it (_overflowed_norm_exponentials).
+        if self.stabilize and n is not None and not bool(torch.isfinite(n).all()):
+            out = _overflowed_norm_exponentials(x, w, is_query, key_stabilizer)
+        return out
+
+
+def _overflowed_norm_exponentials(x: torch.Tensor, w: torch.Tensor, is_query: bool,
+                                  key_stabilizer=None) -> torch.Tensor:
+    """FavorPlus.exponentials (stabilised) where some |x|^2 / 2 overflows: the same numbers, formed
+    without n = |x|^2 / 2. Queries: exp(p - max_a p) (n cancels; its gradient, x, enters through the
+    zero-valued (x - x') . x', x' = x detached). Keys: z' = p - (n_j - n_0) with n_0 = r_0^2 / 2 of the
+    slice's smallest row norm r_0 (detached) and n_j - n_0 = (r_j - r_0)(r_j + r_0) / 2, which overflows
+    only where the exact feature underflows to 0; every constant is a maximum of exponents, so
+    exp(z' - c(z')) = exp(z - c(z)). Row norms r_j = s_j |x_j / s_j|, s_j = max |x_j| (no overflow); the
+    gradient of n_j (x_j) enters through a zero-valued term, as the queries' does.
+    ValueError naming x when W x or even the smallest row norm of a slice overflows."""
+    p = x @ w.transpose(-1, -2)
+    if not bool(torch.isfinite(p).all()):
+        raise ValueError(f"x is too large for FAVOR+ features in {x.dtype}: its projection W x overflows "
+                         f"(largest |x| entry {float(x.detach().abs().amax()):.3g}); rescale x or compute in float64")
+    if is_query:
+        xd = x.detach()
+        shift = p.detach().amax(-1, keepdim=True) + ((x - xd) * xd).sum(-1, keepdim=True)
+        return (p - shift).exp()
+    xd = x.detach()
+    top = xd.abs().amax(-1, keepdim=True)
+    safe = torch.where(top > 0, top, torch.ones_like(top))
+    r = torch.linalg.vector_norm(xd / safe, dim=-1, keepdim=True) * safe  # (..., N, 1)
+    r0 = r.amin(-2, keepdim=True)  # (..., 1, 1)
+    if not bool(torch.isfinite(r0).all()):
+        raise ValueError("x has a (batch, head) slice whose every row norm |x_j| overflows its dtype "
+                         f"({x.dtype}): FAVOR+ features exp(W x - |x|^2 / 2) are undefined there; rescale x "
+                         "or compute in float64")
+    # the value of n_j - n_0, with the gradient of n_j (x_j) through a zero-valued term: differentiating
+    # the product itself would form r_j^2 on the way back, which overflows as n does
+    z = p - (0.5 * (r - r0) * (r + r0) + ((x - xd) * xd).sum(-1, keepdim=True))
+    if key_stabilizer is None:
+        c = slice_max(z.detach().amax(-1, keepdim=True))
+    else:
+        c = key_stabilizer(z.detach()).detach()
+    return (z - c).exp()
 
 
 class Hyperbolic(_Projected):

@@ -72,3 +72,51 @@ def test_ordinary_slice_is_unaffected_by_a_huge_one(dtype, scale):
     x, w = _keys(dtype, scale)
     fmap = fast.FavorPlus(w)
     assert torch.equal(fmap(x)[1], fmap(x[1]))
+
+
+# ------------------------------------------------------------------------------ |x|^2 / 2 overflowing
+
+
+def _equal_norm_keys(dtype: torch.dtype, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys (2, 24, 8) whose rows all have one norm (signed permutations of one vector of small integers,
+    times a power of two, so every norm is the same floating-point number) and a projection: with
+    equal norms n_j = n the exact stabilised features are exp(p - max p) per slice, whatever n is,
+    so they are known without forming n."""
+    g = gen(3)
+    w = fast.gaussian_projection(16, 8, generator=g, dtype=dtype)
+    base = torch.arange(1, 9, dtype=dtype)
+    rows = [base[torch.randperm(8, generator=g)] * torch.where(torch.rand(8, generator=g) < 0.5, -1.0, 1.0).to(dtype)
+            for _ in range(48)]
+    return torch.stack(rows).reshape(2, 24, 8) * scale, w
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float32, 2.0**66), (torch.float32, 2.0**100), (torch.float64, 2.0**520)])
+def test_overflowed_norm_term_gives_the_exact_features(dtype, scale):
+    """|x|^2 / 2 beyond the dtype's maximum for EVERY key (float32 |x| >~ 1.8e19): the stabilised
+    features are still exact and finite (before: (p - inf) - (-inf) = NaN everywhere)."""
+    x, w = _equal_norm_keys(dtype, scale)
+    assert not torch.isfinite(0.5 * (x * x).sum(-1)).any()  # the norm term overflows for all keys
+    p = x @ w.T
+    keys = fast.FavorPlus(w).exponentials(x)
+    want_k = torch.exp(p - p.amax(dim=(-2, -1), keepdim=True))
+    torch.testing.assert_close(keys, want_k, rtol=0, atol=0)
+    queries = fast.FavorPlus(w).exponentials(x, is_query=True)
+    torch.testing.assert_close(queries, torch.exp(p - p.amax(-1, keepdim=True)), rtol=0, atol=0)
+    torch.testing.assert_close(fast.FavorPlus(w)(x), want_k / 4.0, rtol=0, atol=0)  # m = 16: 1 / sqrt(m)
+
+
+def test_overflowed_norm_term_with_a_key_stabilizer_and_its_gradient():
+    x, w = _equal_norm_keys(torch.float32, 2.0**66)
+    x = x.clone().requires_grad_(True)
+    phi = fast.FavorPlus(w).exponentials(x, key_stabilizer=default_key_stabilizer)
+    p = (x @ w.T).detach()
+    torch.testing.assert_close(phi.detach(), torch.exp(p - p.amax(dim=(-2, -1), keepdim=True)), rtol=0, atol=0)
+    q = fast.FavorPlus(w).exponentials(x, is_query=True)
+    (gk,) = torch.autograd.grad(phi.sum() + q.sum(), x)
+    assert torch.isfinite(gk).all()
+
+
+def test_keys_whose_every_norm_overflows_are_refused_naming_x():
+    x, w = _equal_norm_keys(torch.float32, 2.0**125)  # |x| = 14.3 * 2^125 beyond float32's maximum
+    with pytest.raises(ValueError, match="x"):
+        fast.FavorPlus(w)(x)
