@@ -66,7 +66,6 @@ U64 = 2.0**-53  # unit round-off of float64
 U32 = 2.0**-24  # unit round-off of float32
 
 
-
 def _cross_roundoff(op, graph, u: float) -> float:
     """Bound (per unit ||x||, before the factor norm_bound) on the difference between op's float64
     result and another implementation of the same plan computing in unit round-off u: the module's
@@ -664,9 +663,12 @@ def test_float32_refuses_only_what_float64_refuses_at_std_8(graph):
                 assert float(row.max()) <= 1e-3, (kind, seed, float(row.max()))
 
 
+@pytest.mark.parametrize("route", ["exact", "optimistic"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_stabilised_attend_gradcheck(kind):
-    """Gradients of the stabilised attend reach phi_q, phi_k, v and a learnable lam (gradcheck)."""
+def test_stabilised_attend_gradcheck(kind, route):
+    """Gradients of the stabilised attend (route "exact": per-key constants; "optimistic": the plain
+    series on keys brought to one constant per slice, trusted on these inputs) reach phi_q, phi_k, v
+    and a learnable lam (gradcheck)."""
     from tests.fast.masks.test_grf import stabilised_inputs
 
     adj = isolated_loops_components()
@@ -675,9 +677,15 @@ def test_stabilised_attend_gradcheck(kind):
     phi_k = torch.exp(z - c)
     lam = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
     inputs = (phi_q.requires_grad_(True), phi_k.requires_grad_(True), v.requires_grad_(True))
+    if route == "optimistic":
+        (_, trusted) = DiffusionMask(adj, lam, kind, tol=1e-12).attend_optimistic(*inputs, c)
+        assert bool(trusted)
 
     def f(pq, pk, vv, ll):
-        return DiffusionMask(adj, ll, kind, tol=1e-12).attend(pq, pk, vv, key_log_scale=c)
+        mask = DiffusionMask(adj, ll, kind, tol=1e-12)
+        if route == "exact":
+            return mask.attend(pq, pk, vv, key_log_scale=c)
+        return mask.attend_optimistic(pq, pk, vv, c)[0]
 
     assert torch.autograd.gradcheck(f, (*inputs, lam))
     assert torch.autograd.gradcheck(lambda pq, pk, vv: f(pq, pk, vv, 0.6), inputs)
@@ -817,25 +825,3 @@ def test_ordinary_inputs_take_the_optimistic_route_and_extreme_ones_the_exact(gr
             calls.clear()
     # with one constant per slice an isolated node's own key underflows at std 8 (test above)
     assert exact_routes >= (9 if graph == "isolated64" else 1)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_optimistic_attend_gradcheck(kind):
-    """Gradients of the optimistic attend (the plain series on keys brought to one constant per slice)
-    reach phi_q, phi_k, v and a learnable lam (gradcheck), and it is trusted on these inputs."""
-    from tests.fast.masks.test_grf import stabilised_inputs
-
-    adj = isolated_loops_components()
-    z, phi_q, v = stabilised_inputs(adj.shape[0], (2,), m=2, d=2, spread=3.0, seed=7)
-    c = z.amax(-1, keepdim=True)
-    phi_k = torch.exp(z - c)
-    lam = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
-    inputs = (phi_q.requires_grad_(True), phi_k.requires_grad_(True), v.requires_grad_(True))
-    (_, trusted) = DiffusionMask(adj, lam, kind, tol=1e-12).attend_optimistic(*inputs, c)
-    assert bool(trusted)
-
-    def f(pq, pk, vv, ll):
-        return DiffusionMask(adj, ll, kind, tol=1e-12).attend_optimistic(pq, pk, vv, c)[0]
-
-    assert torch.autograd.gradcheck(f, (*inputs, lam))
-    assert torch.autograd.gradcheck(lambda pq, pk, vv: f(pq, pk, vv, 0.6), inputs)
