@@ -9,9 +9,14 @@ returns
     num_i = sum_{j <= i} exp(c_j - r_i) (phi_q_i . phi_k_j) v_j,    den_i = the same with v_j = 1,
 
 the true (num_i, den_i) times exp(-r_i) when phi_k_j = phi_true_j exp(-c_j). Tokens are cut into
-chunks of C; one program per (slice, block of BD value columns) walks the chunks in order keeping
-the running state S_t = sum_{j in chunks <= t} exp(c_j - E_t) phi_k_j v_j^T (BM x BD, float32) and
-z_t (the same with v_j = 1), E_t = r at the last token of chunk t. For chunk t:
+chunks of C, and the chunks into P segments (``segment_plan``: enough programs to fill the GPU;
+P = 1 for long slices of many heads, and on a CPU). One program per (slice, block of BD value
+columns, segment) walks its segment's chunks in order keeping the running state
+S_t = sum_{j in chunks <= t} exp(c_j - E_t) phi_k_j v_j^T (BM x BD, float32) and z_t (the same with
+v_j = 1), E_t = r at the last token of chunk t; it starts from the state the earlier segments
+leave, the sum of their totals (a first, parallel kernel: each segment's sum of
+exp(c_j - E_p) phi_k_j [v_j, 1]^T in units of its own last E_p), each brought to the segment's
+units by exp(E_p' - E_{p-1}) <= 1. For chunk t:
 
     num = [(q k^T) o W] v + diag(exp(E_{t-1} - r_i)) q S_{t-1},   W_ij = exp(c_j - r_i) [j <= i],
     S_t = exp(E_{t-1} - E_t) S_{t-1} + (diag(exp(c_j - E_t)) k)^T v.
@@ -19,11 +24,13 @@ z_t (the same with v_j = 1), E_t = r at the last token of chunk t. For chunk t:
 Every factor is exp of a non-positive number (r is a running maximum), so none overflows: the
 guarantee of the PyTorch scan's decayed route, without its one-reference shortcut. The backward
 kernel runs the same scan for dq (the state of phi_k [v, 1]^T) and the reverse scan for dk, dv (the
-state of phi_q [g_num, g_den]^T in units of E_t), each program writing its value block's share
-of dq and dk, which are summed after (one term per block).
+state of phi_q [g_num, g_den]^T in units of E_t, segments starting from the totals of the
+segments after them), each program writing its value block's share of dq and dk, which are summed
+after (one term per block).
 
-Work O(N C (m + d) + N m d) per slice, as the PyTorch scan; memory O(N (m + d)) saved for backward
-(the inputs), O(N m d / BD) transient in backward. Inputs of float32, bfloat16 or float16 are read
+Work O(N C (m + d) + N m d + P^2 m d) per slice (the PyTorch scan's, plus one more pass over k, v
+for the segment totals when P > 1, and P^2 / 2 total reads); memory O(N (m + d)) saved for
+backward (the inputs), O(N m d / BD + P m d) transient. Inputs of float32, bfloat16 or float16 are read
 in their dtype and computed in float32 (float64 in float64); the outputs are rounded to the input
 dtype at the end (by torch: to nearest).
 Float32 products keep float32 accuracy (three TF32 products on tensor cores, "tf32x3") unless
@@ -180,6 +187,58 @@ class _TritonCausalScan(torch.autograd.Function):
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None)
 
 
+def segment_plan(chunks: int, programs: int, device: torch.device) -> tuple[int, int]:
+    """(P, chunks per segment): the token axis of each slice is cut into P segments of whole
+    chunks scanned in parallel, each from the state the segments before it leave (summed from
+    their totals, module doc). On CUDA P fills about PROGRAMS_PER_SM programs per multiprocessor
+    over ``programs`` = slices x value blocks, with at least MIN_SEGMENT_CHUNKS chunks per segment;
+    SEGMENTS (an int) forces P (the tests, under the interpreter); elsewhere P = 1. O(1).
+
+    >>> import torch
+    >>> from fast.kernels.causal_scan import segment_plan
+    >>> segment_plan(100, 8, torch.device("cpu"))
+    (1, 100)
+    """
+    if SEGMENTS is not None:
+        p = max(1, min(int(SEGMENTS), chunks))
+    elif device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        p = max(1, min(-(-PROGRAMS_PER_SM * sms // programs), chunks // MIN_SEGMENT_CHUNKS))
+    else:
+        p = 1
+    per = -(-chunks // p)
+    return -(-chunks // per), per
+
+
+#: Segments per slice: None (chosen by segment_plan from the GPU's size) or an int that forces it.
+SEGMENTS: int | None = None
+#: segment_plan's aim: programs per multiprocessor, and the fewest chunks a segment gets.
+PROGRAMS_PER_SM = 4
+MIN_SEGMENT_CHUNKS = 8
+
+
+def _launch_args(v: torch.Tensor) -> dict:
+    acc = _acc_dtype(v.dtype)
+    return {"PRECISION": _precision(v), "ACC": tl.float64 if acc == torch.float64 else tl.float32}
+
+
+def _totals(a, b, c, r, gd, plan, blocks, m, d, reverse: bool, **launch):
+    """Each segment's total (S, P, m, d) and its column of ones or g_den (S, P, m) (module doc);
+    None, None for one segment (nothing comes before or after it)."""
+    segments, per = plan
+    if segments == 1:
+        return None, None
+    s, n = a.shape[0], a.shape[1]
+    acc = _acc_dtype(b.dtype)
+    tot = torch.zeros(s, segments, m, d, dtype=acc, device=a.device)
+    ztot = torch.zeros(s, segments, m, dtype=acc, device=a.device)
+    chunk, bm, bd = kernel_blocks(m, d)
+    _totals_kernel[(s, blocks, segments)](a, b, a if c is None else c, a if r is None else r, a if gd is None else gd,
+                                          tot, ztot, n, m, d, segments, per, CHUNK=chunk, BM=bm, BD=bd,
+                                          STABLE=c is not None, REVERSE=reverse, **launch)
+    return tot, ztot
+
+
 def _forward(phi_q, phi_k, v, c):
     (n, m), d = phi_q.shape[-2:], v.shape[-1]
     acc = _acc_dtype(v.dtype)
@@ -192,10 +251,14 @@ def _forward(phi_q, phi_k, v, c):
     q, k, vv = _flat(phi_q), _flat(phi_k), _flat(v)
     c, r = _constants(c, acc, n)
     chunk, bm, bd = kernel_blocks(m, d)
-    grid = (q.shape[0], triton.cdiv(d, bd))
-    _forward_kernel[grid](q, k, vv, q if c is None else c, q if r is None else r, num, den, n, m, d,
-                          CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, PRECISION=_precision(v),
-                          ACC=tl.float64 if acc == torch.float64 else tl.float32)
+    blocks = triton.cdiv(d, bd)
+    plan = segment_plan(triton.cdiv(n, chunk), q.shape[0] * blocks, q.device)
+    launch = _launch_args(v)
+    tot, ztot = _totals(k, vv, c, r, None, plan, blocks, m, d, False, **launch)
+    _forward_kernel[(q.shape[0], blocks, plan[0])](
+        q, k, vv, q if c is None else c, q if r is None else r, num if tot is None else tot,
+        den if ztot is None else ztot, num, den, n, m, d, plan[0], plan[1],
+        CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, **launch)
     return num.to(v.dtype), den.to(v.dtype)
 
 
@@ -211,13 +274,19 @@ def _backward(phi_q, phi_k, v, c, g_num, g_den):
     chunk, bm, bd = kernel_blocks(m, d)
     blocks = triton.cdiv(d, bd)
     s = q.shape[0]
+    plan = segment_plan(triton.cdiv(n, chunk), s * blocks, q.device)
+    launch = _launch_args(v)
+    tot, ztot = _totals(k, vv, c, r, None, plan, blocks, m, d, False, **launch)  # of k [v, 1]^T
+    rtot, rztot = _totals(q, gn, c, r, gd, plan, blocks, m, d, True, **launch)  # of q [g_num, g_den]^T
     # each value block's share of dq and dk (summed below); dv is per block already
     dq = torch.empty(blocks, s, n, m, dtype=acc, device=q.device)
     dk = torch.empty(blocks, s, n, m, dtype=acc, device=q.device)
     dv = torch.empty(s, n, d, dtype=acc, device=q.device)
-    _backward_kernel[(s, blocks)](q, k, vv, q if c is None else c, q if r is None else r, gn, gd, dq, dk, dv,
-                                  n, m, d, s * n, CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None,
-                                  PRECISION=_precision(v), ACC=tl.float64 if acc == torch.float64 else tl.float32)
+    _backward_kernel[(s, blocks, plan[0])](
+        q, k, vv, q if c is None else c, q if r is None else r, gn, gd,
+        dv if tot is None else tot, gd if ztot is None else ztot, dv if rtot is None else rtot,
+        gd if rztot is None else rztot, dq, dk, dv, n, m, d, s * n, plan[0], plan[1],
+        CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, **launch)
     dq, dk = dq.sum(0), dk.sum(0)
     return (dq.reshape(phi_q.shape).to(phi_q.dtype), dk.reshape(phi_k.shape).to(phi_k.dtype),
             dv.reshape(v.shape).to(v.dtype))
@@ -238,10 +307,92 @@ if triton is not None:
         return w, tl.exp(e_prev - ri), tl.exp(cj - e), tl.exp(e_prev - e)
 
     @triton.jit
-    def _forward_kernel(Q, K, V, C, R, NUM, DEN, N, M, D, CHUNK: tl.constexpr, BM: tl.constexpr,
-                        BD: tl.constexpr, STABLE: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    def _segment_end(R, p, N, SEG_CHUNKS, CHUNK: tl.constexpr, ACC: tl.constexpr):
+        """r at the last token of segment p (its E); r_0 for p = -1 (as E_prev of the first chunk)."""
+        return tl.load(R + tl.maximum(tl.minimum((p + 1) * SEG_CHUNKS * CHUNK, N) - 1, 0)).to(ACC)
+
+    @triton.jit
+    def _incoming(T, Z, R, p, lo, hi, forward, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS,
+                  CHUNK: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, STABLE: tl.constexpr, ACC: tl.constexpr):
+        """The state segment p starts from: the totals of segments lo..hi-1, each brought to p's
+        units (forward: E of segment p - 1, from totals in units of their own E; reverse: E of
+        segment p, from totals in units of the E before them), every factor <= 1. The column of ones
+        or g_den is value block 0's (pd), as in the scans: 0 in the other blocks."""
+        z_ok = offs_m < tl.where(pd == 0, M, 0)
+        state = tl.zeros((BM, BD), dtype=ACC)
+        zstate = tl.zeros((BM,), dtype=ACC)
+        if STABLE:
+            e_here = _segment_end(R, p - 1 if forward else p, N, SEG_CHUNKS, CHUNK, ACC)
+        for pp in range(lo, hi):
+            tile = tl.load(T + pp * M * D + offs_m[:, None] * D + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                           other=0.0).to(ACC)
+            zt = tl.load(Z + pp * M + offs_m, mask=z_ok, other=0.0).to(ACC)
+            if STABLE:
+                if forward:
+                    f = tl.exp(_segment_end(R, pp, N, SEG_CHUNKS, CHUNK, ACC) - e_here)
+                else:
+                    f = tl.exp(e_here - _segment_end(R, pp - 1, N, SEG_CHUNKS, CHUNK, ACC))
+                state += tile * f
+                zstate += zt * f
+            else:
+                state += tile
+                zstate += zt
+        return state, zstate
+
+    @triton.jit
+    def _totals_kernel(A, B, C, R, GD, T, Z, N, M, D, SEGS, SEG_CHUNKS, CHUNK: tl.constexpr, BM: tl.constexpr,
+                       BD: tl.constexpr, STABLE: tl.constexpr, REVERSE: tl.constexpr, PRECISION: tl.constexpr,
+                       ACC: tl.constexpr):
+        # segment p's total of a [b, w]^T: forward a = phi_k, b = v, w = 1, in units of the segment's
+        # own E (factors exp(c_j - E_p)); reverse a = phi_q, b = g_num, w = g_den, in units of the E
+        # before it (factors exp(E_{p-1} - r_i))
         s = tl.program_id(0).to(tl.int64)
         pd = tl.program_id(1)
+        p = tl.program_id(2)
+        offs_c = tl.arange(0, CHUNK)
+        offs_m = tl.arange(0, BM)
+        offs_d = pd * BD + tl.arange(0, BD)
+        m_ok = offs_m < M
+        d_ok = offs_d < D
+        A += s * N * M
+        B += s * N * D
+        C += s * N
+        R += s * N
+        GD += s * N
+        T += (s * SEGS + p) * M * D
+        Z += (s * SEGS + p) * M
+        first = p * SEG_CHUNKS
+        last = tl.minimum(first + SEG_CHUNKS, tl.cdiv(N, CHUNK))
+        if STABLE:
+            e_ref = _segment_end(R, p - 1 if REVERSE else p, N, SEG_CHUNKS, CHUNK, ACC)
+        total = tl.zeros((BM, BD), dtype=ACC)
+        ztotal = tl.zeros((BM,), dtype=ACC)
+        for t in range(first, last):
+            rows = (t * CHUNK + offs_c).to(tl.int64)
+            r_ok = rows < N
+            a = tl.load(A + rows[:, None] * M + offs_m[None, :], mask=r_ok[:, None] & m_ok[None, :], other=0.0).to(ACC)
+            b = tl.load(B + rows[:, None] * D + offs_d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0).to(ACC)
+            if STABLE:
+                idx = tl.minimum(rows, N - 1)
+                if REVERSE:
+                    a = a * tl.exp(e_ref - tl.load(R + idx).to(ACC))[:, None]
+                else:
+                    a = a * tl.exp(tl.load(C + idx).to(ACC) - e_ref)[:, None]
+            total += tl.dot(tl.trans(a), b, input_precision=PRECISION)
+            if REVERSE:
+                ztotal += tl.sum(a * tl.load(GD + rows, mask=r_ok, other=0.0).to(ACC)[:, None], axis=0)
+            else:
+                ztotal += tl.sum(a, axis=0)
+        tl.store(T + offs_m[:, None] * D + offs_d[None, :], total, mask=m_ok[:, None] & d_ok[None, :])
+        tl.store(Z + offs_m, ztotal, mask=offs_m < tl.where(pd == 0, M, 0))  # the same in every block: block 0's
+
+    @triton.jit
+    def _forward_kernel(Q, K, V, C, R, T, Z, NUM, DEN, N, M, D, SEGS, SEG_CHUNKS, CHUNK: tl.constexpr,
+                        BM: tl.constexpr, BD: tl.constexpr, STABLE: tl.constexpr, PRECISION: tl.constexpr,
+                        ACC: tl.constexpr):
+        s = tl.program_id(0).to(tl.int64)
+        pd = tl.program_id(1)
+        p = tl.program_id(2)
         offs_c = tl.arange(0, CHUNK)
         offs_m = tl.arange(0, BM)
         offs_d = pd * BD + tl.arange(0, BD)
@@ -254,11 +405,14 @@ if triton is not None:
         DEN += s * N
         C += s * N
         R += s * N
+        T += s * SEGS * M * D
+        Z += s * SEGS * M
         causal = offs_c[:, None] >= offs_c[None, :]
         n_den = tl.where(pd == 0, N, 0)  # the tokens whose den this program writes: value block 0's
-        state = tl.zeros((BM, BD), dtype=ACC)
-        zstate = tl.zeros((BM,), dtype=ACC)
-        for t in range(0, tl.cdiv(N, CHUNK)):
+        state, zstate = _incoming(T, Z, R, p, 0, p, True, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS,
+                                  CHUNK, BM, BD, STABLE, ACC)
+        first = p * SEG_CHUNKS
+        for t in range(first, tl.minimum(first + SEG_CHUNKS, tl.cdiv(N, CHUNK))):
             rows = (t * CHUNK + offs_c).to(tl.int64)
             r_ok = rows < N
             q = tl.load(Q + rows[:, None] * M + offs_m[None, :], mask=r_ok[:, None] & m_ok[None, :], other=0.0).to(ACC)
@@ -287,10 +441,12 @@ if triton is not None:
                 zstate += tl.sum(k, axis=0)
 
     @triton.jit
-    def _backward_kernel(Q, K, V, C, R, GN, GD, DQ, DK, DV, N, M, D, SN, CHUNK: tl.constexpr, BM: tl.constexpr,
-                         BD: tl.constexpr, STABLE: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    def _backward_kernel(Q, K, V, C, R, GN, GD, T, Z, U, UZ, DQ, DK, DV, N, M, D, SN, SEGS, SEG_CHUNKS,
+                         CHUNK: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, STABLE: tl.constexpr,
+                         PRECISION: tl.constexpr, ACC: tl.constexpr):
         s = tl.program_id(0).to(tl.int64)
         pd = tl.program_id(1)
+        p = tl.program_id(2)
         offs_c = tl.arange(0, CHUNK)
         offs_m = tl.arange(0, BM)
         offs_d = pd * BD + tl.arange(0, BD)
@@ -304,15 +460,20 @@ if triton is not None:
         GD += s * N
         C += s * N
         R += s * N
+        T += s * SEGS * M * D
+        Z += s * SEGS * M
+        U += s * SEGS * M * D
+        UZ += s * SEGS * M
         DQ += (pd.to(tl.int64) * SN + s * N) * M  # this value block's share of dq, dk
         DK += (pd.to(tl.int64) * SN + s * N) * M
         causal = offs_c[:, None] >= offs_c[None, :]
         n_den = tl.where(pd == 0, N, 0)  # the den column [v, 1] belongs to value block 0
-        chunks = tl.cdiv(N, CHUNK)
+        first = p * SEG_CHUNKS
+        last = tl.minimum(first + SEG_CHUNKS, tl.cdiv(N, CHUNK))
         # dq_i = sum_{j <= i} W_ij (G_i . [v_j, 1]) k_j: the forward scan of k [v, 1]^T
-        state = tl.zeros((BM, BD), dtype=ACC)
-        zstate = tl.zeros((BM,), dtype=ACC)
-        for t in range(0, chunks):
+        state, zstate = _incoming(T, Z, R, p, 0, p, True, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS,
+                                  CHUNK, BM, BD, STABLE, ACC)
+        for t in range(first, last):
             rows = (t * CHUNK + offs_c).to(tl.int64)
             r_ok = rows < N
             qm = r_ok[:, None] & m_ok[None, :]
@@ -340,10 +501,10 @@ if triton is not None:
                 state += tl.dot(tl.trans(k), v, input_precision=PRECISION)
                 zstate += tl.sum(k, axis=0)
         # dk_j, dv_j: the reverse scan of q [g, g_den]^T, kept in units of E_t
-        state = tl.zeros((BM, BD), dtype=ACC)
-        zstate = tl.zeros((BM,), dtype=ACC)
-        for tt in range(0, chunks):
-            t = chunks - 1 - tt
+        state, zstate = _incoming(U, UZ, R, p, p + 1, SEGS, False, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS,
+                                  CHUNK, BM, BD, STABLE, ACC)
+        for tt in range(0, last - first):
+            t = last - 1 - tt
             rows = (t * CHUNK + offs_c).to(tl.int64)
             r_ok = rows < N
             qm = r_ok[:, None] & m_ok[None, :]

@@ -6,7 +6,8 @@ TRITON_INTERPRET=1 must be set before triton is imported, so the kernel runs in 
 prints its measurements as JSON; the tests below judge them. Sizes are small (the interpreter
 runs each program in Python): N ragged against the chunk (one full chunk of 64 and a partial one,
 or several chunks of 16 for m = 256; N = 1), m != d, m, d in {16, 32, 64}, d wider than one value
-block, float32, bfloat16 and float64.
+block, float32, bfloat16 and float64, and the token axis cut into segments scanned in parallel
+(fast.kernels.causal_scan.SEGMENTS forced: on a CPU there is one).
 
 Tolerances are bounds, not fits (docs/methods.md): every output is a sum of at most
 K = N + m + 2 C products of nonnegative factors, so in a working precision with unit roundoff u
@@ -42,6 +43,7 @@ import torch
 import fast
 from fast import CausalMask, masked_linear_attention, favor_attention
 from fast.kernels import dispatch
+import fast.kernels.causal_scan as kernel_module
 from fast.kernels.causal_scan import causal_scan, kernel_blocks
 from reference.attention import masked_kernel_attention
 from reference.masks.sequence import causal_mask
@@ -66,7 +68,7 @@ def dense(q, k, v, c, g=None, gd=None):
     return out
 
 
-def case(n, m, d, dtype, stable, seed):
+def case(n, m, d, dtype, stable, seed, segments=None):
     gen = torch.Generator().manual_seed(seed)
     q = torch.rand(2, n, m, generator=gen, dtype=torch.float64)
     k = torch.rand(2, n, m, generator=gen, dtype=torch.float64)
@@ -78,8 +80,11 @@ def case(n, m, d, dtype, stable, seed):
     q, k, v, gn, gd = (t.to(dtype) for t in (q, k, v, gn, gd))
     cc = None if c is None else c.to(dtype)
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    kernel_module.SEGMENTS = segments  # None: one segment per slice on a CPU
     num, den = causal_scan(qq, kk, vv, None if cc is None else cc.unsqueeze(-1))
     grads = torch.autograd.grad((num, den), (qq, kk, vv), (gn, gd))
+    scanned = kernel_module.segment_plan(-(-n // kernel_blocks(m, d)[0]), 2, q.device)[0]
+    kernel_module.SEGMENTS = None
     got = [num, den, *grads]
     # the twin, the PyTorch scan, in the same dtype (dispatch switched off)
     dispatch.CAUSAL_KERNEL = "off"
@@ -97,7 +102,8 @@ def case(n, m, d, dtype, stable, seed):
     kk_terms = n + m + 2 * chunk
     name = str(dtype).replace("torch.", "")
     bound = (kk_terms * u[name]) if dtype != torch.bfloat16 else u[name] + kk_terms * 2.0 ** -24
-    out = {"n": n, "m": m, "d": d, "dtype": name, "stable": stable, "dtypes": [str(t.dtype) for t in got]}
+    out = {"n": n, "m": m, "d": d, "dtype": name, "stable": stable, "dtypes": [str(t.dtype) for t in got],
+           "segments": scanned}
     for label, mine, ref, ab, tw in zip(("num", "den", "dq", "dk", "dv"), got, exact, absref, twin):
         err = np.abs(mine.detach().double().numpy() - ref)
         twin_err = np.abs(tw.detach().double().numpy() - ref)
@@ -112,7 +118,10 @@ for args in [(80, 16, 16, torch.float32, False, 1), (80, 16, 16, torch.float32, 
              (75, 20, 80, torch.float32, True, 3), (70, 32, 24, torch.bfloat16, False, 4),
              (70, 32, 24, torch.bfloat16, True, 5), (40, 64, 32, torch.float64, True, 6),
              (37, 256, 40, torch.float32, True, 7), (1, 16, 16, torch.float32, True, 10),
-             (70, 64, 64, torch.float32, False, 11)]:
+             (70, 64, 64, torch.float32, False, 11),
+             # segments scanned in parallel from the totals of the ones before (after) them
+             (300, 20, 80, torch.float32, True, 12, 3), (300, 16, 16, torch.bfloat16, False, 13, 3),
+             (200, 32, 24, torch.float64, True, 14, 7), (90, 256, 40, torch.float32, True, 15, 3)]:
     res["cases"].append(case(*args))
 
 # gradcheck (float64, finite differences of the kernel's forward vs its backward kernel), plain and stabilised
@@ -167,6 +176,11 @@ def test_kernel_forward_and_backward_within_the_rounding_bound_of_the_float64_re
             got = case[label]
             assert got["finite"], (case["n"], case["m"], case["d"], case["dtype"], case["stable"], label)
             assert got["ratio"] <= 1.0, (case["n"], case["m"], case["d"], case["dtype"], case["stable"], label, got)
+
+
+@needs_triton
+def test_some_cases_scan_several_segments(interpreted):
+    assert {case["segments"] for case in interpreted["cases"]} == {1, 3, 4}
 
 
 @needs_triton
