@@ -588,8 +588,9 @@ def causal_stage(device: str, budget_s: float, progress: Callable[[str], None] =
         points.append(point)
         got = f"{point['seconds'][len(point['seconds']) // 2] * 1e3:.3g} ms" if "seconds" in point else point["error"]
         progress(f"causal: {impl} N = {n:,} {dtype} {pass_}: {got}")
-    return {"seconds": round(time.perf_counter() - start, 2), "rounds": rounds, "shape": dict(zip("BHdm", CAUSAL_SHAPE)),
-            "points": points, "skipped": skipped, "not_run": not_run, "summary": causal_summary(points)}
+    return {"seconds": round(time.perf_counter() - start, 2), "rounds": rounds,
+            "shape": dict(zip("BHdm", CAUSAL_SHAPE)), "points": points, "skipped": skipped, "not_run": not_run,
+            "summary": causal_summary(points)}
 
 
 def _median(xs: list[float]) -> float:

@@ -286,7 +286,7 @@ def _backward(phi_q, phi_k, v, c, g_num, g_den):
         q, k, vv, q if c is None else c, q if r is None else r, gn, gd,
         dv if tot is None else tot, gd if ztot is None else ztot, dv if rtot is None else rtot,
         gd if rztot is None else rztot, dq, dk, dv, n, m, d, s * n, plan[0], plan[1],
-        CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, **launch)
+        CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, num_warps=8, **launch)
     dq, dk = dq.sum(0), dk.sum(0)
     return (dq.reshape(phi_q.shape).to(phi_q.dtype), dk.reshape(phi_k.shape).to(phi_k.dtype),
             dv.reshape(v.shape).to(v.dtype))
@@ -312,7 +312,7 @@ if triton is not None:
         return tl.load(R + tl.maximum(tl.minimum((p + 1) * SEG_CHUNKS * CHUNK, N) - 1, 0)).to(ACC)
 
     @triton.jit
-    def _incoming(T, Z, R, p, lo, hi, forward, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS,
+    def _incoming(T, Z, R, p, lo, hi, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS, FORWARD: tl.constexpr,
                   CHUNK: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, STABLE: tl.constexpr, ACC: tl.constexpr):
         """The state segment p starts from: the totals of segments lo..hi-1, each brought to p's
         units (forward: E of segment p - 1, from totals in units of their own E; reverse: E of
@@ -322,13 +322,13 @@ if triton is not None:
         state = tl.zeros((BM, BD), dtype=ACC)
         zstate = tl.zeros((BM,), dtype=ACC)
         if STABLE:
-            e_here = _segment_end(R, p - 1 if forward else p, N, SEG_CHUNKS, CHUNK, ACC)
+            e_here = _segment_end(R, p - 1 if FORWARD else p, N, SEG_CHUNKS, CHUNK, ACC)
         for pp in range(lo, hi):
             tile = tl.load(T + pp * M * D + offs_m[:, None] * D + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
                            other=0.0).to(ACC)
             zt = tl.load(Z + pp * M + offs_m, mask=z_ok, other=0.0).to(ACC)
             if STABLE:
-                if forward:
+                if FORWARD:
                     f = tl.exp(_segment_end(R, pp, N, SEG_CHUNKS, CHUNK, ACC) - e_here)
                 else:
                     f = tl.exp(e_here - _segment_end(R, pp - 1, N, SEG_CHUNKS, CHUNK, ACC))
@@ -409,7 +409,7 @@ if triton is not None:
         Z += s * SEGS * M
         causal = offs_c[:, None] >= offs_c[None, :]
         n_den = tl.where(pd == 0, N, 0)  # the tokens whose den this program writes: value block 0's
-        state, zstate = _incoming(T, Z, R, p, 0, p, True, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS,
+        state, zstate = _incoming(T, Z, R, p, 0, p, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS, True,
                                   CHUNK, BM, BD, STABLE, ACC)
         first = p * SEG_CHUNKS
         for t in range(first, tl.minimum(first + SEG_CHUNKS, tl.cdiv(N, CHUNK))):
@@ -471,7 +471,7 @@ if triton is not None:
         first = p * SEG_CHUNKS
         last = tl.minimum(first + SEG_CHUNKS, tl.cdiv(N, CHUNK))
         # dq_i = sum_{j <= i} W_ij (G_i . [v_j, 1]) k_j: the forward scan of k [v, 1]^T
-        state, zstate = _incoming(T, Z, R, p, 0, p, True, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS,
+        state, zstate = _incoming(T, Z, R, p, 0, p, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS, True,
                                   CHUNK, BM, BD, STABLE, ACC)
         for t in range(first, last):
             rows = (t * CHUNK + offs_c).to(tl.int64)
@@ -501,7 +501,7 @@ if triton is not None:
                 state += tl.dot(tl.trans(k), v, input_precision=PRECISION)
                 zstate += tl.sum(k, axis=0)
         # dk_j, dv_j: the reverse scan of q [g, g_den]^T, kept in units of E_t
-        state, zstate = _incoming(U, UZ, R, p, p + 1, SEGS, False, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS,
+        state, zstate = _incoming(U, UZ, R, p, p + 1, SEGS, pd, offs_m, offs_d, m_ok, d_ok, N, M, D, SEG_CHUNKS, False,
                                   CHUNK, BM, BD, STABLE, ACC)
         for tt in range(0, last - first):
             t = last - 1 - tt
