@@ -8,7 +8,7 @@ all modules is acyclic:
     1  measure, measure.timing, measure.roofline   instruments: time and count (fast/ and results/ only)
     2  verify core: registry, problems, stats, dense, favor, plots, mechanisms.*
     3  measure workers: memory, scale_worker, datasets, training, experiments, suites
-    4  verify.checks.*, verify.runner, verify.__main__ (and the verify package itself)
+    4  verify.checks.*, verify.runner, verify.shard, verify.merge, verify.__main__ (and the verify package)
     5  measure pipeline: environment, stages, pipeline, cli, gpu, __main__
 
 So verify and measure interleave on purpose (the checks time with measure's instruments and drive
@@ -41,7 +41,8 @@ def layer(module: str) -> int | None:
         return 2
     if module in WORKERS:
         return 3
-    if module in ("verify", "verify.runner", "verify.__main__") or module.startswith("verify.checks"):
+    if module in ("verify", "verify.runner", "verify.shard", "verify.merge", "verify.__main__") \
+            or module.startswith("verify.checks"):
         return 4
     if module in PIPELINE:
         return 5

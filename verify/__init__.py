@@ -9,7 +9,7 @@ measure/ (see measure):
   verify.mechanisms: what a check needs to describe a mechanism. They import fast/, reference/,
   results/ and measure's instruments (measure.timing, measure.roofline: a mechanism record declares
   what its perf check times), nothing else of measure/;
-- checks: verify.checks (generic families by kind, paper claims by paper), verify.runner and
-  the CLI add measure's workers (verify.checks.scale drives measure.scale_worker), never measure's
+- checks: verify.checks (generic families by kind, paper claims by paper), verify.runner,
+  verify.shard and verify.merge (``--shard I/K`` and joining the shards) and the CLI add measure's workers (verify.checks.scale drives measure.scale_worker), never measure's
   pipeline, which runs them.
 """

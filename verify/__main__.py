@@ -11,6 +11,11 @@ checked before any check runs: the seed (an int >= 0), the device (it must hold 
 "meta" is refused), --only values (non-empty, each matching some check; an unknown one is answered
 with the ids that contain it or are close to it) and the --json path (its folder is created and the
 file must be writable; nothing is left behind if the run then fails).
+
+--shard I/K runs the I-th (counted from 1) of K disjoint parts of the selection, balanced on the
+recorded durations of --durations PATH (default verify/durations.json; verify.shard says how);
+``python -m verify.merge`` joins the K JSON files and checks that together they are the selection
+(docs/cluster.md: a SLURM array job and a shell loop).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from tqdm.auto import tqdm
 from results.check import CheckResult
 from verify.runner import (check_device, format_table, progress_line, run_checks, seed_sweep, write_json,
                            write_sweep_json)
+from verify.shard import DEFAULT_DURATIONS, load_durations, parse_shard
 
 
 def _int_at_least(low: int, what: str):
@@ -101,20 +107,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=_int_at_least(1, "the number of seeds"), metavar="K",
                     help="seed sweep: run the selection for seeds 0..K-1 and print each check's failure rate")
     ap.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    ap.add_argument("--shard", metavar="I/K", help="run only the I-th (1 <= I <= K) of K disjoint parts of the "
+                    "selection, balanced on recorded durations; join the parts with python -m verify.merge")
+    ap.add_argument("--durations", metavar="PATH", type=_non_empty("a file path"),
+                    help="recorded durations for --shard: {id: seconds} or a previous --json "
+                         f"(default {DEFAULT_DURATIONS.parent.name}/{DEFAULT_DURATIONS.name}; unknown checks get the median)")
     args = ap.parse_args(argv)
 
     try:
         check_device(args.device)
     except ValueError as exc:
         ap.error(f"argument --device: {exc}")
+    shard = durations = None
+    if args.shard is not None:
+        if args.seeds is not None:
+            ap.error("argument --shard: not with --seeds (a seed sweep is not split into shards)")
+        try:
+            shard = parse_shard(args.shard)
+        except ValueError as exc:
+            ap.error(f"argument --shard: {exc}")
+        try:
+            durations = load_durations(args.durations or DEFAULT_DURATIONS)
+        except (OSError, ValueError) as exc:
+            ap.error(f"argument --durations: cannot read recorded durations ({exc})")
+    elif args.durations is not None:
+        ap.error("argument --durations: only used with --shard I/K")
     if args.json is not None and not args.list:
         _check_json_path(ap, args.json)
     try:
         if args.list:
             from verify.checks import all_checks
-            from verify.runner import select
+            from verify.runner import select, select_shard
 
-            for c in select(all_checks(), args.only, args.quick):
+            chosen = select(all_checks(), args.only, args.quick)
+            for c in (chosen if shard is None else select_shard(chosen, shard, durations)):
                 print(c.id)
             return 0
         if args.seeds is not None:
@@ -127,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                 write_sweep_json(counts, args.json)
             return 1 if any(c["failures"] for c in counts.values()) else 0
         results = run_checks(quick=args.quick, only=args.only, device=args.device, seed=args.seed,
-                             progress=not args.no_progress, on_result=_reporter(args.json, not args.no_progress))
+                             progress=not args.no_progress, on_result=_reporter(args.json, not args.no_progress),
+                             shard=shard, durations=durations)
     except ValueError as exc:
         ap.error(str(exc))
     print()

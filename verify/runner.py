@@ -136,6 +136,17 @@ def select(checks: list[Check], only: list[str] | None = None, quick: bool = Fal
     return chosen
 
 
+def select_shard(checks: list[Check], shard: tuple[int, int], durations: dict[str, float] | None = None) -> list[Check]:
+    """The checks of shard ``shard = (I, K)`` of a selection: the I-th (from 1) of K disjoint parts
+    of about equal recorded duration, in the selection's order (verify.shard.partition). ValueError
+    unless 1 <= I <= K."""
+    from verify.shard import shard_ids
+
+    index, count = shard
+    keep = set(shard_ids([c.id for c in checks], index, count, durations))
+    return [c for c in checks if c.id in keep]
+
+
 def run_checks(
     quick: bool = True,
     only: list[str] | None = None,
@@ -144,12 +155,16 @@ def run_checks(
     progress: bool = True,
     sweeps: dict | None = None,
     on_result: Callable[[CheckResult, int, int], None] | None = None,
+    shard: tuple[int, int] | None = None,
+    durations: dict[str, float] | None = None,
 ) -> list[CheckResult]:
     """Run the selected checks with a progress bar and return their results.
 
     A check that raises is reported as a failure with its traceback in ``details``; it never
     stops the others. A bad seed or device, or an ``only`` that selects nothing, raises ValueError
-    before any check runs (check_seed, check_device, select). sweeps: a cache of measured sweeps
+    before any check runs (check_seed, check_device, select). shard (I, K): run only the I-th
+    (from 1) of K disjoint parts of the selection, balanced on ``durations`` ({id: seconds};
+    verify.shard.partition); that part may be empty. sweeps: a cache of measured sweeps
     shared by every check's Context (results.check.Context.sweeps; e.g. measure's, so
     complexity checks reuse its sweeps). on_result(result, i, total): called as each check
     finishes (i counts from 1), so a caller can print it and save what finished before a run is
@@ -159,6 +174,8 @@ def run_checks(
     check_device(device)
     sweeps = {} if sweeps is None else sweeps
     chosen = select(all_checks(), only, quick)
+    if shard is not None:
+        chosen = select_shard(chosen, shard, durations)
     results: list[CheckResult] = []
     bar = tqdm(chosen, desc="verify", unit="check", disable=not progress, leave=False)
     for i, check in enumerate(bar, 1):
