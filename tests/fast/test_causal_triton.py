@@ -4,7 +4,7 @@ float64 reference, on a CPU through Triton's interpreter; the dispatch rule (fas
 TRITON_INTERPRET=1 must be set before triton is imported, so the kernel runs in one subprocess
 (MASKBENCH_CAUSAL_KERNEL=force: CausalMask.attend takes the kernel on CPU tensors there) that
 prints its measurements as JSON; the tests below judge them. Sizes are small (the interpreter
-runs each program in Python): N ragged against the chunk (one full chunk of 64 and a partial one,
+runs each program in Python): N ragged against the chunk (full chunks of 32 and a partial one,
 or several chunks of 16 for m = 256; N = 1), m != d, m, d in {16, 32, 64}, d wider than one value
 block, float32, bfloat16 and float64, and the token axis cut into segments scanned in parallel
 (fast.kernels.causal_scan.SEGMENTS forced: on a CPU there is one).
@@ -98,8 +98,7 @@ def case(n, m, d, dtype, stable, seed, segments=None):
                   gd.double().numpy())
     absref = dense(q.double().abs().numpy(), k.double().abs().numpy(), v.double().abs().numpy(), cn,
                    gn.double().abs().numpy(), gd.double().abs().numpy())
-    chunk = kernel_blocks(m, d)[0]
-    kk_terms = n + m + 2 * chunk
+    kk_terms = n + m + 2 * 64  # chunks of at most 64 tokens, forward and backward
     name = str(dtype).replace("torch.", "")
     bound = (kk_terms * u[name]) if dtype != torch.bfloat16 else u[name] + kk_terms * 2.0 ** -24
     out = {"n": n, "m": m, "d": d, "dtype": name, "stable": stable, "dtypes": [str(t.dtype) for t in got],
@@ -180,7 +179,7 @@ def test_kernel_forward_and_backward_within_the_rounding_bound_of_the_float64_re
 
 @needs_triton
 def test_some_cases_scan_several_segments(interpreted):
-    assert {case["segments"] for case in interpreted["cases"]} == {1, 3, 4}
+    assert {case["segments"] for case in interpreted["cases"]} == {1, 3, 7}
 
 
 @needs_triton
