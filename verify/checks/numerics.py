@@ -74,16 +74,21 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
+import fast
 import reference.features as ref_features
+import reference.latent.nodeformer as ref_nodeformer
 from fast.errors import DenominatorError
 from measure.timing import pinned_threads
+from reference.masks import diffusion as ref_diffusion
 from results.check import Check, Outcome, judged
+from verify.checks.equivalence import TOL, slice_errors
 from verify.favor import M_FEATURES, numpy_values
 from verify.mechanisms import mechanisms
 from verify.problems import Problem, rng_for
-from verify.registry import Mechanism
+from verify.registry import EQUIVALENCE_BATCH, Mechanism
 
 #: Standard deviations of the entries of q and k.
 STDS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -100,7 +105,8 @@ ROW_TOL = {"float32": 1e-3, "bfloat16": 1e-2}
 LOG_TINY = -126 * math.log(2.0)
 #: Rows per block in log_ratio (a (block, N) float64 temporary: 4 MiB at N = 4096).
 RATIO_BLOCK = 128
-#: rng_for(seed, SALT, N, d) draws q, k, v; SALT + 1 the projection (no other check uses 93, 94).
+#: rng_for(seed, SALT, N, d) draws q, k, v; SALT + 1 the projection; SALT + 2 (N) value-overflow's x (no other
+#: check uses 93, 94, 95).
 SALT = 93
 #: torch intra-op threads while the sweep runs (restored after): results are bitwise reproducible.
 THREADS = 1
@@ -444,5 +450,194 @@ def check_for(mech: Mechanism) -> Check:
                  threshold=0.0, compare="<=", unit=UNIT)
 
 
+# ------------------------------------------------------------------------------ numerics/value-overflow
+#
+# Intermediate sums of values near the dtype's maximum overflow where the output does not (issue 24):
+# a driver's numerator sums N v_j's, a series' powers B^k x reach a star's degree times |x|. The fast
+# paths then redo the sums on v 2^-s and multiply back (fast.scaling), exactly. This check takes those
+# branches on purpose. Per registered mechanism whose output is attention over v (every record but
+# those with output_columns, whose output is not v-shaped) and per dtype (float32, float64): the
+# default variant's problem at OVERFLOW_N with batch EQUIVALENCE_BATCH, and two value families:
+#
+# - "random": the problem's v with every (slice, column) rescaled by a power of two 2^e so that the
+#   larger of the column's max |v| and its exact output's max |out| lies in [2^(E-2), 2^(E-1)) (E =
+#   max_exponent: float32 128, float64 1024): the output cannot overflow, while every row whose weights
+#   sum past ~4 overflows its plain numerator. Expected: 2^e ref(v) per column (attention is linear in v
+#   and column-separable), compared as 2^-e got against ref(v) (both exact scalings);
+# - "constant": every v entry the same large value c (the issue's input: difformer with v = 3e38). For
+#   the records whose weights are normalised (ref(1) = 1 to round-off) c = 3e38 in float32 and 1.7e308
+#   in float64, within a few ulps of the maximum (the output is c exactly); for the others (a relational
+#   bias adds sigma(b) A~ v) c is the power of two that puts max |ref(c 1)| in [2^(E-2), 2^(E-1)).
+#
+# plus, for a linear record with one (N, N) mask, its operator's public matmul and rmatmul on x (N, 3)
+# scaled alike (MaskOperator.matmul's own redo, fast.operator); fast.expm_action (its own redo) on a
+# star of OVERFLOW_STAR nodes, kinds laplacian and random-walk, x 2^e (a column of ones and one of
+# alternating 1, 1/2; e puts the larger of max |x| and the result's max in [2^(E-1), 2^E): B^k x
+# reaches the centre's degree times |x|), against the dense exponential of reference.masks.diffusion;
+# and fast.relational_bias (its own redo) on the same star with the gate b = OVERFLOW_GATE, "sym" and
+# raw, where A~ v passes the maximum and sigmoid(b) A~ v does not (reference.latent.nodeformer).
+#
+# Statistic: the worst relative Frobenius error per (batch, head) slice (equivalence.slice_errors; an
+# inf or NaN, or an exception, is an infinite error) over equivalence's tolerance of the dtype (float64
+# 1e-10, float32 1e-4), <= 1 passes. The scalings are exact, so only the fast path's round-off (as in
+# equivalence) and the rescale's subnormal tail (below 2^-100 relative) separate got from ref.
+
+#: N of the problems (sums of ~N |v| overflow at |v| ~ 2^(E-2)) and of expm_action's star.
+OVERFLOW_N = 100
+OVERFLOW_STAR = 50
+#: relational_bias's gate b on the star: sigmoid(-5) ~ 1/150, below 1 / sqrt(49) and 1 / 49.
+OVERFLOW_GATE = -5.0
+#: The near-maximum constants of the "constant" family (issue 24's 3e38).
+NEAR_MAX = {"float32": 3e38, "float64": 1.7e308}
+
+
+def _max_exponent(dtype: torch.dtype) -> int:
+    return math.frexp(torch.finfo(dtype).max)[1]
+
+
+def _pow2_to_top(top: np.ndarray, e_max: int) -> np.ndarray:
+    """Integer e per entry with top 2^e in [2^(e_max - 2), 2^(e_max - 1)) (top > 0; 0 where top is 0)."""
+    with np.errstate(divide="ignore"):
+        return np.where(top > 0, (e_max - 2) - np.floor(np.log2(np.where(top > 0, top, 1.0))), 0).astype(np.int64)
+
+
+def _record_products(mech: Mechanism, problem: Problem, name: str, dtype, ctx, record) -> None:
+    """A linear record's operator (``fast_mask``): its public matmul (and rmatmul, where offered) on x
+    (N, 3) ~ N(0, 1) times 2^e, the larger of max |x| and max |M x| (|M^T x|) per column in
+    [2^(E-2), 2^(E-1)), against the dense mask (module block comment: their own redo)."""
+    if not (mech.linear and mech.fast_mask is not None and mech.dense_mask is not None):
+        return
+    op = mech.fast_mask(problem, ctx.device)
+    if op is None:
+        return
+    dense = np.asarray(mech.dense_mask(problem), dtype=np.float64)
+    if dense.ndim != 2:  # per-sample masks (padding, packing): the attention cases reach their products
+        return
+    x = rng_for(ctx.seed, SALT + 2, problem.n).standard_normal((problem.n, 3))
+    products = [("matmul", op.matmul, dense)]
+    if getattr(op, "has_rmatmul", False):
+        products.append(("rmatmul", op.rmatmul, dense.T))
+    for what, apply, m in products:
+        exact = m @ x
+        top = np.maximum(np.abs(x).max(axis=0, keepdims=True), np.abs(exact).max(axis=0, keepdims=True))
+        e = _pow2_to_top(top, _max_exponent(dtype))
+
+        def product(apply=apply, exact=exact, e=e):
+            with torch.no_grad():
+                got = apply(torch.as_tensor(np.ldexp(x, e), dtype=dtype, device=ctx.device))
+            return slice_errors(exact, np.ldexp(got.detach().cpu().double().numpy(), -e))
+
+        record(f"{mech.id}/{name}/{what}", product)
+
+
+def _value_overflow_rows(ctx, ids: tuple[str, ...] | None = None) -> tuple[dict, list[str]]:
+    errors: dict[str, float] = {}
+    reasons: list[str] = []
+
+    def record(key: str, fn) -> None:
+        try:
+            err = float(np.max(fn()))
+        except Exception as exc:  # noqa: BLE001 - a refusal or a crash of valid input is a finding
+            err = float("inf")
+            reasons.append(f"{key}: raised {_short(exc)}")
+        err = err if np.isfinite(err) else float("inf")
+        errors[key] = err
+        tol = TOL[key.split("/")[1]]
+        if not err <= tol and not any(r.startswith(key + ":") for r in reasons):
+            reasons.append(f"{key}: relative error {err:.3g} > {tol:g} (an overflowed sum not redone exactly)")
+
+    for mech in mechanisms():
+        if mech.output_columns is not None or (ids is not None and mech.id not in ids):
+            continue
+        n = mech.admissible(OVERFLOW_N)
+        problem = mech.problem(n, ctx.seed, batch=EQUIVALENCE_BATCH)
+        v = np.asarray(problem.v, dtype=np.float64)
+        ref = np.asarray(mech.reference(problem), dtype=np.float64)
+        ones = replace(problem, v=np.ones_like(v))
+        ref_ones = np.asarray(mech.reference(ones), dtype=np.float64)
+        normalised = bool(np.max(np.abs(ref_ones - 1.0)) <= 1e-12)
+        for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
+            e_max = _max_exponent(dtype)
+            top = np.maximum(np.abs(v).max(axis=-2, keepdims=True), np.abs(ref).max(axis=-2, keepdims=True))
+            e = _pow2_to_top(top, e_max)  # (*batch, 1, d)
+
+            def random_case(e=e, dtype=dtype):
+                with torch.no_grad():
+                    got = mech.fast_setup(replace(problem, v=np.ldexp(v, e)), ctx.device, dtype)()
+                return slice_errors(ref, np.ldexp(got.detach().cpu().double().numpy(), -e))
+
+            if normalised:
+                c = float(torch.tensor(NEAR_MAX[name], dtype=dtype))  # the dtype's own number
+            else:
+                c = math.ldexp(1.0, int(_pow2_to_top(np.abs(ref_ones).max(), e_max)))
+
+            def constant_case(c=c, dtype=dtype):
+                with torch.no_grad():
+                    got = mech.fast_setup(replace(problem, v=np.full_like(v, c)), ctx.device, dtype)()
+                return slice_errors(ref_ones, got.detach().cpu().double().numpy() / c)
+
+            ctx.note(f"numerics/value-overflow {mech.id} {name}")
+            record(f"{mech.id}/{name}/random", random_case)
+            record(f"{mech.id}/{name}/constant", constant_case)
+            _record_products(mech, problem, name, dtype, ctx, record)
+
+    # expm_action's own redo: a star, whose random-walk powers B^k x reach the centre's degree times |x|
+    n = OVERFLOW_STAR
+    star = sp.csr_matrix((np.ones(2 * (n - 1)), (np.r_[np.zeros(n - 1, int), np.arange(1, n)],
+                                                  np.r_[np.arange(1, n), np.zeros(n - 1, int)])), shape=(n, n))
+    x = np.ones((n, 2))
+    x[1::2, 1] = 0.5
+    for kind in ("laplacian", "random-walk") if ids is None or "expm_action" in ids else ():
+        dense = ref_diffusion.diffusion_mask(star, 0.5, kind) @ x
+        for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
+            # x 2^e with the larger of max |x| and max |exp(-lam T) x| in [2^(E-1), 2^E), the result's own
+            # binade below the maximum: the random-walk kind keeps column sums, not rows (the centre's entry
+            # is ~16 |x|, its powers B^k x ~49 |x|), so only this top binade leaves the sums room to overflow
+            e = int(_pow2_to_top(np.maximum(np.abs(x).max(), np.abs(dense).max()), _max_exponent(dtype) + 1))
+
+            def action(kind=kind, dtype=dtype, e=e):
+                got = fast.expm_action(star, torch.as_tensor(np.ldexp(x, e), dtype=dtype, device=ctx.device), 0.5,
+                                  kind=kind, tol=1e-12)
+                return slice_errors(dense, np.ldexp(got.detach().cpu().double().numpy(), -e))
+
+            record(f"expm_action-{kind}/{name}/star", action)
+
+    # relational_bias's own redo: on the star A~ v reaches sqrt(degree) |v| (raw: degree |v|), and a small
+    # gate sigmoid(b) brings the term back below the maximum (the records' grids never overflow A~ v)
+    for normalize in ("sym", None) if ids is None or "relational_bias" in ids else ():
+        dense = ref_nodeformer.relational_bias(x, star, OVERFLOW_GATE, normalize=normalize)
+        for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
+            e = int(_pow2_to_top(np.maximum(np.abs(x).max(), np.abs(dense).max()), _max_exponent(dtype)))
+
+            def bias(normalize=normalize, dtype=dtype, e=e):
+                got = fast.relational_bias(torch.as_tensor(np.ldexp(x, e), dtype=dtype, device=ctx.device), star,
+                                           OVERFLOW_GATE, normalize=normalize)
+                return slice_errors(dense, np.ldexp(got.detach().cpu().double().numpy(), -e))
+
+            record(f"relational_bias-{normalize or 'raw'}/{name}/star", bias)
+    return errors, reasons
+
+
+def _value_overflow(ctx, ids: tuple[str, ...] | None = None) -> Outcome:
+    with pinned_threads(THREADS):
+        errors, reasons = _value_overflow_rows(ctx, ids)
+    normalised = {k: e / TOL[k.split("/")[1]] for k, e in errors.items()}
+    worst = max(normalised, key=lambda k: np.inf if np.isnan(normalised[k]) else normalised[k])
+    return judged(not reasons, float(normalised[worst]), reasons[:12], errors=errors, worst=worst, tolerance=TOL,
+                  n=OVERFLOW_N, star=OVERFLOW_STAR, device=str(ctx.device),
+                  statistic="max over mechanisms, dtypes and value families of the relative error per (batch, "
+                            "head) slice against the exact (float64, rescaled) result, over equivalence's "
+                            "tolerance of the dtype")
+
+
+def value_overflow_check(ids: tuple[str, ...] | None = None) -> Check:
+    """numerics/value-overflow: values near the dtype's maximum, whose sums overflow where the output
+    does not, against the exact result (the block comment above). ids: only these mechanism ids (and
+    "expm_action", "relational_bias"), for tests; None: all."""
+    title = "values near the dtype's maximum: overflowed sums redone exactly" + (f" ({', '.join(ids)})" if ids else "")
+    return Check("numerics/value-overflow", title, "fast.scaling (issue 24)", "equivalence",
+                 run=lambda ctx: _value_overflow(ctx, ids), threshold=1.0, compare="<=", unit="ratio")
+
+
 def checks() -> list[Check]:
-    return [check_for(m) for m in mechanisms()]
+    return [check_for(m) for m in mechanisms()] + [value_overflow_check()]

@@ -37,7 +37,9 @@ where a power series of W is meant:
 - gdk: M = exp(-lam T), T in {L, L D^-1, -A} (``kind``) of the adjacency, lam = 1 (far from the
   identity: on a path every diagonal entry of exp(-L) is < 0.7, the rest of the row's mass goes
   to the neighbours); variants for the
-  kinds "random-walk" and "adjacency"; DiffusionMask's tol is TOL_GDK = 1e-12, well below
+  kinds "random-walk" and "adjacency", and "isolated-std8" (-random-walk): karate with isolated
+  nodes and q, k of std 8, which only the exact per-key series serves in float32 (one constant
+  per slice underflows an isolated node's own key); DiffusionMask's tol is TOL_GDK = 1e-12, well below
   equivalence's float64 1e-10. mask_params ("lam",). Complexity "N + E" with cost factor
   (N + |E|) / N. metrics: "sparse products" (steps x terms of the Taylor plan).
 - rwgnk: Psi from the walks (lam = 0.5, alpha = 0; uniform neighbour choice, which on these
@@ -130,6 +132,10 @@ WALK_ARRAYS = ("length", "offsets", "nodes")
 
 LAM_GDK = 1.0
 KINDS = ("laplacian", "random-walk", "adjacency")
+#: rng_for(seed, QK_STD_SALT): gdk's q, k of a given std (gdk_problem's qk_std; no other draw uses 122).
+QK_STD_SALT = 122
+#: gdk's "isolated-std8" variants: nodes without an edge, and the std of q, k (numerics' largest).
+ISOLATED_NODES, ISOLATED_STD = 8, 8.0
 #: DiffusionMask's a-priori tolerance: far below equivalence's float64 bound 1e-10.
 TOL_GDK = 1e-12
 LAM_RWGNK = 0.5
@@ -348,11 +354,23 @@ def heat_f(beta: float, k_max: int) -> np.ndarray:
 
 
 def gdk_problem(n: int, seed: int, *, graph: str = "path", kind: str = "laplacian", lam: float = LAM_GDK,
-                batch: tuple[int, ...] = ()) -> Problem:
-    """FAVOR+ inputs, a graph and the diffusion time lam (0-d) of M = exp(-lam T), T by ``kind``."""
+                isolated: int = 0, qk_std: float | None = None, batch: tuple[int, ...] = ()) -> Problem:
+    """FAVOR+ inputs, a graph and the diffusion time lam (0-d) of M = exp(-lam T), T by ``kind``.
+
+    isolated: the last min(isolated, n - 1) nodes have no edge (the graph family on the others);
+    qk_std: q and k replaced by qk_std * N(0, 1) entries (rng_for(seed, QK_STD_SALT)), the scale at
+    which a node that sees few keys loses them all to underflow under one constant per slice."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    return graph_problem(n, seed, graph_adjacency(graph, n, seed), batch, D_QK, lam=np.float64(lam), kind=kind)
+    alone = min(int(isolated), n - 1)
+    adj = graph_adjacency(graph, n - alone, seed)
+    if alone:
+        adj = sp.csr_matrix(sp.block_diag([adj, sp.csr_matrix((alone, alone))], format="csr"))
+    p = graph_problem(n, seed, adj, batch, D_QK, lam=np.float64(lam), kind=kind)
+    if qk_std is not None:
+        rng = rng_for(seed, QK_STD_SALT)
+        p = replace(p, q=qk_std * rng.standard_normal(p.q.shape), k=qk_std * rng.standard_normal(p.k.shape))
+    return p
 
 
 def rwgnk_problem(n: int, seed: int, *, graph: str = "path", lam: float = LAM_RWGNK, alpha: int = 0,
@@ -591,6 +609,13 @@ register(favor_mechanism(
     variants=(*graph_variants("path", **FAMILY_SIZES),
               *(Variant(k, f"path, T = {t}", params={"kind": k}, sweep=False)
                 for k, t in (("random-walk", "L D^-1"), ("adjacency", "-A"))),
+              # the exact per-key route (DiffusionMask.attend_exact): under one constant per slice float32
+              # refuses these (an isolated node sees only its own key, which underflows); karate, whose
+              # small diameter keeps the truncated series within float64's tolerance at std 8
+              *(Variant(f"isolated-std8{suffix}", f"karate (tiled) and {ISOLATED_NODES} isolated nodes, q, k of std "
+                        f"{ISOLATED_STD:g}, T = {t}: the per-key series", sweep=False,
+                        params={"graph": "karate", "isolated": ISOLATED_NODES, "qk_std": ISOLATED_STD, "kind": k})
+                for k, t, suffix in (("laplacian", "L", ""), ("random-walk", "L D^-1", "-random-walk"))),
               *protocol_variants("the diffusion time lam"),
               backward_variant(kind="random-walk")),  # L D^-1: the asymmetric kind, rmatmul != matmul
     mask_params=("lam",), cost_factor=cost_factor_n_plus_e, cost_factor_name="(N+E)/N", metrics=gdk_metrics,

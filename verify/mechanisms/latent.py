@@ -90,6 +90,10 @@ MANY_GRAPHS = FEW_SEGMENTS + 6
 SIZE_PROFILES = ("uneven", "even", "equal")
 #: relational-bias: sigmoid(B_BIAS) ~ 0.62 per order.
 B_BIAS = 0.5
+#: latent_problem's rare=True: q times 2^-60 (a power of two: exact in both dtypes).
+RARE_SCALE = 2.0**-60
+#: relational-bias's fast routes (latent_problem's route).
+ROUTES = ("attention", "parts", "dense")
 
 # ---------------------------------------------------------------------------------- problems
 
@@ -139,7 +143,7 @@ def batched_adjacency(family: str, n: int, seed: int, graphs: int,
 def latent_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), graph: str = "grid-2d", graphs: int = 1,
                    profile: str = "uneven", tau: float = TAU, gumbel: bool = False, samples: int = GUMBEL_SAMPLES, b: float = B_BIAS,
                    order: int = 1, normalize: str | None = "sym", shift: float = 0.0,
-                   signed_keys: bool = False) -> Problem:
+                   signed_keys: bool = False, rare: bool = False, route: str = "attention") -> Problem:
     """The problem of every latent-graph record (module doc): q, k, v (*batch, N, 32), W (32, 32).
 
     shift: q and k plus ``shift`` times one fixed unit vector c (SHIFT_SALT); with ``signed_keys``
@@ -150,7 +154,16 @@ def latent_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), graph: str
     N = 37 .. 300, measured per slice); DIFFormer's constant term is sum v, which a common shift
     only rescales (the score term becomes ~uniform attention again), so its keys take signed
     shifts: q~_u . K~^T V ~ sum_w sign_w v_w / N_g is then no multiple of sum v.
+
+    rare: inputs that send DIFFormer / SGFormer down their rare (materialised) route: q times
+    RARE_SCALE = 2^-60 (its norm below float32's window, the folded path's 2^-42) and, in a batch,
+    the keys of the second graph all zero (a zero norm: k~ = 0 in both dtypes). route: "attention"
+    (nodeformer_attention) or "parts" (relational-bias: kernelized_softmax plus one relational_bias
+    call per order of adjacency_orders, the public pieces a user composes) or "dense" (difformer,
+    sgformer: the dense twin on fast.frobenius_normalize's q~, k~).
     """
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     adj, batch_index = batched_adjacency(graph, n, seed, graphs, profile)
     sizes = graph_sizes(n, graphs, profile)
     extras: dict[str, Any] = {**graph_extras(adj), "batch_index": batch_index, "graphs": len(sizes),
@@ -163,6 +176,12 @@ def latent_problem(n: int, seed: int, *, batch: tuple[int, ...] = (), graph: str
         c *= float(shift) / np.linalg.norm(c)
         signs = rng.choice([-1.0, 1.0], size=(n, 1)) if signed_keys else np.ones((n, 1))
         p = replace(p, q=p.q + c, k=p.k + signs * c)
+    if rare:
+        k = p.k.copy()
+        if len(sizes) > 1:
+            k[..., sizes[0]:sizes[0] + sizes[1], :] = 0.0
+        p = replace(p, q=p.q * RARE_SCALE, k=k)
+    extras["route"], extras["rare"] = route, bool(rare)
     if gumbel:
         u = rng_for(seed, NOISE_SALT).uniform(size=(int(samples), *p.k.shape[:-1]))
         extras["noise"] = -np.log(-np.log(np.clip(u, np.finfo(float).tiny, 1.0 - 2.0**-53)))
@@ -236,6 +255,14 @@ def _relational_setup(p: Problem, device, dtype, requires_grad: bool = False):
     q, k, v, w = _tensors(p, device, dtype, requires_grad)
     batch, graph, b = _fast_batch(p, device), _graph(p, device), _bias(p, device, dtype)
     e = p.extras
+    if e.get("route", "attention") == "parts":
+        def parts():
+            orders = fast.adjacency_orders(graph, e["order"])
+            out = fast.kernelized_softmax(q, k, v, w, tau=e["tau"], batch=batch)
+            for r, a_r in enumerate(orders):  # A_r's own pattern at order 1 is A_r
+                out = out + fast.relational_bias(v, a_r, b[r], order=1, normalize=e["normalize"], batch=batch)
+            return out
+        return parts
     return lambda: fast.nodeformer_attention(q, k, v, w, graph=graph, b=b, order=e["order"],
                                              normalize=e["normalize"], tau=e["tau"], gumbel=False, training=False,
                                              batch=batch)
@@ -260,8 +287,12 @@ def _edge_ref(p: Problem) -> np.ndarray:
                                               batch=batch_of(p))[..., None]
 
 
-def _simple_setup(fn):
+def _simple_setup(fn, own_value: bool):
+    """fn (difformer_attention / sgformer_attention) on the problem; route "dense": the dense twin
+    (_simple_dense), whose q~ and k~ are fast.frobenius_normalize's (the public normaliser's check)."""
     def setup(p: Problem, device, dtype, requires_grad: bool = False):
+        if p.extras.get("route", "attention") == "dense":
+            return _simple_dense(own_value)(p, device, dtype, requires_grad)
         q, k, v, _ = _tensors(p, device, dtype, requires_grad)
         batch = _fast_batch(p, device)
         return lambda: fn(q, k, v, batch=batch)
@@ -486,6 +517,32 @@ def batched_variants(default: str, *, reads_edges: bool) -> tuple[Variant, ...]:
     return (one, *batches, *many_graph_variants(default, every=not reads_edges))
 
 
+def rare_variants(default: str) -> tuple[Variant, ...]:
+    """DIFFormer's and SGFormer's rare route (the materialised q~, k~ of fast.latent.simple_attention, its
+    robust norms): "rare-path" one graph with q 2^-60 (float32 leaves the folded path's window; float64
+    keeps it), "rare-path-batch" a batch whose second graph has all-zero keys (both dtypes)."""
+    return (Variant("rare-path", "one graph, q times 2^-60: float32 takes the rare (materialised) route",
+                    params={"graph": default, "rare": True}, sweep=False),
+            Variant("rare-path-batch", f"{GRAPHS} graphs and a one-node graph, q times 2^-60, the second graph's "
+                    "keys zero: the rare route in both dtypes", params={"graph": default, "graphs": GRAPHS,
+                                                                       "rare": True}, sweep=False))
+
+
+def normalize_variants(default: str) -> tuple[Variant, ...]:
+    """fast.frobenius_normalize, the public normaliser, through the dense twin (route "dense"): its
+    folded route per graph ("frobenius-normalize-batch"), its robust route on one graph in float32
+    ("frobenius-normalize": q 2^-60) and on a batch with a zero graph ("frobenius-normalize-rare")."""
+    sizes = f"{GRAPHS} graphs and a one-node graph"
+    return (Variant("frobenius-normalize", "one graph, q times 2^-60: the dense scores on frobenius_normalize's q~, "
+                    "k~ (its robust route in float32)", params={"graph": default, "rare": True, "route": "dense"},
+                    sweep=False),
+            Variant("frobenius-normalize-batch", f"{sizes}: the dense scores on frobenius_normalize's per-graph q~, k~",
+                    params={"graph": default, "graphs": GRAPHS, "route": "dense"}, sweep=False),
+            Variant("frobenius-normalize-rare", f"{sizes}, q times 2^-60, the second graph's keys zero: "
+                    "frobenius_normalize's robust route per graph", sweep=False,
+                    params={"graph": default, "graphs": GRAPHS, "rare": True, "route": "dense"}))
+
+
 def many_graph_variants(default: str, every: bool = True) -> tuple[Variant, ...]:
     """Equivalence-only variants past the few/many dispatch (fast.segments.few_segments): MANY_GRAPHS
     graphs of sizes differing by at most one plus a one-node graph and a label gap ("many-graphs":
@@ -535,7 +592,10 @@ register(Mechanism(
     variants=(*batched_variants("grid-2d", reads_edges=True),
               Variant("raw", "grid-2d, raw adjacency (Eq. 8 as printed)", params={"normalize": None}, sweep=False),
               Variant("order-2", "grid-2d, orders 1 and 2 (walks of exactly 2 hops), one bias each",
-                      params={"order": 2}, sweep=False)),
+                      params={"order": 2}, sweep=False),
+              Variant("parts", "grid-2d batch, orders 1 and 2 by the public pieces: kernelized_softmax + "
+                      "relational_bias of each adjacency_orders pattern", sweep=False,
+                      params={"order": 2, "route": "parts", "graphs": GRAPHS})),
     **SIZES, cost_factor=cost_factor_n_plus_e, cost_factor_name="(N+E)/N", roofline=_roofline("relational"),
     notes=f"kernelized softmax (tau = {TAU}) + sigmoid(b) D^-1/2 A D^-1/2 v, b = {B_BIAS}.",
 ))
@@ -550,17 +610,18 @@ register(Mechanism(
 register(Mechanism(
     id="difformer", title="DIFFormer simple attention", source="the tutorial (DIFFormer)", complexity="N",
     make_problem=_problem(shift=SHIFT_DIF, signed_keys=True), reference=_simple_ref(ref_simple.difformer_attention),
-    fast_setup=_simple_setup(fast.difformer_attention), dense_setup=_simple_dense(own_value=False),
+    fast_setup=_simple_setup(fast.difformer_attention, own_value=False), dense_setup=_simple_dense(own_value=False),
     dense_mask=_packing_dense,
-    variants=batched_variants("grid-2d", reads_edges=False), **SIZES, roofline=_roofline("difformer"),
+    variants=(*batched_variants("grid-2d", reads_edges=False), *rare_variants("grid-2d"),
+              *normalize_variants("grid-2d")), **SIZES, roofline=_roofline("difformer"),
     notes="(sum_v v_v + q~ . sum_v k~_v v_v^T) / (N + q~ . sum_w k~_w), Frobenius norms per graph over heads.",
 ))
 register(Mechanism(
     id="sgformer", title="SGFormer simple global attention", source="SGFormer", complexity="N",
     make_problem=_problem(shift=SHIFT_SG), reference=_simple_ref(ref_simple.sgformer_attention),
-    fast_setup=_simple_setup(fast.sgformer_attention), dense_setup=_simple_dense(own_value=True),
+    fast_setup=_simple_setup(fast.sgformer_attention, own_value=True), dense_setup=_simple_dense(own_value=True),
     dense_mask=_packing_dense,
-    variants=batched_variants("grid-2d", reads_edges=False), **SIZES, scale=True, scale_train=True,
-    roofline=_roofline("sgformer"),
+    variants=(*batched_variants("grid-2d", reads_edges=False), *rare_variants("grid-2d")), **SIZES, scale=True,
+    scale_train=True, roofline=_roofline("sgformer"),
     notes="(N v_u + q~ . sum_v k~_v v_v^T) / (N + q~ . sum_w k~_w), Frobenius norms per graph over heads.",
 ))

@@ -2,7 +2,10 @@
 is monkeypatched into fast/, and the verify check that reaches its route must fail on it while the
 real code passes. The routes: the transposed products (rmatmul) and the backward of the
 asymmetric masks, the "many small graphs" side of fast.segments.few_segments, the nn.Module layers,
-and the random draws fast/ makes itself (walks, Gumbel noise).
+the random draws fast/ makes itself (walks, Gumbel noise), DIFFormer's / SGFormer's rare (materialised)
+route and fast.frobenius_normalize, the public relational_bias and adjacency_orders, DiffusionMask's
+exact per-key route, and the redo of overflowed sums (fast.scaling) in each of its callers
+(numerics/value-overflow).
 """
 from __future__ import annotations
 
@@ -12,13 +15,17 @@ import pytest
 import torch
 
 import fast
+import fast.attention as fast_attention
 import fast.latent.layers as fast_layers
 import fast.latent.nodeformer as fast_nodeformer
 import fast.latent.simple_attention as fast_simple
+import fast.masks.diffusion as fast_diffusion
+import fast.operator as fast_operator
+import fast.scaling
 from fast.masks.diffusion import DiffusionMask
 from fast.masks.grf import StabilisedProduct, WalkFeatures
 from results.check import Context
-from verify.checks import equivalence, layers, sampling
+from verify.checks import equivalence, layers, numerics, sampling
 from verify.mechanisms import get
 
 
@@ -127,6 +134,75 @@ def _walks_halt_too_often(graph, n_walkers, **kw):
     return _SAMPLE_WALKS(graph, n_walkers, **kw)
 
 
+_NORMALIZE_ROBUST = fast_simple._normalize_robust
+
+
+def _normalize_robust_l1(x, bi, joint):
+    """_normalize_robust with the rescaled sums of squares taken as sums of |y| (an L1 norm), the
+    materialised (rare) route of DIFFormer / SGFormer only."""
+    y = _NORMALIZE_ROBUST(x, bi, joint)  # y = x / ||x||_F per graph: turn it into x / ||x||_1
+    l2 = fast_simple._per_graph(fast_simple._node_reduce(y * y, joint), bi)  # 1 (0 for a zero graph)
+    l1 = fast_simple._per_graph(fast_simple._node_reduce(y.abs(), joint), bi)
+    ratio = torch.where(l1 > 0, l2.sqrt() / torch.where(l1 > 0, l1, torch.ones_like(l1)), torch.ones_like(l1))
+    return y * fast_simple._to_nodes(ratio, bi)
+
+
+_NORMALIZE_PLAIN = fast_simple._normalize_plain
+
+
+def _normalize_plain_batch_ignored(x, bi, joint):
+    """_normalize_plain (frobenius_normalize's common route) with one norm over all graphs of the batch."""
+    out, sumsq = _NORMALIZE_PLAIN(x, None, joint)  # BUG: every graph divided by the whole batch's norm
+    return out, fast_simple._sumsq(x, bi, joint)
+
+
+_MATERIALISED = fast_simple._materialised
+
+
+def _materialised_one_graph_without_constant(qw, kw, vw, bi, joint, own_value):
+    """_materialised with the constant term (sum v, or N v_u) dropped for one graph (bi None)."""
+    if bi is not None:
+        return _MATERIALISED(qw, kw, vw, bi, joint, own_value)
+    n = qw.shape[-2]
+    qn, kn = fast_simple._normalize_robust(qw, None, joint), fast_simple._normalize_robust(kw, None, joint)
+    num = qn @ (kn.transpose(-1, -2) @ vw)  # BUG: + const dropped
+    den = qn @ kn.sum(-2, keepdim=True).transpose(-1, -2) + n
+    floor = fast_simple._floor(torch.full((1, 1), float(n), dtype=qw.dtype, device=qw.device), qw.shape[-1], qw.dtype)
+    return num / den, den, floor
+
+
+_RELATIONAL_BIAS = fast.relational_bias
+
+
+def _relational_bias_ignores_normalize(v, graph, b, **kw):
+    """fast.relational_bias applying the raw adjacency whatever ``normalize`` says."""
+    return _RELATIONAL_BIAS(v, graph, b, **{**kw, "normalize": None})
+
+
+_ADJACENCY_ORDERS = fast.adjacency_orders
+
+
+def _adjacency_orders_not_powered(graph, order, **kw):
+    """fast.adjacency_orders returning A_1 for every order (the products never taken)."""
+    return _ADJACENCY_ORDERS(graph, 1, **kw) * order
+
+
+def _attend_exact_is_optimistic(self, phi_q, phi_k, v, key_log_scale):
+    """DiffusionMask's exact route replaced by the optimistic one (one constant per slice): the route
+    that refused isolated nodes' rows at std 8 in float32."""
+    return self.attend_optimistic(phi_q, phi_k, v, key_log_scale)[0]
+
+
+def _times_pow2_twice(x, e):
+    """fast.scaling.times_pow2 with the power one too high (x 2^(e + 1)): a redo that multiplies back
+    wrongly (or rescales v wrongly)."""
+    return fast.scaling.times_pow2(x, e + 1)
+
+
+def _overflow(*ids: str):
+    return lambda: numerics.value_overflow_check(ids=ids)
+
+
 #: name -> (check factory, [(owner, attribute, planted)])
 PLANTED = {
     "grf-asym-rmatmul-not-transposed": (
@@ -156,6 +232,40 @@ PLANTED = {
         lambda: _check(sampling, "sampling/walks"), [(fast, "sample_walks", _walks_ignore_weights)]),
     "walks-halt-too-often": (
         lambda: _check(sampling, "sampling/walks"), [(fast, "sample_walks", _walks_halt_too_often)]),
+    # the rare (materialised) route of DIFFormer / SGFormer and the public normaliser
+    "simple-attention-robust-norm-l1": (
+        lambda: _equivalence("difformer", "rare-path-batch"),
+        [(fast_simple, "_normalize_robust", _normalize_robust_l1)]),
+    "sgformer-materialised-one-graph-without-constant": (
+        lambda: _equivalence("sgformer", "rare-path"),
+        [(fast_simple, "_materialised", _materialised_one_graph_without_constant)]),
+    "frobenius-normalize-batch-ignored": (
+        lambda: _equivalence("difformer", "frobenius-normalize-batch"),
+        [(fast_simple, "_normalize_plain", _normalize_plain_batch_ignored)]),
+    "frobenius-normalize-robust-l1": (
+        lambda: _equivalence("difformer", "frobenius-normalize"),
+        [(fast_simple, "_normalize_robust", _normalize_robust_l1)]),
+    # the public pieces of NodeFormer's relational bias
+    "relational-bias-ignores-normalize": (
+        lambda: _equivalence("relational-bias", "parts"),
+        [(fast, "relational_bias", _relational_bias_ignores_normalize)]),
+    "adjacency-orders-not-powered": (
+        lambda: _equivalence("relational-bias", "parts"), [(fast, "adjacency_orders", _adjacency_orders_not_powered)]),
+    # DiffusionMask's exact per-key route
+    "gdk-exact-route-per-slice": (
+        lambda: _equivalence("gdk", "isolated-std8"), [(DiffusionMask, "attend_exact", _attend_exact_is_optimistic)]),
+    "gdk-random-walk-exact-route-per-slice": (
+        lambda: _equivalence("gdk", "isolated-std8-random-walk"),
+        [(DiffusionMask, "attend_exact", _attend_exact_is_optimistic)]),
+    # the redo of overflowed sums (fast.scaling) where each caller uses it
+    "driver-redo-wrong-power": (_overflow("gdk", "grf"), [(fast_attention, "times_pow2", _times_pow2_twice)]),
+    # (of the shipped masks only the FFT products overflow inside where M x does not, at these inputs)
+    "operator-matmul-redo-wrong-power": (_overflow("toeplitz-1d"), [(fast_operator, "times_pow2", _times_pow2_twice)]),
+    "simple-attention-redo-wrong-power": (_overflow("difformer", "sgformer"),
+                                          [(fast_simple, "times_pow2", _times_pow2_twice)]),
+    "relational-bias-redo-wrong-power": (_overflow("relational_bias"),
+                                         [(fast_nodeformer, "times_pow2", _times_pow2_twice)]),
+    "expm-action-redo-wrong-power": (_overflow("expm_action"), [(fast_diffusion, "times_pow2", _times_pow2_twice)]),
 }
 
 

@@ -198,11 +198,39 @@ def test_a_correct_path_passes_in_both_dtypes():
 # ------------------------------------------------------------------------------ declaration, inputs
 
 
-def test_one_check_per_registered_mechanism():
+def test_one_check_per_registered_mechanism_and_the_value_overflow_check():
     checks = numerics.checks()
-    assert [c.id for c in checks] == [f"numerics/{m.id}" for m in mechanisms()]
-    for c in checks:
+    assert [c.id for c in checks] == [f"numerics/{m.id}" for m in mechanisms()] + ["numerics/value-overflow"]
+    for c in checks[:-1]:
         assert (c.kind, c.threshold, c.compare, c.unit, c.quick) == ("numerics", 0.0, "<=", "count", True)
+    # a comparison with the exact result, like equivalence's (the report's numerics heatmaps read cells)
+    assert (checks[-1].kind, checks[-1].threshold, checks[-1].unit) == ("equivalence", 1.0, "ratio")
+
+
+def test_value_overflow_takes_the_rescaled_branches(monkeypatch):
+    """The check's inputs reach the redo of every caller of fast.scaling it names (each would be a dead
+    case otherwise), and the real code passes on them."""
+    import fast.attention
+    import fast.latent.nodeformer
+    import fast.latent.simple_attention
+    import fast.masks.diffusion
+    import fast.operator
+
+    calls: dict[str, int] = {}
+    for module in (fast.attention, fast.operator, fast.latent.simple_attention, fast.latent.nodeformer,
+                   fast.masks.diffusion):
+        original = module.times_pow2
+
+        def spy(x, e, _name=module.__name__, _original=original):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(x, e)
+
+        monkeypatch.setattr(module, "times_pow2", spy)
+    ids = ("gdk", "toeplitz-1d", "difformer", "sgformer", "expm_action", "relational_bias")
+    res = numerics.value_overflow_check(ids).evaluate(Context(quick=True))
+    assert res.status == "pass", res.details["reasons"]
+    assert set(calls) == {"fast.attention", "fast.operator", "fast.latent.simple_attention", "fast.latent.nodeformer",
+                          "fast.masks.diffusion"}, calls
 
 
 def test_the_check_runs_through_its_declaration(monkeypatch):
