@@ -343,7 +343,8 @@ if triton is not None:
                 zstate += zt
         return state, zstate
 
-    @triton.jit
+    # N and the segment sizes vary with every call: not specialised, so a new length compiles nothing new
+    @triton.jit(do_not_specialize=["N", "SEGS", "SEG_CHUNKS"])
     def _totals_kernel(A, B, C, R, GD, T, Z, N, M, D, SEGS, SEG_CHUNKS, CHUNK: tl.constexpr, BM: tl.constexpr,
                        BD: tl.constexpr, STABLE: tl.constexpr, REVERSE: tl.constexpr, PRECISION: tl.constexpr,
                        ACC: tl.constexpr):
@@ -390,7 +391,8 @@ if triton is not None:
         tl.store(T + offs_m[:, None] * D + offs_d[None, :], total, mask=m_ok[:, None] & d_ok[None, :])
         tl.store(Z + offs_m, ztotal, mask=offs_m < tl.where(pd == 0, M, 0))  # the same in every block: block 0's
 
-    @triton.jit
+    # N and the segment sizes vary with every call: not specialised, so a new length compiles nothing new
+    @triton.jit(do_not_specialize=["N", "SEGS", "SEG_CHUNKS"])
     def _forward_kernel(Q, K, V, C, R, T, Z, NUM, DEN, N, M, D, SEGS, SEG_CHUNKS, CHUNK: tl.constexpr,
                         BM: tl.constexpr, BD: tl.constexpr, STABLE: tl.constexpr, PRECISION: tl.constexpr,
                         ACC: tl.constexpr):
@@ -444,7 +446,8 @@ if triton is not None:
                 state += tl.dot(tl.trans(k), v, input_precision=PRECISION)
                 zstate += tl.sum(k, axis=0)
 
-    @triton.jit
+    # N and the segment sizes vary with every call: not specialised, so a new length compiles nothing new
+    @triton.jit(do_not_specialize=["N", "SN", "SEGS", "SEG_CHUNKS"])
     def _backward_kernel(Q, K, V, C, R, GN, GD, T, Z, U, UZ, DQ, DK, DV, N, M, D, SN, SEGS, SEG_CHUNKS,
                          CHUNK: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, STABLE: tl.constexpr,
                          PRECISION: tl.constexpr, ACC: tl.constexpr):
