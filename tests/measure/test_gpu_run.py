@@ -266,3 +266,17 @@ def test_causal_summary_ratios_and_crossover_interval():
     lo, hi = cross["interval"]
     assert 2**11 < lo < cross["n"] < hi < 2**12
     assert "forward+backward" not in got["crossover"]
+
+
+def test_causal_stage_runs_end_to_end_on_the_cpu(monkeypatch):
+    """The real runners at a small shape: maskbench's points time, fla-core skips with its reason (a
+    GPU peer), and the summary holds the FAVOR+ ratio (SDPA flash may or may not run on this CPU)."""
+    monkeypatch.setattr(gpu, "CAUSAL_SHAPE", (1, 2, 16, 16))
+    out = gpu.causal_stage("cpu", budget_s=120.0, plan=gpu.causal_plan(sizes=(64,), crossover_sizes=(32, 64)),
+                           rounds=1)
+    assert not [p for p in out["points"] if "error" in p], out["points"]
+    assert {p["impl"] for p in out["points"]} >= {"maskbench", "attend", "favor"}
+    assert "needs --device cuda" in out["skipped"]["fla float32"]
+    assert [(r["n"], r["pass"]) for r in out["summary"]["favor_vs_given"]] == [(64, "forward"), (64, "forward+backward")]
+    assert all(r["favor_over_given"] > 0 for r in out["summary"]["favor_vs_given"])
+    json.dumps(out)
