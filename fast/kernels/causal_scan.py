@@ -52,7 +52,7 @@ try:
 except ImportError:  # the PyTorch scan serves everywhere (fast.kernels.dispatch)
     triton = None
 
-__all__ = ["causal_scan", "kernel_blocks"]
+__all__ = ["causal_scan", "kernel_blocks", "segment_plan"]
 
 
 def kernel_blocks(m: int, d: int, backward: bool = False) -> tuple[int, int, int, int]:
