@@ -95,6 +95,7 @@ from fast import walks as fast_walks
 from fast.graphs import Graph, normalized_adjacency
 from fast.masks.diffusion import DiffusionMask
 from fast.masks.grf import GRFAsymMask, GRFMask, grf_features
+from fast.masks import power_series as fast_power_series
 from fast.masks.power_series import PowerSeriesMask
 from fast.masks.rwgnk import RWGNKMask
 from measure import roofline
@@ -145,6 +146,10 @@ P_HALT = 0.5
 I_MAX = 16
 BETA = 1.0
 K_MAX = 16
+#: power-series' coefficient routes (power_series_problem's ``coefficients``) and the regularised
+#: Laplacian's sigma2 (radius (1 + sigma2) / sigma2 = 3 > rho(W) = 1).
+COEFFICIENT_ROUTES = ("given", "diffusion", "regularised-laplacian", "convolved")
+SIGMA2 = 0.5
 #: reid25's setting for grf (d = m = 8); the other records keep verify.favor's 16.
 D_GRF = 8
 #: Lemma 3.2's failure probability for the "nnz per feature bound" metric.
@@ -384,19 +389,43 @@ def rwgnk_problem(n: int, seed: int, *, graph: str = "path", lam: float = LAM_RW
 
 
 def power_series_problem(n: int, seed: int, *, graph: str = "grid-2d", beta: float = BETA, k_max: int = K_MAX,
-                         batch: tuple[int, ...] = ()) -> Problem:
-    """FAVOR+ inputs, a graph and alpha (K_MAX + 1,) of the heat kernel exp(beta W)."""
-    return graph_problem(n, seed, graph_adjacency(graph, n, seed), batch, D_QK, alpha=heat_alpha(beta, k_max))
+                         coefficients: str = "given", batch: tuple[int, ...] = ()) -> Problem:
+    """FAVOR+ inputs, a graph and alpha (K_MAX + 1,) of the heat kernel exp(beta W).
+
+    coefficients (COEFFICIENT_ROUTES): "given" (alpha an array, both sides read it); "diffusion",
+    "regularised-laplacian" (sigma2 = SIGMA2), "convolved" (alpha = convolve(f), f the heat kernel's
+    deconvolution): each side computes alpha with its own function (reference.masks.power_series for
+    the reference, fast.masks.power_series for the fast path, the regularised Laplacian's radius
+    certified on the graph first), so those public coefficient builders are compared too."""
+    adj = graph_adjacency(graph, n, seed)
+    if coefficients == "given":
+        alpha = heat_alpha(beta, k_max)
+    elif coefficients == "diffusion":
+        alpha = ref_power_series.diffusion_alpha(beta, k_max)
+    elif coefficients == "regularised-laplacian":
+        alpha = ref_power_series.regularised_laplacian_alpha(SIGMA2, k_max, ref_graphs.normalized_adjacency(adj))
+    elif coefficients == "convolved":
+        alpha = ref_power_series.convolve(heat_f(beta, k_max), k_max)
+    else:
+        raise ValueError(f"coefficients must be one of {COEFFICIENT_ROUTES}, got {coefficients!r}")
+    return graph_problem(n, seed, adj, batch, D_QK, alpha=alpha, coefficients=coefficients,
+                         beta=np.float64(beta), k_max=np.int64(k_max))
 
 
 def grf_problem(n: int, seed: int, *, graph: str = "grid-2d", beta: float = BETA, n_walkers: int = N_WALKERS,
                 p_halt: float = P_HALT, i_max: int = I_MAX, shared: bool = False, antithetic: bool = False,
-                repelling: bool = False, d: int = D_GRF, batch: tuple[int, ...] = ()) -> Problem:
+                repelling: bool = False, d: int = D_GRF, deconvolved: bool = False,
+                batch: tuple[int, ...] = ()) -> Problem:
     """FAVOR+ inputs of width d, a graph, f (i_max + 1,) of the heat kernel and two independent
-    walk ensembles (one when ``shared``: the biased-diagonal option)."""
+    walk ensembles (one when ``shared``: the biased-diagonal option). deconvolved: f = deconvolve(alpha)
+    of the heat kernel's alpha, computed by each side's own deconvolve (the fast path's by
+    fast.masks.power_series.deconvolve)."""
     adj = graph_adjacency(graph, n, seed)
     prefixes = ("walks",) if shared else ("walks", "walks_k")
     walks = _sample_extras(adj, seed, prefixes, n_walkers, p_halt, i_max, None, antithetic, repelling)
+    if deconvolved:  # f from alpha by each side's own deconvolve (the public coefficient builder)
+        return graph_problem(n, seed, adj, batch, d, f=ref_power_series.deconvolve(heat_alpha(beta, i_max)),
+                             deconvolve_beta=np.float64(beta), **walks)
     return graph_problem(n, seed, adj, batch, d, f=heat_f(beta, i_max), **walks)
 
 
@@ -447,7 +476,18 @@ def _power_series_dense(p: Problem) -> np.ndarray:
 
 
 def _power_series_fast(p: Problem, device) -> PowerSeriesMask:
-    return PowerSeriesMask(normalized_adjacency(fast_graph(p, device)), _param(p, "alpha", device))
+    w = normalized_adjacency(fast_graph(p, device))
+    route, e = str(p.extras.get("coefficients", "given")), p.extras
+    if route == "given":
+        alpha = _param(p, "alpha", device)
+    elif route == "diffusion":
+        alpha = fast_power_series.diffusion_alpha(float(e["beta"]), int(e["k_max"]))
+    elif route == "regularised-laplacian":
+        alpha = fast_power_series.regularised_laplacian_alpha(SIGMA2, int(e["k_max"]), graph=w)
+    else:  # "convolved"
+        alpha = fast_power_series.convolve(fast_power_series.deconvolve(fast_power_series.heat_alpha(
+            float(e["beta"]), int(e["k_max"]))), int(e["k_max"]))
+    return PowerSeriesMask(w, alpha.to(device) if isinstance(alpha, torch.Tensor) else alpha)
 
 
 def _key_prefix(p: Problem) -> str:
@@ -461,7 +501,12 @@ def _grf_dense(p: Problem) -> np.ndarray:
 
 def _grf_fast(p: Problem, device) -> GRFMask:
     w = normalized_adjacency(fast_graph(p, device))
-    f = _param(p, "f", device)
+    if "deconvolve_beta" in p.extras:  # f = deconvolve(alpha) by fast's own function (grf_problem)
+        e = p.extras
+        f = fast_power_series.deconvolve(fast_power_series.heat_alpha(float(e["deconvolve_beta"]),
+                                                                      int(e["f"].shape[0]) - 1)).to(device)
+    else:
+        f = _param(p, "f", device)
     features_q = grf_features(w, fast_walks_of(p, "walks", device), f)
     if "walks_k_nodes" not in p.extras:  # one shared ensemble
         return GRFMask(features_q, None)
@@ -636,7 +681,14 @@ register(favor_mechanism(
 register(favor_mechanism(
     "power-series", "Exact power series sum_k alpha_k W^k, Horner", "reid25 Eq. 2 (M_alpha)", "N",
     problem=power_series_problem, dense_mask=_power_series_dense, fast_mask=_power_series_fast, **QUICK,
-    variants=(*graph_variants("grid-2d", **FAMILY_SIZES), *protocol_variants("alpha"), backward_variant()),
+    variants=(*graph_variants("grid-2d", **FAMILY_SIZES),
+              *(Variant(c, f"grid-2d, alpha by {what} (each side's own function)", params={"coefficients": c},
+                        sweep=False)
+                for c, what in (("diffusion", "diffusion_alpha"),
+                                ("regularised-laplacian", f"regularised_laplacian_alpha (sigma2 = {SIGMA2:g}, "
+                                                          "radius certified on the graph)"),
+                                ("convolved", "convolve(deconvolve(alpha))"))),
+              *protocol_variants("alpha"), backward_variant()),
     mask_params=("alpha",), roofline=_matmul_roofline(power_series_product_flops),
     notes=f"alpha_k = beta^k / k! (heat kernel exp(beta W)), beta = {BETA}, k <= {K_MAX}, W = D^-1/2 A D^-1/2.",
 ))
@@ -648,6 +700,8 @@ register(favor_mechanism(
                       params={"shared": True}, sweep=False),
               Variant("antithetic", "grid-2d, antithetic termination", params={"antithetic": True}, sweep=False),
               Variant("repelling", "grid-2d, repelling walks", params={"repelling": True}, sweep=False),
+              Variant("deconvolved", "grid-2d, f = deconvolve(alpha) by each side's own function",
+                      params={"deconvolved": True}, sweep=False),
               *protocol_variants("f"), backward_variant()),
     scale=True, scale_train=True, mask_params=("f",), draw=walk_draw, metrics=grf_metrics,
     roofline=_matmul_roofline(grf_product_flops),

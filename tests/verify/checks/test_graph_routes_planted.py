@@ -10,6 +10,7 @@ exact per-key route, and the redo of overflowed sums (fast.scaling) in each of i
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import fast.latent.layers as fast_layers
 import fast.latent.nodeformer as fast_nodeformer
 import fast.latent.simple_attention as fast_simple
 import fast.masks.diffusion as fast_diffusion
+import fast.masks.power_series as fast_power_series
 import fast.operator as fast_operator
 import fast.scaling
 from fast.masks.diffusion import DiffusionMask
@@ -199,6 +201,38 @@ def _times_pow2_twice(x, e):
     return fast.scaling.times_pow2(x, e + 1)
 
 
+def _diffusion_alpha_wrong_factorial(beta, k_max):
+    """fast.masks.power_series.diffusion_alpha with (k + 1)! for k! (another shape, not a constant factor,
+    which normalised attention could not see)."""
+    k = torch.arange(k_max + 1, dtype=torch.float64)
+    return math.exp(-beta) * beta**k / torch.exp(torch.lgamma(k + 2.0))
+
+
+def _regularised_laplacian_alpha_wrong_ratio(sigma2, k_max, graph=None):
+    """regularised_laplacian_alpha with the ratio 1 / (1 + sigma2) for sigma2 / (1 + sigma2)."""
+    k = torch.arange(k_max + 1, dtype=torch.float64)
+    return (1.0 + sigma2) ** -(k + 1)
+
+
+_DECONVOLVE = fast_power_series.deconvolve
+
+
+def _deconvolve_wrong_terms(alpha):
+    """deconvolve whose f_k come out divided by sqrt(k + 1) (a wrong recursion past f_0)."""
+    f = _DECONVOLVE(alpha)
+    return f * torch.arange(1, f.shape[0] + 1, dtype=f.dtype) ** -0.5  # BUG: f_k / sqrt(k + 1)
+
+
+_CONVOLVE = fast_power_series.convolve
+
+
+def _convolve_squares_only(f, k_max=None):
+    """convolve keeping only the terms f_p f_q with p = q (the cross terms dropped)."""
+    alpha = torch.zeros(2 * f.shape[0] - 1, dtype=f.dtype)
+    alpha[0::2] = f * f
+    return alpha[:k_max + 1] if k_max is not None else alpha
+
+
 def _overflow(*ids: str):
     return lambda: numerics.value_overflow_check(ids=ids)
 
@@ -251,6 +285,17 @@ PLANTED = {
         [(fast, "relational_bias", _relational_bias_ignores_normalize)]),
     "adjacency-orders-not-powered": (
         lambda: _equivalence("relational-bias", "parts"), [(fast, "adjacency_orders", _adjacency_orders_not_powered)]),
+    # the public coefficient builders of fast.masks.power_series
+    "diffusion-alpha-wrong-factorial": (
+        lambda: _equivalence("power-series", "diffusion"),
+        [(fast_power_series, "diffusion_alpha", _diffusion_alpha_wrong_factorial)]),
+    "regularised-laplacian-alpha-wrong-ratio": (
+        lambda: _equivalence("power-series", "regularised-laplacian"),
+        [(fast_power_series, "regularised_laplacian_alpha", _regularised_laplacian_alpha_wrong_ratio)]),
+    "convolve-squares-only": (
+        lambda: _equivalence("power-series", "convolved"), [(fast_power_series, "convolve", _convolve_squares_only)]),
+    "deconvolve-wrong-terms": (
+        lambda: _equivalence("grf", "deconvolved"), [(fast_power_series, "deconvolve", _deconvolve_wrong_terms)]),
     # DiffusionMask's exact per-key route
     "gdk-exact-route-per-slice": (
         lambda: _equivalence("gdk", "isolated-std8"), [(DiffusionMask, "attend_exact", _attend_exact_is_optimistic)]),

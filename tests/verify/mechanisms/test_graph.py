@@ -40,8 +40,9 @@ DEFAULT = {"gdk": "path", "rwgnk": "path", "power-series": "grid-2d", "grf": "gr
 OPTIONS = {"gdk": ["random-walk", "adjacency", "isolated-std8", "isolated-std8-random-walk", "update", "learnable",
                    "backward"],
            "rwgnk": ["alpha-1", "fixed-length", "backward"],
-           "power-series": ["update", "learnable", "backward"],
-           "grf": ["karate", "shared-ensemble", "antithetic", "repelling", "update", "learnable", "backward"],
+           "power-series": ["diffusion", "regularised-laplacian", "convolved", "update", "learnable", "backward"],
+           "grf": ["karate", "shared-ensemble", "antithetic", "repelling", "deconvolved", "update", "learnable",
+                   "backward"],
            "grf-asym": ["update", "learnable", "backward"]}
 PARAMS = {"gdk": ("lam",), "rwgnk": (), "power-series": ("alpha",), "grf": ("f",), "grf-asym": ("alpha",)}
 
