@@ -84,7 +84,7 @@ def _issue_13_ids() -> list[str]:
 #: The checks issue 24 adds (verify's blind spots on the graph families): the layers against a reference
 #: computation, the laws of the samplers fast/ calls on its own.
 ISSUE_24_IDS = ["layers/nodeformer-conv", "layers/difformer", "layers/sgformer", "sampling/walks", "sampling/gumbel",
-                "numerics/value-overflow"]
+                "numerics/value-overflow", "sampling/projection"]
 
 
 def test_ids_are_the_old_ones_plus_the_new_families():

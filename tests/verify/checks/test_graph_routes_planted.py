@@ -2,7 +2,7 @@
 is monkeypatched into fast/, and the verify check that reaches its route must fail on it while the
 real code passes. The routes: the transposed products (rmatmul) and the backward of the
 asymmetric masks, the "many small graphs" side of fast.segments.few_segments, the nn.Module layers,
-the random draws fast/ makes itself (walks, Gumbel noise), DIFFormer's / SGFormer's rare (materialised)
+the random draws fast/ makes itself (walks, Gumbel noise, NodeFormerConv's projections), DIFFormer's / SGFormer's rare (materialised)
 route and fast.frobenius_normalize, the public relational_bias and adjacency_orders, DiffusionMask's
 exact per-key route, and the redo of overflowed sums (fast.scaling) in each of its callers
 (numerics/value-overflow).
@@ -233,6 +233,20 @@ def _convolve_squares_only(f, k_max=None):
     return alpha[:k_max + 1] if k_max is not None else alpha
 
 
+def _redraw_keeps_projection(self):
+    """NodeFormerConv.redraw_projection drawing nothing (the old projection kept)."""
+
+
+_GAUSSIAN_PROJECTION = fast_layers.gaussian_projection
+
+
+def _orthogonal_rows_not_rescaled(m, d, *, orthogonal=True, generator=None, **kw):
+    """gaussian_projection (as the layers call it) leaving orthogonal rows at unit length (the chi(d)
+    lengths forgotten): each entry ~ N(0, 1/d), not N(0, 1)."""
+    w = _GAUSSIAN_PROJECTION(m, d, orthogonal=orthogonal, generator=generator, **kw)
+    return w / w.norm(dim=-1, keepdim=True) if orthogonal else w
+
+
 def _overflow(*ids: str):
     return lambda: numerics.value_overflow_check(ids=ids)
 
@@ -266,6 +280,12 @@ PLANTED = {
         lambda: _check(sampling, "sampling/walks"), [(fast, "sample_walks", _walks_ignore_weights)]),
     "walks-halt-too-often": (
         lambda: _check(sampling, "sampling/walks"), [(fast, "sample_walks", _walks_halt_too_often)]),
+    "redraw-keeps-projection": (
+        lambda: _check(sampling, "sampling/projection"),
+        [(fast_layers.NodeFormerConv, "redraw_projection", _redraw_keeps_projection)]),
+    "orthogonal-rows-not-rescaled": (
+        lambda: _check(sampling, "sampling/projection"),
+        [(fast_layers, "gaussian_projection", _orthogonal_rows_not_rescaled)]),
     # the rare (materialised) route of DIFFormer / SGFormer and the public normaliser
     "simple-attention-robust-norm-l1": (
         lambda: _equivalence("difformer", "rare-path-batch"),
