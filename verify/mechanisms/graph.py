@@ -83,6 +83,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -133,8 +134,11 @@ WALK_ARRAYS = ("length", "offsets", "nodes")
 
 LAM_GDK = 1.0
 KINDS = ("laplacian", "random-walk", "adjacency")
-#: rng_for(seed, QK_STD_SALT): gdk's q, k of a given std (gdk_problem's qk_std; no other draw uses 122).
+#: rng_for(seed, QK_STD_SALT): gdk's q, k of a given std (gdk_problem's qk_std), QK_STD_SALT + 1 its edge
+#: weights (graph_input); no other draw uses 122, 123.
 QK_STD_SALT = 122
+#: The graph forms gdk's variants hand fast/ (gdk_problem's graph_input; fast.as_graph's input kinds).
+GRAPH_INPUTS = ("scipy", "edge-index", "edge-index-one-way", "torch-sparse", "networkx")
 #: gdk's "isolated-std8" variants: nodes without an edge, and the std of q, k (numerics' largest).
 ISOLATED_NODES, ISOLATED_STD = 8, 8.0
 #: DiffusionMask's a-priori tolerance: far below equivalence's float64 bound 1e-10.
@@ -359,19 +363,32 @@ def heat_f(beta: float, k_max: int) -> np.ndarray:
 
 
 def gdk_problem(n: int, seed: int, *, graph: str = "path", kind: str = "laplacian", lam: float = LAM_GDK,
-                isolated: int = 0, qk_std: float | None = None, batch: tuple[int, ...] = ()) -> Problem:
+                isolated: int = 0, qk_std: float | None = None, graph_input: str = "scipy",
+                batch: tuple[int, ...] = ()) -> Problem:
     """FAVOR+ inputs, a graph and the diffusion time lam (0-d) of M = exp(-lam T), T by ``kind``.
 
     isolated: the last min(isolated, n - 1) nodes have no edge (the graph family on the others);
     qk_std: q and k replaced by qk_std * N(0, 1) entries (rng_for(seed, QK_STD_SALT)), the scale at
-    which a node that sees few keys loses them all to underflow under one constant per slice."""
+    which a node that sees few keys loses them all to underflow under one constant per slice;
+    graph_input (GRAPH_INPUTS): the form the fast path is handed the graph in ("scipy", the default;
+    "edge-index" a PyG edge_index with edge_weight; "edge-index-one-way" each edge once with
+    symmetrize=True; "torch-sparse" a COO tensor; "networkx" a weighted nx.Graph): the other forms
+    carry random weights in [0.5, 2] (rng_for(seed, QK_STD_SALT + 1)), so a conversion that drops or
+    misplaces them changes M."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if graph_input not in GRAPH_INPUTS:
+        raise ValueError(f"graph_input must be one of {GRAPH_INPUTS}, got {graph_input!r}")
     alone = min(int(isolated), n - 1)
     adj = graph_adjacency(graph, n - alone, seed)
     if alone:
         adj = sp.csr_matrix(sp.block_diag([adj, sp.csr_matrix((alone, alone))], format="csr"))
-    p = graph_problem(n, seed, adj, batch, D_QK, lam=np.float64(lam), kind=kind)
+    if graph_input != "scipy":  # symmetric random weights on the same pattern
+        upper = sp.triu(adj, k=1).tocoo()
+        w = rng_for(seed, QK_STD_SALT + 1).uniform(0.5, 2.0, upper.nnz)
+        half = sp.csr_matrix((w, (upper.row, upper.col)), shape=adj.shape)
+        adj = ref_graphs.adjacency(half + half.T)
+    p = graph_problem(n, seed, adj, batch, D_QK, lam=np.float64(lam), kind=kind, graph_input=graph_input)
     if qk_std is not None:
         rng = rng_for(seed, QK_STD_SALT)
         p = replace(p, q=qk_std * rng.standard_normal(p.q.shape), k=qk_std * rng.standard_normal(p.k.shape))
@@ -456,8 +473,31 @@ def _gdk_dense(p: Problem) -> np.ndarray:
     return ref_diffusion.diffusion_mask(adjacency(p), float(numpy_values(p.extras["lam"])), str(p.extras["kind"]))
 
 
+def _graph_as_given(p: Problem, device) -> Graph:
+    """The problem's graph in the form ``graph_input`` names (gdk_problem), converted by fast.as_graph."""
+    form = str(p.extras.get("graph_input", "scipy"))
+    if form == "scipy":
+        return fast_graph(p, device)
+    coo = adjacency(p).tocoo()
+    if form == "edge-index-one-way":
+        keep = coo.row < coo.col
+        index = torch.as_tensor(np.stack([coo.row[keep], coo.col[keep]]), device=device)
+        return fast.as_graph(index, n=p.n, edge_weight=torch.as_tensor(coo.data[keep], device=device),
+                             symmetrize=True)
+    index = torch.as_tensor(np.stack([coo.row, coo.col]), device=device)
+    weight = torch.as_tensor(coo.data, device=device)
+    if form == "edge-index":
+        return fast.as_graph(index, n=p.n, edge_weight=weight)
+    if form == "torch-sparse":
+        return fast.as_graph(torch.sparse_coo_tensor(index, weight, (p.n, p.n), check_invariants=True))
+    g = nx.Graph()  # "networkx"
+    g.add_nodes_from(range(p.n))
+    g.add_weighted_edges_from((int(u), int(v), float(w)) for u, v, w in zip(coo.row, coo.col, coo.data) if u < v)
+    return fast.as_graph(g).to(device)
+
+
 def _gdk_fast(p: Problem, device) -> DiffusionMask:
-    return DiffusionMask(fast_graph(p, device), _param(p, "lam", device), kind=str(p.extras["kind"]),
+    return DiffusionMask(_graph_as_given(p, device), _param(p, "lam", device), kind=str(p.extras["kind"]),
                          tol=TOL_GDK)
 
 
@@ -661,6 +701,12 @@ register(favor_mechanism(
                         f"{ISOLATED_STD:g}, T = {t}: the per-key series", sweep=False,
                         params={"graph": "karate", "isolated": ISOLATED_NODES, "qk_std": ISOLATED_STD, "kind": k})
                 for k, t, suffix in (("laplacian", "L", ""), ("random-walk", "L D^-1", "-random-walk"))),
+              # the graph input forms fast.as_graph converts (weighted, so dropped weights change M)
+              *(Variant(form, f"path, random weights, the graph given as {what}", params={"graph_input": form},
+                        sweep=False)
+                for form, what in (("edge-index", "edge_index + edge_weight"),
+                                   ("edge-index-one-way", "each edge once, symmetrize=True"),
+                                   ("torch-sparse", "a torch sparse COO tensor"), ("networkx", "a weighted nx.Graph"))),
               *protocol_variants("the diffusion time lam"),
               backward_variant(kind="random-walk")),  # L D^-1: the asymmetric kind, rmatmul != matmul
     mask_params=("lam",), cost_factor=cost_factor_n_plus_e, cost_factor_name="(N+E)/N", metrics=gdk_metrics,

@@ -3,7 +3,8 @@ is monkeypatched into fast/, and the verify check that reaches its route must fa
 real code passes. The routes: the transposed products (rmatmul) and the backward of the
 asymmetric masks, the "many small graphs" side of fast.segments.few_segments, the nn.Module layers,
 the random draws fast/ makes itself (walks, Gumbel noise, NodeFormerConv's projections), DIFFormer's / SGFormer's rare (materialised)
-route and fast.frobenius_normalize, the public relational_bias and adjacency_orders, DiffusionMask's
+route and fast.frobenius_normalize, the public relational_bias and adjacency_orders, fast.as_graph's
+input forms, fast.masks.power_series' coefficient builders, DiffusionMask's
 exact per-key route, and the redo of overflowed sums (fast.scaling) in each of its callers
 (numerics/value-overflow).
 """
@@ -17,6 +18,7 @@ import torch
 
 import fast
 import fast.attention as fast_attention
+import fast.graphs as fast_graphs
 import fast.latent.layers as fast_layers
 import fast.latent.nodeformer as fast_nodeformer
 import fast.latent.simple_attention as fast_simple
@@ -247,6 +249,25 @@ def _orthogonal_rows_not_rescaled(m, d, *, orthogonal=True, generator=None, **kw
     return w / w.norm(dim=-1, keepdim=True) if orthogonal else w
 
 
+_AS_WEIGHT_TENSOR = fast_graphs._as_weight_tensor
+
+
+def _edge_weights_dropped(weight, name, device):
+    """fast.graphs' edge_weight conversion returning ones (an edge_index's weights dropped)."""
+    return torch.ones_like(_AS_WEIGHT_TENSOR(weight, name, device))
+
+
+_CANONICAL = fast_graphs._canonical
+
+
+def _symmetrize_by_mean(rows, cols, w, n, symmetrize, name):
+    """fast.graphs._canonical taking (W + W^T) / 2 for max(W, W^T) when asked to symmetrize (halves an
+    edge given in one direction only)."""
+    if not symmetrize:
+        return _CANONICAL(rows, cols, w, n, symmetrize, name)
+    return _CANONICAL(torch.cat([rows, cols]), torch.cat([cols, rows]), torch.cat([w, w]) / 2, n, False, name)
+
+
 def _overflow(*ids: str):
     return lambda: numerics.value_overflow_check(ids=ids)
 
@@ -305,6 +326,11 @@ PLANTED = {
         [(fast, "relational_bias", _relational_bias_ignores_normalize)]),
     "adjacency-orders-not-powered": (
         lambda: _equivalence("relational-bias", "parts"), [(fast, "adjacency_orders", _adjacency_orders_not_powered)]),
+    # the graph input forms of fast.as_graph
+    "edge-index-weights-dropped": (
+        lambda: _equivalence("gdk", "edge-index"), [(fast_graphs, "_as_weight_tensor", _edge_weights_dropped)]),
+    "symmetrize-by-mean": (
+        lambda: _equivalence("gdk", "edge-index-one-way"), [(fast_graphs, "_canonical", _symmetrize_by_mean)]),
     # the public coefficient builders of fast.masks.power_series
     "diffusion-alpha-wrong-factorial": (
         lambda: _equivalence("power-series", "diffusion"),
