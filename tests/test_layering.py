@@ -6,8 +6,8 @@ all modules is acyclic:
 
     0  results.*                               the results schema: pure data, imports no project module
     1  measure, measure.timing, measure.roofline   instruments: time and count (fast/ and results/ only)
-    2  verify core: registry, problems, stats, dense, favor, plots, mechanisms.*
-    3  measure workers: memory, scale_worker, datasets, training, experiments, suites
+    2  verify core: registry, problems, stats, dense, favor, plots, ranks, sharding, mechanisms.*
+    3  measure workers: memory, scale_worker, datasets, training, experiments, suites, distributed
     4  verify.checks.*, verify.runner, verify.shard, verify.merge, verify.__main__ (and the verify package)
     5  measure pipeline: environment, stages, pipeline, cli, gpu, __main__
 
@@ -23,9 +23,10 @@ from tests.import_graph import find_cycle, import_graph
 PACKAGES = ("fast", "reference", "results", "verify", "measure")
 
 INSTRUMENTS = {"measure", "measure.timing", "measure.roofline"}
-VERIFY_CORE = {"verify.registry", "verify.problems", "verify.stats", "verify.dense", "verify.favor", "verify.plots"}
+VERIFY_CORE = {"verify.registry", "verify.problems", "verify.stats", "verify.dense", "verify.favor", "verify.plots",
+               "verify.ranks", "verify.sharding"}
 WORKERS = {"measure.memory", "measure.scale_worker", "measure.datasets", "measure.training", "measure.experiments",
-           "measure.suites"}
+           "measure.suites", "measure.distributed"}
 PIPELINE = {"measure.environment", "measure.stages", "measure.pipeline", "measure.cli", "measure.gpu",
             "measure.__main__"}
 

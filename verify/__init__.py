@@ -6,6 +6,7 @@ Layering (module level, acyclic; tests/test_layering.py enforces it), between th
 measure/ (see measure):
 
 - core: verify.registry, verify.problems, verify.stats, verify.dense, verify.favor, verify.plots,
+  verify.ranks and verify.sharding (gloo ranks on this machine, the sharded cases they run),
   verify.mechanisms: what a check needs to describe a mechanism. They import fast/, reference/,
   results/ and measure's instruments (measure.timing, measure.roofline: a mechanism record declares
   what its perf check times), nothing else of measure/;
