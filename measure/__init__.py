@@ -2,7 +2,7 @@
 
     python -m measure [--quick] [--out FILE] [--device cpu] [--rounds K] [--only MECH_ID ...]
         [--skip-variants] [--skip-memory] [--skip-verify] [--verify-full] [--verify-json PATH]
-        [--skip-training] [--skip-peers] [--skip-history] [--no-progress]
+        [--skip-training] [--skip-distributed] [--skip-peers] [--skip-history] [--no-progress]
 
 writes one results.schema.Results (default reports/out/results.json); ``python -m reports`` renders
 it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time goes to
@@ -32,9 +32,13 @@ it. Each stage shows a tqdm bar and prints status lines on stderr; its wall time
    an MLP on three small graphs, 3 seeds x 80 epochs quick, 5 x 150 full, torch on 1 thread),
    into ``training``; --skip-training leaves it out, and so does --only (a run restricted to some
    mechanisms: the demo belongs to none of them).
-7. peers: the peer suite of benchmarks/ on its quick grid and its summary
+7. distributed: sharded FAVOR+ on 1, 2 and 4 gloo ranks of this machine (measure.distributed):
+   weak scaling (2^16 tokens per rank), strong scaling (N = 2^18), bytes sent per rank against
+   N = 2^12 .. 2^18, world size 1 on CUDA where a GPU is present; --skip-distributed and --only
+   leave it out.
+8. peers: the peer suite of benchmarks/ on its quick grid and its summary
    (benchmarks/out/peers-summary.json, the report's Peers section; measure.suites.run_peers).
-8. history: asv's exponent benchmarks for the current commit into .asv/results (the report's
+9. history: asv's exponent benchmarks for the current commit into .asv/results (the report's
    History section; measure.suites.run_history). --skip-peers, --skip-history and --only leave
    them out; what each did is the environment's "peers_run" / "history_run" line.
 
@@ -51,7 +55,7 @@ either side of verify's checks, so that the checks can time and the pipeline can
 - instruments: measure.timing, measure.roofline import only fast/ and results/ (the mechanism
   records of verify.mechanisms declare their roofline case with them; the checks time with them);
 - workers: measure.memory, measure.scale_worker, measure.datasets, measure.training,
-  measure.experiments, measure.suites add verify's core (registry, mechanisms, problems, stats), never
+  measure.experiments, measure.suites, measure.distributed add verify's core (registry, mechanisms, problems, stats), never
   verify.checks or verify.runner (verify.checks.scale drives measure.scale_worker);
 - pipeline: measure.environment, measure.stages, measure.pipeline, measure.cli, measure.gpu run
   everything above, verify.checks and verify.runner included; nothing outside measure/ imports them.

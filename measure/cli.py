@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, Path]:
     ap.add_argument("--skip-history", action="store_true",
                     help="do not run asv's exponent benchmarks for this commit into .asv/results (measure.suites); "
                          "--only skips it too")
+    ap.add_argument("--skip-distributed", action="store_true",
+                    help="do not measure sharded attention on 1, 2, 4 gloo ranks (measure.distributed); "
+                         "--only skips it too")
     ap.add_argument("--no-progress", action="store_true", help="hide progress bars (status lines remain)")
     args = ap.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
@@ -57,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, Path]:
                    skip_variants=args.skip_variants, skip_memory=args.skip_memory, skip_verify=args.skip_verify,
                    verify_full=args.verify_full, verify_json=args.verify_json, progress=not args.no_progress,
                    skip_training=args.skip_training, skip_peers=args.skip_peers,
-                   skip_history=args.skip_history, argv=list(sys.argv[1:] if argv is None else argv))
+                   skip_history=args.skip_history, skip_distributed=args.skip_distributed, argv=list(sys.argv[1:] if argv is None else argv))
     return opts, Path(args.out)
 
 

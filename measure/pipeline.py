@@ -33,6 +33,7 @@ class Options:
     skip_training: bool = False  # the training demo (issue 13; stages.training_stage); --only skips it too
     skip_peers: bool = False  # the quick peer suite (stages.peers_stage); --only skips it too
     skip_history: bool = False  # asv's exponents for this commit (stages.history_stage); --only skips it too
+    skip_distributed: bool = False  # sharded attention's scaling (stages.distributed_stage); --only skips it too
 
     @property
     def sweep_rounds(self) -> int:
@@ -125,6 +126,13 @@ def collect(opts: Options) -> Results:
         with _stage("training", secs, load, 1):
             res.training = _guard("training", errors, lambda: stages.training_stage(
                 opts.quick, opts.progress, status))
+    if opts.only and not opts.skip_distributed:
+        status("distributed scaling skipped: --only restricts the run to some mechanisms")
+    elif not opts.skip_distributed:
+        from measure.distributed import THREADS_PER_RANK, WORLDS
+
+        with _stage("distributed", secs, load, THREADS_PER_RANK * max(WORLDS)):
+            res.distributed = _guard("distributed", errors, lambda: stages.distributed_stage(opts.quick, status))
     from measure.suites import HISTORY_THREADS, PEER_THREADS
 
     for name, skip, threads, run in (

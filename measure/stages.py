@@ -251,6 +251,19 @@ def training_stage(quick: bool, progress: bool = True, status: Status = lambda m
     return res
 
 
+def distributed_stage(quick: bool, status: Status = lambda msg: None):
+    """Sharded attention on 1, 2 and 4 gloo ranks (measure.distributed.scaling): weak and strong
+    scaling, bytes sent per rank against N, world size 1 on CUDA where a GPU is present."""
+    from measure.distributed import scaling
+
+    res = scaling(quick, status=status)
+    for p in res.points:
+        eff = "" if p.efficiency is None else f", efficiency {p.efficiency:.2f} [{p.efficiency_low:.2f}, " \
+                                              f"{p.efficiency_high:.2f}]"
+        status(f"  {p.kind} {p.world} rank(s), N = {p.n}: median {p.median:.3f} s{eff}")
+    return res
+
+
 # ------------------------------------------------------------------------------ the suites beside the package
 
 

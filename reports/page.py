@@ -20,8 +20,8 @@ import jinja2
 
 from reports import format as fmt
 from reports.asv_history import AsvHistory, MechanismHistory, mechanism_histories
-from reports.sections import (PageInputs, crossover, environment, favor, gallery, gpu, history, memory, numerics,
-                              peers, roofline, summary, time_vs_n, training, variants, verification)
+from reports.sections import (PageInputs, crossover, distributed, environment, favor, gallery, gpu, history, memory,
+                              numerics, peers, roofline, summary, time_vs_n, training, variants, verification)
 from reports.sections.gpu import GpuRun
 from reports.sections.peers import PeersSummary
 from results.schema import Results
@@ -29,18 +29,20 @@ from results.schema import Results
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The page's sections in order: its table of contents, its numbered headings, its figures.
 SECTIONS = (summary, gallery, time_vs_n, crossover, memory, peers, roofline, variants, verification, numerics, favor,
-            training, gpu, history, environment)
+            training, distributed, gpu, history, environment)
 #: Sections shown folded (their heading only, one click opens them): the long ones a reader scanning the page
 #: for "is it right, is it fast" does not need open (the summary table carries each one's headline number, and
 #: the box at the top names every failed check and missed roofline target); the page stays under 15,000 px
 #: at 1400 px wide (tests/reports/test_page_scan.py; a real quick report of 23 mechanisms measured 17,066 px
 #: in headless Chromium with memory (3,277 px) and roofline (4,616 px) open).
-FOLDED = ("gallery", "time", "memory", "peers", "roofline", "variants", "training", "gpu", "history", "environment")
+FOLDED = ("gallery", "time", "memory", "peers", "roofline", "variants", "training", "distributed", "gpu", "history",
+          "environment")
 #: A folded section whose view shows nothing measured stays open: its one line names the command that fills it
 #: (make bench-ops, make bench, make gpu-check) and costs no height.
 EMPTY = {"peers": lambda v: not v["peers"].found or bool(v["peers"].error),
          "history": lambda v: v["history"] is None or not v["history"].commits,
-         "gpu": lambda v: not v["gpu"].found or bool(v["gpu"].error)}
+         "gpu": lambda v: not v["gpu"].found or bool(v["gpu"].error),
+         "distributed": lambda v: v["distributed"] is None and not v["distributed_check_rows"]}
 #: A word beside a section's heading, in sight even when it is folded (the GPU section showing the shipped sample).
 NOTES = {"gpu": lambda v: f"sample run ({v['gpu'].sample_label}), not yours" if v["gpu"].sample_for else ""}
 
@@ -94,7 +96,7 @@ def page_context(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
     >>> from results.schema import Results
     >>> ctx = page_context(PageInputs(Results({"mode": "quick"})), {})
     >>> ctx["mode"], ctx["toc"][0], len(ctx["parts"])
-    ('quick', ('summary', 'Summary'), 15)
+    ('quick', ('summary', 'Summary'), 16)
     """
     results = inputs.results
     env = results.environment or {}
@@ -142,7 +144,7 @@ def render_page(results: Results, figures: dict[str, Any], history: AsvHistory |
     >>> from reports.page import render_page
     >>> from results.schema import Results
     >>> page = render_page(Results({"mode": "quick"}), {})
-    >>> page.startswith("<!DOCTYPE html>"), '<h2>15. Environment</h2>' in page
+    >>> page.startswith("<!DOCTYPE html>"), '<h2>16. Environment</h2>' in page
     (True, True)
     >>> '<p class="allpass"' in page  # no checks in this results file: no verdict line either
     False

@@ -18,6 +18,9 @@ reference/ (reports/ imports this module and nothing that measures). One file ho
       "checks_note": str,                 how the checks were obtained, or why they are missing
       "stage_seconds": {stage: seconds},
       "training": Training | null         the training demo of learned latent graphs (measure.training)
+      "distributed": DistributedScaling | null  sharded attention on gloo ranks: weak and strong
+                                          scaling, bytes sent per rank vs N (measure.distributed);
+                                          absent from older files
     }
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has none) and read back.
@@ -306,6 +309,79 @@ class FavorAccuracy:
 
 
 @dataclass
+class ScalingPoint:
+    """One (scaling kind, world size) of the distributed scaling runs (issue 26): ``n`` tokens in
+    all, ``world`` ranks; ``seconds``: one forward and backward call per repeat, the slowest rank's
+    time (ranks start together after a barrier); ``median``, ``low``, ``high``: their median, min
+    and max; ``efficiency``: weak t(1) / t(P), strong t(1) / (P t(P)) from the medians, with
+    ``efficiency_low`` / ``efficiency_high`` from the extremes (the slowest 1-rank repeat over
+    the fastest P-rank one and back)."""
+
+    kind: str
+    world: int
+    n: int
+    seconds: list[float]
+    median: float
+    low: float
+    high: float
+    efficiency: float | None = None
+    efficiency_low: float | None = None
+    efficiency_high: float | None = None
+
+
+@dataclass
+class CommunicationPoint:
+    """Bytes each rank sent in one forward call of ``function`` at ``n`` tokens on ``world`` ranks
+    (fast.distributed's communication log), rank 0 first."""
+
+    function: str
+    world: int
+    n: int
+    bytes_per_rank: list[int]
+
+
+@dataclass
+class DistributedScaling:
+    """Sequence-sharded attention on CPU gloo ranks (measure.distributed): weak scaling
+    (``tokens_per_rank`` on each of ``worlds``), strong scaling (``strong_n`` tokens split over
+    ``worlds``), bytes sent per rank against N, and world size 1 on CUDA where a GPU is present
+    (``cuda``: {"device", "n", "seconds", "median"} or None; ``cuda_note`` says why not).
+    ``function``: what was timed; ``shape``: B, H, m, d; ``threads_per_rank``: torch threads of
+    each rank; ``cpus``: the machine's logical CPUs (ranks beyond it share cores)."""
+
+    mode: str
+    function: str
+    shape: dict[str, int]
+    worlds: list[int]
+    tokens_per_rank: int
+    strong_n: int
+    repeats: int
+    threads_per_rank: int
+    cpus: int
+    points: list[ScalingPoint] = field(default_factory=list)
+    communication: list[CommunicationPoint] = field(default_factory=list)
+    cuda: dict[str, Any] | None = None
+    cuda_note: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return _enc(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "DistributedScaling | None":
+        if d is None:
+            return None
+        numbers = ("median", "low", "high", "efficiency", "efficiency_low", "efficiency_high")
+        return cls(**{**d, "points": [ScalingPoint(**{**p, "seconds": _nums(p["seconds"]),
+                                                      **{k: num(p.get(k)) for k in numbers}})
+                                      for p in d.get("points", [])],
+                      "communication": [CommunicationPoint(**c) for c in d.get("communication", [])]})
+
+    def point(self, kind: str, world: int) -> "ScalingPoint | None":
+        return next((p for p in self.points if (p.kind, p.world) == (kind, world)), None)
+
+
+@dataclass
 class MaskPanel:
     """One mechanism's dense mask at size n (default variant): summary and the matrix itself
     (rows = queries); matrix None when building it failed (``error`` says why)."""
@@ -509,6 +585,7 @@ class Results:
     schema: str = SCHEMA
     training: Training | None = None  # the training demo (issue 13); absent from older files
     favor_accuracy: FavorAccuracy | None = None  # FAVOR+ vs exact softmax (issue 23); absent from older files
+    distributed: DistributedScaling | None = None  # sharded attention's scaling (issue 26); absent from older files
 
     # ------------------------------------------------------------------ lookups
 
@@ -548,6 +625,7 @@ class Results:
             "stage_seconds": self.stage_seconds,
             "training": None if self.training is None else self.training.to_dict(),
             "favor_accuracy": None if self.favor_accuracy is None else self.favor_accuracy.to_dict(),
+            "distributed": None if self.distributed is None else self.distributed.to_dict(),
         })
 
     @classmethod
@@ -573,6 +651,7 @@ class Results:
             schema=schema,
             training=Training.from_dict(d.get("training")),
             favor_accuracy=FavorAccuracy.from_dict(d.get("favor_accuracy")),
+            distributed=DistributedScaling.from_dict(d.get("distributed")),
         )
 
     def write(self, path: str | Path) -> Path:

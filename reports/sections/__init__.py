@@ -24,6 +24,7 @@ reports.style, numbers as text in reports.format.
     numerics      float32 and bfloat16 against float64 (numerics/<id>)
     favor         the FAVOR+ estimation error vs m, and its attention error vs exact softmax
     training      learned latent graphs trained end to end
+    distributed   sharded attention on several ranks: checks, scaling, bytes per rank
     gpu           the one-command GPU run
     history       asv results across commits
     environment   where the run was measured

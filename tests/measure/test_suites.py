@@ -121,7 +121,7 @@ def test_without_the_checkout_nothing_runs(monkeypatch):
 
 
 def _stub_stages(monkeypatch, calls):
-    for name in ("favor_stage", "favor_accuracy_stage", "gallery_stage", "training_stage"):
+    for name in ("favor_stage", "favor_accuracy_stage", "gallery_stage", "training_stage", "distributed_stage"):
         monkeypatch.setattr(stages, name, lambda *a, **k: None)
     monkeypatch.setattr(stages, "sweeps_stage", lambda *a, **k: ([], []))
     monkeypatch.setattr(stages, "peers_stage", lambda device, quick, status: calls.append(("peers", device)) or "p ok")

@@ -152,6 +152,7 @@ def test_pipeline_runs_the_stage_unless_skipped_or_only(monkeypatch):
     monkeypatch.setattr(stages, "favor_accuracy_stage", lambda *a, **k: None)
     monkeypatch.setattr(stages, "gallery_stage", lambda *a, **k: None)
     monkeypatch.setattr(stages, "training_stage", lambda quick, progress=True, status=None: fake)
+    monkeypatch.setattr(stages, "distributed_stage", lambda *a, **k: None)
     base = {"quick": True, "skip_memory": True, "skip_verify": True, "skip_peers": True, "skip_history": True,
             "progress": False, "argv": []}
     res = collect(Options(**base))
