@@ -222,8 +222,10 @@ class FavorPlus(_Projected):
     """FAVOR+ positive random features (Performer Lemma 1; wu22 Eq. 4), (..., N, d) -> (..., N, m).
 
     phi(x) = exp(W x - |x|^2/2) / sqrt(m) for projection W (m, d), stabilised by default (module
-    doc); E[phi(x).phi(y)] = exp(x.y). O(N m d). ValueError names ``projection`` (not (m, d)) or
-    ``x`` (wrong width d).
+    doc); E[phi(x).phi(y)] = exp(x.y). O(N m d). Stabilised features stay exact and finite where
+    |x|^2 / 2 itself overflows (float32 |x| >~ 1.8e19: the norm term is then formed as differences
+    between rows). ValueError names ``projection`` (not (m, d)) or ``x`` (wrong width d; W x, or
+    every row norm of a slice, beyond the dtype's maximum).
 
     >>> import torch
     >>> from fast.features import FavorPlus, gaussian_projection
