@@ -119,7 +119,7 @@ def rank_scaling(payload: dict) -> dict:
                 q, k, v, projection = _inputs(stop - start, 1 + rank)
                 with fd.count_communication() as log:
                     _call(q, k, v, projection, None if mask is None else fast.CausalMask(stop - start))
-                answer["bytes"][(name, n)] = log.bytes_sent
+                answer["bytes"][(name, n)] = log.bytes_sent()  # forward and backward
     return answer
 
 

@@ -244,7 +244,8 @@ def rank_cases(payload: dict) -> dict:
     """The body of one rank (verify.ranks runs it with the gloo group initialised): every case of
     payload["cases"] in every dtype of payload["dtypes"] on this rank's slice; returns {"rank",
     "world", "bounds": {case: (start, stop)}, "runs": {case: {dtype: {"out", "grads"}}},
-    "errors": {case: message}, "bytes": {case: bytes this rank sent, or None}}. A case that raises
+    "errors": {case: message}, "bytes": {case: {dtype: {"forward": bytes, "backward": bytes}}}} (the
+    bytes this rank sent, fast.distributed.count_communication). A case that raises
     is recorded and the next one runs (every rank raises alike on the same inputs)."""
     import traceback
 
@@ -267,7 +268,8 @@ def rank_cases(payload: dict) -> dict:
                 with fd.count_communication() as log:
                     run = _run(case, _rows(case, inputs, start, stop), case.sharded, seed, n, (start, stop))
                 answer["runs"].setdefault(cid, {})[name] = run
-                answer["bytes"].setdefault(cid, {})[name] = log.bytes_sent
+                answer["bytes"].setdefault(cid, {})[name] = {phase: log.bytes_sent(phase) for phase in
+                                                             ("forward", "backward")}
         except Exception:  # recorded for the check; the other cases still run
             answer["errors"][cid] = traceback.format_exc(limit=4)
     return answer

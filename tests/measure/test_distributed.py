@@ -1,0 +1,35 @@
+"""measure.distributed (issue 26 item 3): the scaling points' arithmetic (slowest rank per repeat,
+efficiency and its range from the extremes), and a small real run on 1 and 2 gloo ranks whose
+bytes per rank do not grow with N."""
+from __future__ import annotations
+
+import pytest
+
+from measure.distributed import _point, scaling
+from tests.verify.checks.test_distributed import HAS_SHARDED
+
+
+def test_point_takes_the_slowest_rank_and_its_efficiency_range():
+    base = _point("strong", 1, 64, [[4.0, 3.6, 4.8]], None)
+    assert (base.median, base.low, base.high, base.efficiency) == (4.0, 3.6, 4.8, None)
+    # rank 1 is the slower one in the first two repeats
+    p = _point("strong", 2, 64, [[2.0, 1.9, 2.5], [2.2, 2.0, 2.1]], base)
+    assert p.seconds == [2.2, 2.0, 2.5] and p.median == 2.2
+    assert p.efficiency == pytest.approx(4.0 / (2 * 2.2))
+    assert p.efficiency_low == pytest.approx(3.6 / (2 * 2.5)) and p.efficiency_high == pytest.approx(4.8 / (2 * 2.0))
+    weak = _point("weak", 2, 128, [[1.0, 1.0, 1.0]], _point("weak", 1, 64, [[0.5, 0.5, 0.5]], None))
+    assert weak.efficiency == pytest.approx(0.5)  # weak: t(1) / t(P), no factor P
+
+
+@pytest.mark.skipif(not HAS_SHARDED, reason="fast.distributed is not in this checkout")
+def test_a_small_run_has_flat_bytes_per_rank():
+    res = scaling(True, worlds=(1, 2), tokens_per_rank=256, strong_n=512, bytes_ns=(256, 2048, 16384),
+                  bytes_worlds=(2,))
+    assert [(p.kind, p.world, p.n) for p in res.points] == [("weak", 1, 256), ("strong", 1, 512), ("weak", 2, 512),
+                                                             ("strong", 2, 512)]
+    assert all(len(p.seconds) == res.repeats and p.low <= p.median <= p.high for p in res.points)
+    assert res.point("weak", 2).efficiency is not None and res.point("weak", 1).efficiency is None
+    for func in ("favor", "favor-causal"):
+        sent = [c.bytes_per_rank for c in res.communication if c.function == func]
+        assert len(sent) == 3 and all(len(b) == 2 and min(b) > 0 for b in sent)
+        assert len({tuple(b) for b in sent}) == 1  # the same bytes at every N

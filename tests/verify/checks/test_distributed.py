@@ -1,0 +1,90 @@
+"""distributed/<case> (issue 26): the judging of the ranks' answers (planted answers: exact rows
+pass, a float64 error of 1e-9 on one rank, a case that raised, a failed launch each fail and are
+named), and the real family on 2 and 4 gloo ranks (passes; about 10-15 s on two cores)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from verify.checks import distributed
+from verify.sharding import CASE_IDS, DTYPES, single_process
+
+
+
+def _has_sharded() -> bool:
+    try:
+        import fast.distributed as fd
+    except ImportError:
+        return False
+    return all(hasattr(fd, f"sharded_{name}") for name in ("linear_attention", "favor_attention", "kernelized_softmax",
+                                                              "kernelized_gumbel_softmax", "sgformer_attention",
+                                                              "difformer_attention"))
+
+
+HAS_SHARDED = _has_sharded()
+
+
+def _bounds(n: int, rank: int, world: int) -> tuple[int, int]:
+    cuts = np.linspace(0, n, world + 1).round().astype(int)
+    return int(cuts[rank]), int(cuts[rank + 1])
+
+
+def _exact_answers(case_id: str, world: int) -> list[dict]:
+    """What correct ranks would answer: the one-process rows, cut the way a rank would hold them."""
+    single = {dt: single_process(case_id, 0, dt) for dt in DTYPES}
+    n = single["float64"]["out"].shape[-2]
+    answers = []
+    for r in range(world):
+        s, e = _bounds(n, r, world)
+        cut = {dt: {"out": x["out"].narrow(-2, s, e - s).clone(),
+                    "grads": {k: g.narrow(-2, s, e - s).clone() for k, g in x["grads"].items()}}
+               for dt, x in single.items()}
+        answers.append({"rank": r, "world": world, "bounds": {case_id: (s, e)}, "runs": {case_id: cut},
+                        "errors": {}, "bytes": {case_id: {dt: {"forward": 1024, "backward": 512} for dt in DTYPES}}})
+    return answers
+
+
+def test_exact_rows_pass_with_statistic_zero():
+    out = distributed.judge("linear", 0, {2: _exact_answers("linear", 2), 4: _exact_answers("linear", 4)})
+    assert out.status == "pass" and out.statistic == 0.0
+    assert out.details["worlds"][4]["ranks"][3]["bytes_sent"]["float32"] == {"forward": 1024, "backward": 512}
+
+
+def test_a_planted_error_on_one_rank_fails_and_is_named():
+    answers = _exact_answers("favor-causal", 4)
+    answers[2]["runs"]["favor-causal"]["float64"]["grads"]["k"] *= 1 + 1e-9  # 1e-9 relative > 1e-12
+    out = distributed.judge("favor-causal", 0, {4: answers})
+    assert out.status == "fail" and out.statistic == pytest.approx(1e3, rel=1e-3)
+    assert out.details["worst"] == "4 ranks, rank 2, float64 grad_k"
+    assert any("rank 2, float64 grad_k" in r for r in out.details["reasons"])
+    answers = _exact_answers("sgformer", 2)
+    answers[1]["runs"]["sgformer"]["float32"]["out"][0, 0] += 1.0  # a wrong row in float32
+    assert "rank 1, float32 out" in distributed.judge("sgformer", 0, {2: answers}).details["worst"]
+
+
+def test_a_case_that_raised_or_a_failed_launch_fails():
+    answers = _exact_answers("padding", 2)
+    answers[0]["errors"]["padding"] = "Traceback ...\nValueError: planted"
+    out = distributed.judge("padding", 0, {2: answers})
+    assert out.status == "fail" and "rank 0 raised: ValueError: planted" in out.details["reasons"][0]
+    out = distributed.judge("padding", 0, {2: _exact_answers("padding", 2), 4: "rank 3 exited with status 1"})
+    assert out.status == "fail" and out.statistic == float("inf")
+    assert "4 ranks: the launch failed: rank 3 exited" in out.details["reasons"][0]
+
+
+def test_ids_are_stable():
+    assert [c.id for c in distributed.checks()] == [f"distributed/{cid}" for cid in CASE_IDS]
+    assert all(c.quick and c.threshold == 1.0 for c in distributed.checks())
+
+
+@pytest.mark.skipif(not HAS_SHARDED, reason="fast.distributed is not in this checkout")
+def test_the_family_passes_on_two_and_four_gloo_ranks():
+    from results.check import Context
+
+    results = {c.id: c.evaluate(Context(quick=True, seed=0)) for c in distributed.checks()}
+    failed = {cid: r.details.get("reasons") for cid, r in results.items() if r.status != "pass"}
+    assert not failed
+    for r in results.values():
+        for world in distributed.WORLDS:
+            for rank in r.details["worlds"][world]["ranks"].values():
+                assert rank["float64"]["out"] <= distributed.FLOAT64_TOL
