@@ -357,6 +357,8 @@ PLANTED = {
     "relational-bias-redo-wrong-power": (_overflow("relational_bias"),
                                          [(fast_nodeformer, "times_pow2", _times_pow2_twice)]),
     "expm-action-redo-wrong-power": (_overflow("expm_action"), [(fast_diffusion, "times_pow2", _times_pow2_twice)]),
+    "gumbel-mean-not-shifted": (_overflow("nodeformer-gumbel"),
+                                [(fast_nodeformer, "_mean_shift", lambda v, samples: None)]),  # K outputs summed raw
 }
 
 
