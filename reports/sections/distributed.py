@@ -12,6 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
+from matplotlib.ticker import FormatStrFormatter, NullLocator
+
 from reports import format as fmt
 from reports import style
 from reports.sections import PageInputs
@@ -45,6 +47,10 @@ def plot_scaling(d: DistributedScaling, out_dir: Path, name: str = "distributed_
                  else f"strong: N = {fmt.pow2_text(d.strong_n)}")
         ax.set(xscale="log", yscale="log", xlabel="ranks", ylabel="seconds per call (slowest rank)", title=title)
         ax.set_xticks(w, [str(x) for x in w])
+        ax.xaxis.set_minor_locator(NullLocator())  # only the measured rank counts are labelled
+        for axis in (ax.yaxis,):
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(FormatStrFormatter("%g"))
         ax.title.set_fontsize(9)
         ax.grid(True, alpha=0.3)
         style.legend_below(ax)
