@@ -1,0 +1,62 @@
+"""The comparisons the distributed tests run on every rank: the sharded function on the rank's
+slice against the single-process function on the whole input, forward and the input gradients.
+Each returns {case name: largest relative Frobenius error over the output and the gradients}."""
+from __future__ import annotations
+
+import torch
+
+import fast
+import fast.distributed as fd
+
+B, H, D, M = 2, 2, 4, 8
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    if b.numel() == 0:
+        return 0.0
+    scale = float(torch.linalg.vector_norm(b.double()))
+    return float(torch.linalg.vector_norm((a - b).double())) / max(scale, 1e-300)
+
+
+def _compare(single, sharded, inputs: list[torch.Tensor], start: int, stop: int, seed: int) -> float:
+    """single(*inputs) on the whole sequence against sharded(*slices) on rows [start, stop) (axis -2):
+    the output and the gradients of <out, G> for a fixed random G."""
+    g = torch.Generator().manual_seed(seed)
+    full = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = single(*full)
+    weight = torch.randn(out.shape, generator=g, dtype=out.dtype)
+    grads = torch.autograd.grad((out * weight).sum(), full)
+    part = [x.detach()[..., start:stop, :].clone().requires_grad_(True) for x in inputs]
+    mine = sharded(*part)
+    errors = [_rel(mine, out.detach()[..., start:stop, :])]
+    mine_grads = torch.autograd.grad((mine * weight[..., start:stop, :]).sum(), part, allow_unused=True)
+    for a, b in zip(mine_grads, grads):
+        a = torch.zeros_like(b[..., start:stop, :]) if a is None else a
+        errors.append(_rel(a, b[..., start:stop, :]))
+    return max(errors)
+
+
+def sequence_cases(rank: int, world: int, payload) -> dict[str, float]:
+    n, dtype = payload["n"], payload["dtype"]
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, n, D, generator=g, dtype=dtype) for _ in range(3))
+    w = fast.gaussian_projection(M, D, generator=g, dtype=dtype)
+    start, stop = fd.shard_bounds(n, rank, world)
+    phi = fast.EluPlusOne()
+    ids = torch.arange(n) * 3 // n * 2 + 5  # three segments (labels 5, 7, 9) crossing rank boundaries
+    ids[-1] = 5  # one token of the first segment at the end: segments need not be contiguous
+    key_mask = torch.rand(B, 1, n, generator=g) < 0.7
+    key_mask[..., 0] = True
+    errors = {}
+    masks = {"none": (None, None), "causal": (fast.CausalMask(n), "causal"),
+             "packing": (fast.PackingMask(ids), ids[start:stop]),
+             "padding": (fast.PaddingMask(key_mask), key_mask[..., start:stop])}
+    for name, (whole, local) in masks.items():
+        errors[f"linear/{name}"] = _compare(
+            lambda a, b, c: fast.masked_linear_attention(phi(a), phi(b), c, whole),
+            lambda a, b, c: fd.sharded_linear_attention(phi(a), phi(b), c, local), [q, k, v], start, stop, 2)
+        errors[f"favor/{name}"] = _compare(
+            lambda a, b, c: fast.favor_attention(a, b, c, w, whole),
+            lambda a, b, c: fd.sharded_favor_attention(a, b, c, w, local), [q, k, v], start, stop, 3)
+    return errors
