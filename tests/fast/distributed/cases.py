@@ -11,11 +11,13 @@ import fast.distributed as fd
 B, H, D, M = 2, 2, 4, 8
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def _rel(a: torch.Tensor, b: torch.Tensor, whole: torch.Tensor) -> float:
+    """|a - b|_F / |whole|_F: the rank's slice b against the scale of the whole tensor, as a slice's
+    own gradient may vanish (a query alone in its segment outputs its own value, whatever q is)."""
     a, b = a.detach(), b.detach()
     if b.numel() == 0:
         return 0.0
-    scale = float(torch.linalg.vector_norm(b.double()))
+    scale = float(torch.linalg.vector_norm(whole.detach().double()))
     return float(torch.linalg.vector_norm((a - b).double())) / max(scale, 1e-300)
 
 
@@ -29,11 +31,11 @@ def _compare(single, sharded, inputs: list[torch.Tensor], start: int, stop: int,
     grads = torch.autograd.grad((out * weight).sum(), full)
     part = [x.detach()[..., start:stop, :].clone().requires_grad_(True) for x in inputs]
     mine = sharded(*part)
-    errors = [_rel(mine, out.detach()[..., start:stop, :])]
+    errors = [_rel(mine, out.detach()[..., start:stop, :], out)]
     mine_grads = torch.autograd.grad((mine * weight[..., start:stop, :]).sum(), part, allow_unused=True)
     for a, b in zip(mine_grads, grads):
         a = torch.zeros_like(b[..., start:stop, :]) if a is None else a
-        errors.append(_rel(a, b[..., start:stop, :]))
+        errors.append(_rel(a, b[..., start:stop, :], b))
     return max(errors)
 
 
@@ -60,3 +62,37 @@ def sequence_cases(rank: int, world: int, payload) -> dict[str, float]:
             lambda a, b, c: fast.favor_attention(a, b, c, w, whole),
             lambda a, b, c: fd.sharded_favor_attention(a, b, c, w, local), [q, k, v], start, stop, 3)
     return errors
+
+
+def sequence_all_dtypes(rank: int, world: int, payload) -> dict[str, dict[str, float]]:
+    return {str(dtype): sequence_cases(rank, world, {"n": payload["n"], "dtype": dtype})
+            for dtype in payload["dtypes"]}
+
+
+def bad_shape_on_rank_one(rank: int, world: int, payload) -> None:
+    """Rank 1 passes v with another width: it raises its own error, the others name it."""
+    x = torch.rand(4, 3)
+    fd.sharded_linear_attention(x, x, torch.rand(5 if rank == 1 else 4, 3))
+
+
+def hang_on_rank_one(rank: int, world: int, payload) -> None:
+    """Rank 1 never calls the collective; rank 0 waits in it."""
+    if rank == 1:
+        import time
+        time.sleep(3600)
+    x = torch.rand(4, 3)
+    fd.sharded_linear_attention(x, x, x)
+
+
+def bytes_per_call(rank: int, world: int, payload) -> dict[int, int]:
+    """Forward and backward bytes this rank sends per call of sharded_favor_attention, per N."""
+    out = {}
+    for n in payload["ns"]:
+        start, stop = fd.shard_bounds(n, rank, world)
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, D, generator=g)[..., start:stop, :].requires_grad_(True) for _ in range(3))
+        w = fast.gaussian_projection(M, D, generator=g)
+        with fd.count_communication() as log:
+            fd.sharded_favor_attention(q, k, v, w, "causal").sum().backward()
+        out[n] = log.bytes_sent()
+    return out
