@@ -523,6 +523,24 @@ def test_exclusive_sum_by_loops_and_by_cumsum(n, reverse, seed):
     assert_unchanged(by_loops, expected)
 
 
+@pytest.mark.parametrize("shape, loops", [((1, 2, 256, 16, 16), True), ((1, 2, 16, 64, 64), True),
+                                          ((1, 2, 256, 16, 1), False), ((1, 2, 16, 16, 16), False)])
+def test_exclusive_sum_takes_the_loops_for_wide_states(monkeypatch, shape, loops):
+    """The chunk states (..., n, m, d) of m = d = 16 at N = 2^12 (and m = d = 64 at N = 2^10) go
+    through the loops, where torch.cumsum's stride m d made it 5-15x slower on CPU; the vector states
+    (..., n, m, 1) and tiny tensors through torch.cumsum. Both give the exclusive sums."""
+    calls = []
+    real = S._scan_into
+    monkeypatch.setattr(S, "_scan_into", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = randn(shape, gen(16))
+    expected = torch.zeros_like(x)
+    expected[..., 1:, :, :] = _sequential(x)[..., :-1, :, :]
+    with torch.no_grad():
+        got = S._exclusive_sum(x)
+    assert bool(calls) == loops
+    assert_unchanged(got, expected)
+
+
 @pytest.mark.parametrize("n, chunk", [(37, 1), (100, 3), (64, 4)])
 def test_causal_scan_by_the_loops_matches_the_dense_form(monkeypatch, n, chunk):
     """The loop scans (forced below their size threshold) in forward and backward of the plain
