@@ -134,7 +134,7 @@ def _cases() -> list[Case]:
         Case("linear-causal", CASE_TITLES["linear-causal"], **linear(causal, causal, 2),
              grad=("q", "k", "v"), sliced=seq),
         Case("packing", CASE_TITLES["packing"],
-             **linear(lambda x: fast.PackingMask(x["segments"]), lambda x: fast.PackingMask(x["segments"]), 3),
+             **linear(lambda x: fast.PackingMask(x["segments"]), lambda x: x["segments"], 3),  # sharded: global labels
              grad=("q", "k", "v"), sliced={**seq, "segments": -1}),
         Case("padding", CASE_TITLES["padding"],
              **linear(lambda x: fast.PaddingMask(x["key_mask"]), lambda x: fast.PaddingMask(x["key_mask"]), 4),
@@ -167,11 +167,18 @@ def _cases() -> list[Case]:
     ]
 
 
+#: the fast.distributed function each case calls
+CASE_FUNCTIONS = {"linear": "sharded_linear_attention", "linear-causal": "sharded_linear_attention",
+                  "packing": "sharded_linear_attention", "padding": "sharded_linear_attention",
+                  "favor": "sharded_favor_attention", "favor-causal": "sharded_favor_attention",
+                  "kernelized-softmax": "sharded_kernelized_softmax",
+                  "gumbel": "sharded_kernelized_gumbel_softmax", "sgformer": "sharded_sgformer_attention",
+                  "difformer": "sharded_difformer_attention"}
 #: the cases' ids and titles, in the order distributed/<id> lists them
 CASE_TITLES = {
     "linear": "masked linear attention, no mask",
     "linear-causal": "masked linear attention, CausalMask",
-    "packing": "masked linear attention, PackingMask (segments across ranks)",
+    "packing": "masked linear attention, packing: global segment labels, segments across ranks",
     "padding": "masked linear attention, PaddingMask (B, 1, N)",
     "favor": "FAVOR+, no mask",
     "favor-causal": "FAVOR+, CausalMask",
@@ -182,6 +189,20 @@ CASE_TITLES = {
 }
 CASE_IDS = tuple(CASE_TITLES)
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def available() -> list[str]:
+    """The ids of the cases whose fast.distributed function exists in this checkout (CASE_IDS order).
+
+        >>> from verify.sharding import available
+        >>> "linear" in available()
+        True
+    """
+    try:
+        fd = _dist()
+    except ImportError:
+        return []
+    return [cid for cid in CASE_IDS if hasattr(fd, CASE_FUNCTIONS[cid])]
 
 
 def cases() -> dict[str, Case]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from measure.distributed import _point, scaling
-from tests.verify.checks.test_distributed import HAS_SHARDED
+from verify.sharding import available
 
 
 def test_point_takes_the_slowest_rank_and_its_efficiency_range():
@@ -21,7 +21,7 @@ def test_point_takes_the_slowest_rank_and_its_efficiency_range():
     assert weak.efficiency == pytest.approx(0.5)  # weak: t(1) / t(P), no factor P
 
 
-@pytest.mark.skipif(not HAS_SHARDED, reason="fast.distributed is not in this checkout")
+@pytest.mark.skipif("favor" not in available(), reason="fast.distributed has no sharded_favor_attention here")
 def test_a_small_run_has_flat_bytes_per_rank():
     res = scaling(True, worlds=(1, 2), tokens_per_rank=256, strong_n=512, bytes_ns=(256, 2048, 16384),
                   bytes_worlds=(2,))

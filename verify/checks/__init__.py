@@ -5,7 +5,8 @@ equivalence, guards, numerics, reproducibility, complexity, perf, scale; feature
 per random feature map; layers one check per nn.Module layer of fast.latent.layers; sampling one
 per sampler that fast/ calls on its own (walks, Gumbel noise). Paper claims are named after their
 paper, as their check ids are: choromanski22 (a subpackage: positional, tree and graph claims),
-reid25, wu22, performer.
+reid25, wu22, performer. distributed holds one check per sharded case of verify.sharding (sharded
+attention on 2 and 4 gloo ranks against one process).
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from results.check import Check
 
 def all_checks() -> list[Check]:
     """Every check of every family, in a stable order."""
-    from verify.checks import (choromanski22, complexity, equivalence, features, guards, layers, numerics, perf,
-                               performer, reid25, reproducibility, sampling, scale, wu22)
+    from verify.checks import (choromanski22, complexity, distributed, equivalence, features, guards, layers, numerics,
+                               perf, performer, reid25, reproducibility, sampling, scale, wu22)
 
     out: list[Check] = []
     for family in (equivalence, layers, guards, numerics, reproducibility, sampling, performer, features,
-                   choromanski22, reid25, wu22, complexity, perf, scale):
+                   choromanski22, reid25, wu22, distributed, complexity, perf, scale):
         out.extend(family.checks())
     return out

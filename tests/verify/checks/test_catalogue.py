@@ -87,11 +87,17 @@ ISSUE_24_IDS = ["layers/nodeformer-conv", "layers/difformer", "layers/sgformer",
                 "numerics/value-overflow", "sampling/projection"]
 
 
+#: The sharded-attention checks (issue 26): one per case of verify.sharding.
+ISSUE_26_IDS = ["distributed/linear", "distributed/linear-causal", "distributed/packing", "distributed/padding",
+                "distributed/favor", "distributed/favor-causal", "distributed/kernelized-softmax", "distributed/gumbel",
+                "distributed/sgformer", "distributed/difformer"]
+
+
 def test_ids_are_the_old_ones_plus_the_new_families():
     ids = [c.id for c in all_checks()]
     assert len(ids) == len(set(ids))
     assert set(ids) == (set(OLD_IDS) | set(NEW_IDS) | set(_issue_9_ids()) | set(_issue_10_ids()) | set(_issue_11_ids())
-                        | set(_issue_12_ids()) | set(_issue_13_ids()) | set(ISSUE_24_IDS))
+                        | set(_issue_12_ids()) | set(_issue_13_ids()) | set(ISSUE_24_IDS) | set(ISSUE_26_IDS))
     assert len(_issue_9_ids()) >= 2 * 11  # every masked mechanism is linear and random
     # the old ids keep their order (the scale family was regrouped by issue 8)
     old = set(OLD_IDS)
