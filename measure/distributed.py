@@ -147,6 +147,7 @@ def scaling(quick: bool, worlds: tuple[int, ...] = WORLDS, status: Status = lamb
     from verify.ranks import run_ranks
 
     begin = time.perf_counter()
+    load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
     repeats = REPEATS[quick]
     payload = {"repeats": repeats, "tokens_per_rank": tokens_per_rank, "strong_n": strong_n,
                "bytes_ns": tuple(bytes_ns), "bytes_worlds": tuple(bytes_worlds)}
@@ -175,4 +176,6 @@ def scaling(quick: bool, worlds: tuple[int, ...] = WORLDS, status: Status = lamb
     else:
         res.cuda_note = "no CUDA device on this machine: world size 1 on CUDA not run"
     res.seconds = round(time.perf_counter() - begin, 2)
+    if load:
+        res.load = [round(load[0], 2), round(os.getloadavg()[0], 2)]
     return res

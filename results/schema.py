@@ -347,7 +347,9 @@ class DistributedScaling:
     ``worlds``), bytes sent per rank against N, and world size 1 on CUDA where a GPU is present
     (``cuda``: {"device", "n", "seconds", "median"} or None; ``cuda_note`` says why not).
     ``function``: what was timed; ``shape``: B, H, m, d; ``threads_per_rank``: torch threads of
-    each rank; ``cpus``: the machine's logical CPUs (ranks beyond it share cores)."""
+    each rank; ``cpus``: the machine's logical CPUs (ranks beyond it share cores); ``load``: the
+    1-minute load average at the start and at the end (other work on the machine shares the cores
+    too)."""
 
     mode: str
     function: str
@@ -363,6 +365,7 @@ class DistributedScaling:
     cuda: dict[str, Any] | None = None
     cuda_note: str = ""
     seconds: float = 0.0
+    load: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return _enc(asdict(self))

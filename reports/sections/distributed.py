@@ -167,6 +167,7 @@ def view(inputs: PageInputs, figures: dict[str, Any]) -> dict[str, Any]:
                  "shape": ", ".join(f"{k} = {v}" for k, v in d.shape.items()), "repeats": d.repeats,
                  "threads": d.threads_per_rank, "cpus": d.cpus, "max_world": most,
                  "oversubscribed": most * d.threads_per_rank > d.cpus,
+                 "load": " and ".join(f"{x:.1f}" for x in d.load) if d.load else "",
                  "tokens_per_rank": fmt.pow2_text(d.tokens_per_rank), "strong_n": fmt.pow2_text(d.strong_n),
                  "seconds": fmt.duration_text(d.seconds), "cuda": d.cuda, "cuda_note": d.cuda_note,
                  "cuda_median": fmt.seconds_text(d.cuda["median"]) if d.cuda else "",
