@@ -99,7 +99,14 @@ def count_communication() -> Iterator[CommunicationLog]:
 
 
 def note_call() -> None:
-    """Count one public sharded call in every open log."""
+    """Count one public sharded call in every open log (the drivers call it once per call).
+
+    >>> from fast.distributed.collectives import count_communication, note_call
+    >>> with count_communication() as log:
+    ...     note_call()
+    >>> log.calls
+    1
+    """
     for log in _ACTIVE:
         log.calls += 1
 
@@ -270,5 +277,11 @@ def agree(function: str, local_n: int, descriptor: list[int], what: str, group: 
 
 
 def dtype_code(dtype: torch.dtype) -> int:
-    """A small int per floating dtype for ``agree`` (0 for anything else)."""
+    """A small int per floating dtype for ``agree`` (0 for anything else).
+
+    >>> import torch
+    >>> from fast.distributed.collectives import dtype_code
+    >>> dtype_code(torch.float64), dtype_code(torch.int64)
+    (4, 0)
+    """
     return _DTYPES.get(dtype, 0)

@@ -31,15 +31,14 @@ others raise a ValueError naming it, rather than hanging.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from fast.algebra import divide
 from fast.batching import check_batch
-from fast.distributed.collectives import (agree, all_gather_stack, all_reduce_max, all_reduce_sum, dtype_code,
-                                          note_call, world_of)
+from fast.distributed.arguments import agreed, check_slices, with_ones, work_dtype
+from fast.distributed.collectives import all_gather_stack, all_reduce_max, all_reduce_sum, dtype_code
 from fast.features import favor_exponentials
 from fast.masks.sequence import CausalMask, PackingMask, PaddingMask
-from fast.validation import FLOAT_DTYPES, check_no_key, compute_dtype, raise_if_non_finite
+from fast.validation import FLOAT_DTYPES, check_no_key, raise_if_non_finite
 
 __all__ = ["shard_bounds", "sharded_linear_attention", "sharded_favor_attention"]
 
@@ -67,30 +66,6 @@ def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
     base, extra = divmod(n, world)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
-
-
-def _check_rows(name: str, x: object) -> torch.Tensor:
-    """A floating tensor (..., n, c), n >= 0 (a rank may hold no rows), c >= 1."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor (..., n_local, c), got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
-    if x.dim() < 2 or x.shape[-1] < 1:
-        raise ValueError(f"{name} must have shape (..., n_local, c) with c >= 1, got {tuple(x.shape)}")
-    return x
-
-
-def _check_slices(names: tuple[str, str, str], a: torch.Tensor, b: torch.Tensor, v: torch.Tensor,
-                  same_width: bool = True) -> None:
-    for name, t in zip(names, (a, b, v)):
-        _check_rows(name, t)
-    if a.shape[:-1] != b.shape[:-1] or b.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"{', '.join(names)} must share their leading dims and n_local (each rank holds the same "
-                         f"rows of all three), got {tuple(a.shape)}, {tuple(b.shape)}, {tuple(v.shape)}")
-    if same_width and a.shape[-1] != b.shape[-1]:
-        raise ValueError(f"{names[0]} and {names[1]} must have the same width, got {a.shape[-1]} and {b.shape[-1]}")
-    if not (a.device == b.device == v.device):
-        raise ValueError(f"{', '.join(names)} must be on one device, got {a.device}, {b.device}, {v.device}")
 
 
 def _mask_kind(mask: object, n: int) -> tuple[int, list[int]]:
@@ -128,41 +103,6 @@ def _mask_kind(mask: object, n: int) -> tuple[int, list[int]]:
     raise TypeError(f"mask must be None, \"causal\" or CausalMask(n_local), an integer tensor of segment ids "
                     f"(n_local,), a bool key mask (..., n_local) or "
                     f"PaddingMask(local_key_mask) for sharded attention, got {type(mask).__name__}")
-
-
-def _group_device(group: object, like: object) -> torch.device | None:
-    if isinstance(like, torch.Tensor):
-        return like.device
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return None
-
-
-def _agreed(function: str, group: object, like: object, validate) -> tuple[int, int, list[int]]:
-    """(rank, world, every rank's n_local) after ``validate()`` -> (n_local, descriptor) ran on
-    every rank and the ranks compared their descriptors; a rank whose validate raised re-raises its
-    error, the others raise ValueError naming it (so no rank is left waiting in a collective)."""
-    rank, world = world_of(group, function)
-    error, n, descriptor = None, 0, []
-    try:
-        n, descriptor = validate()
-    except (TypeError, ValueError) as exc:
-        error = exc
-    counts = agree(function, n, descriptor, "their arguments", group, _group_device(group, like), error=error)
-    note_call()
-    return rank, world, counts
-
-
-def _work(*tensors: torch.Tensor) -> torch.dtype:
-    dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
-    return compute_dtype(dtype)
-
-
-def _with_ones(v: torch.Tensor) -> torch.Tensor:
-    """[v | 1] (..., n, d + 1): the last column of phi_q^T phi_k^T [v | 1] is the denominator."""
-    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
 def _global_segments(ids: torch.Tensor, group: object, function: str) -> tuple[torch.Tensor, int]:
@@ -211,7 +151,7 @@ def _products(pq: torch.Tensor, pk: torch.Tensor, v: torch.Tensor, mask: object,
     """(num, den, no_key rows or None) on this rank's rows. key_scale (causal FAVOR+ only): the
     per-key constants c (..., n) of phi_k = exp(z - c) and the exclusive running max C (...) of the
     ranks before."""
-    v1 = _with_ones(v)
+    v1 = with_ones(v)
     no_key = None
     if kind in (_NONE, _PADDING):
         if kind == _PADDING:
@@ -303,17 +243,17 @@ def sharded_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.
     function = "sharded_linear_attention"
 
     def validate():
-        _check_slices(("phi_q", "phi_k", "v"), phi_q, phi_k, v)
+        check_slices(("phi_q", "phi_k", "v"), phi_q, phi_k, v)
         check_no_key(no_key)
         kind, mask_shape = _mask_kind(mask, phi_q.shape[-2])
         raise_if_non_finite(phi_q=phi_q, phi_k=phi_k, v=v)
         lead = list(phi_q.shape[:-2])
         return phi_q.shape[-2], [kind, len(lead), *lead, phi_q.shape[-1], v.shape[-1],
-                                 dtype_code(_work(phi_q, phi_k, v)), *mask_shape]
+                                 dtype_code(work_dtype(phi_q, phi_k, v)), *mask_shape]
 
-    rank, _, _ = _agreed(function, group, phi_q, validate)
+    rank, _, _ = agreed(function, group, phi_q, validate)
     kind = _mask_kind(mask, phi_q.shape[-2])[0]
-    work = _work(phi_q, phi_k, v)
+    work = work_dtype(phi_q, phi_k, v)
     pq, pk, vv = phi_q.to(work), phi_k.to(work), v.to(work)
     num, den, rows = _products(pq, pk, vv, mask, kind, rank, group, function)
     return divide(num, den, no_key=rows, policy=no_key).to(v.dtype)
@@ -349,7 +289,7 @@ def sharded_favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     function = "sharded_favor_attention"
 
     def validate():
-        _check_slices(("q", "k", "v"), q, k, v)
+        check_slices(("q", "k", "v"), q, k, v)
         if not isinstance(projection, torch.Tensor) or projection.dtype not in FLOAT_DTYPES or projection.dim() != 2 \
                 or projection.shape[1] != q.shape[-1] or projection.shape[0] < 1:
             got = tuple(projection.shape) if isinstance(projection, torch.Tensor) else type(projection).__name__
@@ -360,11 +300,11 @@ def sharded_favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         raise_if_non_finite(q=q, k=k, v=v, projection=projection)
         lead = list(q.shape[:-2])
         return q.shape[-2], [kind, len(lead), *lead, q.shape[-1], *projection.shape, v.shape[-1],
-                             dtype_code(_work(q, k, v)), *mask_shape]
+                             dtype_code(work_dtype(q, k, v)), *mask_shape]
 
-    rank, _, _ = _agreed(function, group, q, validate)
+    rank, _, _ = agreed(function, group, q, validate)
     kind = _mask_kind(mask, q.shape[-2])[0]
-    work = _work(q, k, v)
+    work = work_dtype(q, k, v)
     d = projection.shape[1]
     w = projection.to(work) * d ** -0.25
     half = 0.5 * d ** -0.5
@@ -397,7 +337,7 @@ def sharded_favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     phi_k = favor_exponentials(kw, w, half, is_query=False, key_stabilizer=constants)[0]
     if kind == _PACKING:
         plan, segments = state["plan"]
-        nd = _packed_products(phi_q, phi_k, _with_ones(vw), plan, segments, group, function)
+        nd = _packed_products(phi_q, phi_k, with_ones(vw), plan, segments, group, function)
         num, den, rows = nd[..., :-1], nd[..., -1], None
     else:
         num, den, rows = _products(phi_q, phi_k, vw, mask, kind, rank, group, function, state.get("scale"))
