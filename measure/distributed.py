@@ -9,6 +9,9 @@ one torch thread per rank (verify.ranks starts one process per rank, as torchrun
   efficiency t(1) / t(P);
 - strong scaling: STRONG_N = 2^18 tokens split over 1, 2, 4 ranks; efficiency t(1) / (P t(P)).
 
+On the 1-rank launch, fast.favor_attention (one process, no torch.distributed) is timed on the
+same tokens too (``single_process``): the cost of the sharded function itself on one rank.
+
 Each repeat starts all ranks together (a barrier) and takes the slowest rank's time; one warm-up
 call first. A point records every repeat, their median, min and max, and the efficiency from the
 medians with an interval from the extremes (docs/methods.md: the spread is reported, never
@@ -69,16 +72,18 @@ def _inputs(n_local: int, seed: int, device: str = "cpu"):
     return q, k, v, projection
 
 
-def _call(q, k, v, projection, mask=None) -> None:
+def _call(q, k, v, projection, mask=None, single: bool = False) -> None:
+    import fast
     import fast.distributed as fd
 
-    out = fd.sharded_favor_attention(q, k, v, projection, mask)
+    out = (fast.favor_attention if single else fd.sharded_favor_attention)(q, k, v, projection, mask)
     out.sum().backward()
 
 
-def _timed(n: int, repeats: int, rank: int, world: int, device: str = "cpu") -> list[float]:
+def _timed(n: int, repeats: int, rank: int, world: int, device: str = "cpu", single: bool = False) -> list[float]:
     """This rank's seconds per call on its slice of n tokens: one warm-up, then ``repeats`` calls,
-    each started together with the other ranks (a barrier)."""
+    each started together with the other ranks (a barrier). single: fast.favor_attention, the
+    one-process function, instead of the sharded one (world 1)."""
     import torch
     import torch.distributed as dist
 
@@ -91,7 +96,7 @@ def _timed(n: int, repeats: int, rank: int, world: int, device: str = "cpu") -> 
         q.grad = k.grad = v.grad = None
         dist.barrier()
         t0 = time.perf_counter()
-        _call(q, k, v, projection)
+        _call(q, k, v, projection, single=single)
         if device != "cpu":
             torch.cuda.synchronize()
         if i:
@@ -112,6 +117,9 @@ def rank_scaling(payload: dict) -> dict:
     repeats = payload["repeats"]
     answer: dict = {"weak": _timed(payload["tokens_per_rank"] * world, repeats, rank, world, device),
                     "strong": _timed(payload["strong_n"], repeats, rank, world, device), "bytes": {}}
+    if world == 1:  # the one-process function on the same tokens: what sharding costs on one rank
+        answer["single"] = {"weak": _timed(payload["tokens_per_rank"], repeats, 0, 1, device, single=True),
+                            "strong": _timed(payload["strong_n"], repeats, 0, 1, device, single=True)}
     if world in payload["bytes_worlds"]:
         for name, mask in (("favor", None), ("favor-causal", "causal")):
             for n in payload["bytes_ns"]:
@@ -163,6 +171,8 @@ def scaling(quick: bool, worlds: tuple[int, ...] = WORLDS, status: Status = lamb
             p = _point(kind, world, n, [a[kind] for a in answers], base.get(kind))
             base.setdefault(kind, p)
             res.points.append(p)
+        if "single" in answers[0] and not res.single_process:
+            res.single_process = {kind: list(ts) for kind, ts in answers[0]["single"].items()}
         for name, n in answers[0]["bytes"]:
             res.communication.append(CommunicationPoint(name, world, n, [int(a["bytes"][(name, n)]) for a in answers]))
     if torch.cuda.is_available():

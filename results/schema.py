@@ -366,6 +366,9 @@ class DistributedScaling:
     cuda_note: str = ""
     seconds: float = 0.0
     load: list[float] = field(default_factory=list)
+    #: "weak" / "strong" -> seconds per repeat of the one-process function (fast.favor_attention) on
+    #: the 1-rank runs' tokens: what the sharded function costs over it on one rank
+    single_process: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return _enc(asdict(self))
@@ -375,7 +378,8 @@ class DistributedScaling:
         if d is None:
             return None
         numbers = ("median", "low", "high", "efficiency", "efficiency_low", "efficiency_high")
-        return cls(**{**d, "points": [ScalingPoint(**{**p, "seconds": _nums(p["seconds"]),
+        return cls(**{**d, "single_process": {k: _nums(v) for k, v in (d.get("single_process") or {}).items()},
+                      "points": [ScalingPoint(**{**p, "seconds": _nums(p["seconds"]),
                                                       **{k: num(p.get(k)) for k in numbers}})
                                       for p in d.get("points", [])],
                       "communication": [CommunicationPoint(**c) for c in d.get("communication", [])]})

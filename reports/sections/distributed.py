@@ -88,6 +88,13 @@ def scaling_rows(d: DistributedScaling | None) -> list[dict[str, str]]:
     if d is None:
         return []
     rows = []
+    for kind, secs in sorted(d.single_process.items(), key=lambda kv: kv[0] != "weak"):
+        if secs:
+            n = d.tokens_per_rank if kind == "weak" else d.strong_n
+            rows.append({"kind": kind, "world": "one process", "n": fmt.pow2_text(n),
+                         "median": fmt.seconds_text(statistics.median(secs)),
+                         "range": f"{fmt.seconds_text(min(secs))} – {fmt.seconds_text(max(secs))}",
+                         "efficiency": fmt.DASH, "shared": "no"})
     for p in sorted(d.points, key=lambda p: (p.kind != "weak", p.world)):
         eff = fmt.DASH if p.efficiency is None else (
             f"{p.efficiency:.2f} [{p.efficiency_low:.2f}, {p.efficiency_high:.2f}]")

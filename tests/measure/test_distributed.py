@@ -29,6 +29,7 @@ def test_a_small_run_has_flat_bytes_per_rank():
                                                              ("strong", 2, 512)]
     assert all(len(p.seconds) == res.repeats and p.low <= p.median <= p.high for p in res.points)
     assert res.point("weak", 2).efficiency is not None and res.point("weak", 1).efficiency is None
+    assert {k: len(v) for k, v in res.single_process.items()} == {"weak": res.repeats, "strong": res.repeats}
     for func in ("favor", "favor-causal"):
         sent = [c.bytes_per_rank for c in res.communication if c.function == func]
         assert len(sent) == 3 and all(len(b) == 2 and min(b) > 0 for b in sent)

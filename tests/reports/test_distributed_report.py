@@ -34,7 +34,8 @@ def make_scaling(cpus: int = 2, grow: bool = False) -> DistributedScaling:
     comm = [CommunicationPoint(f, w, n, [1088 * (n // 2**12 if grow else 1)] * w)
             for f in ("favor", "favor-causal") for w in (2, 4) for n in (2**12, 2**15, 2**18)]
     return DistributedScaling("quick", "sharded_favor_attention", {"B": 1, "H": 2, "m": 32, "d": 32}, [1, 2, 4],
-                              2**16, 2**18, 3, 1, cpus, pts, comm, None, "no CUDA device on this machine", 12.5)
+                              2**16, 2**18, 3, 1, cpus, pts, comm, None, "no CUDA device on this machine", 12.5,
+                              [3.5, 3.9], {"weak": [0.8, 0.7, 0.9], "strong": [3.0, 3.2, 3.1]})
 
 
 def _section(page: str) -> str:
@@ -44,6 +45,7 @@ def _section(page: str) -> str:
 def test_scaling_rows_efficiencies_and_ranges():
     rows = {(r["kind"], r["world"]): r for r in scaling_rows(make_scaling())}
     assert rows["weak", "1"]["efficiency"] == "–"
+    assert rows["strong", "one process"]["median"] == "3.1 s" and rows["weak", "one process"]["range"] == "700 ms – 900 ms"
     assert rows["weak", "2"]["efficiency"] == "0.80 [0.60, 1.07]"  # 1 / 1.25; 0.9 / 1.5; 1.2 / 1.125
     assert rows["strong", "4"]["efficiency"] == "0.50 [0.38, 0.67]"  # 4 / 8; 3.6 / 9.6; 4.8 / 7.2
     assert rows["weak", "4"]["shared"] == "yes" and rows["weak", "2"]["shared"] == "no"
@@ -65,6 +67,7 @@ def test_page_section_figures_and_oversubscription(tmp_path):
         assert (tmp_path / name).read_bytes().startswith(PNG)
     section = _section(render_page(r, {"variants": {}, **figures}))
     assert "What this machine can and cannot show" in section and "distributed/linear" in section
+    assert "load average was 3.5 and 3.9" in section
     assert "as\nmeasured here at every N" in section and "torchrun" in section
     r.distributed = make_scaling(cpus=8, grow=True)
     section = _section(render_page(r, {"variants": {}, **draw(PageInputs(r), tmp_path, print)}))
