@@ -8,10 +8,9 @@ fast/ on the whole. Both backpropagate L = <G, out> (G drawn with the inputs), s
 output and input gradients must equal the rows [start, stop) of the one-process ones.
 
 Shapes (small: the check is about the collectives, not speed): sequences (B, H, N, c) = (2, 2,
-N_SEQ, c) with m = 8 features and d = 4 values; graphs N_NODES nodes in GRAPHS graphs of uneven
-sizes, some of them across rank boundaries (and across two at four ranks); packing segments of
-uneven lengths across rank boundaries; padding a per-sample key mask (B, 1, N) with padded keys
-on every rank.
+N_SEQ, c) with m = 8 features and d = 4 values; graphs of GRAPH_SIZES nodes (N_NODES in all), one
+of them across two rank boundaries at four ranks; packing segments of SEGMENT_SIZES tokens, one
+across every rank boundary; padding a per-sample key mask (B, 1, N) with padded keys on every rank.
 """
 from __future__ import annotations
 
@@ -24,9 +23,14 @@ import torch
 #: tokens of the sequence cases: not a multiple of 2 or 4 ranks (uneven shards), > the causal
 #: scan's chunk on every rank (the local scan crosses chunks)
 N_SEQ = 150
-#: nodes of the graph cases and their graphs (sizes drawn, every graph non-empty)
+#: nodes of the graph cases, and the sizes of their graphs (in order): at 2 ranks (rows 0-44,
+#: 45-89) the second graph spans the boundary; at 4 ranks (boundaries 23, 46, 68) it spans two and
+#: the fourth one more
 N_NODES = 90
-GRAPHS = 5
+GRAPH_SIZES = (7, 41, 3, 30, 9)
+#: the packing case's segment lengths over N_SEQ: a segment crosses the boundary at 2 ranks (75)
+#: and each one at 4 ranks (38, 76, 113); segments of 1 and 2 tokens too
+SEGMENT_SIZES = (5, 60, 2, 40, 1, 30, 12)
 BATCH, HEADS, M, D_QK, D_V = 2, 2, 8, 6, 4
 #: Gumbel samples of the gumbel case
 SAMPLES = 3
@@ -70,12 +74,9 @@ def _seq(seed: int, dtype: torch.dtype, salt: int, positive: bool) -> dict:
     return {name: t.to(dtype) for name, t in out.items()}
 
 
-def _segments(seed: int, n: int, salt: int, count: int) -> torch.Tensor:
-    """Sorted labels 0..count-1 of n items, every label used, lengths uneven (drawn)."""
-    g = _gen(seed, salt)
-    cuts = torch.randperm(n - 1, generator=g)[: count - 1].add(1).sort().values
-    sizes = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([n])]))
-    return torch.repeat_interleave(torch.arange(count), sizes)
+def _segments(sizes: tuple[int, ...]) -> torch.Tensor:
+    """Sorted labels 0, 1, ... repeated sizes[i] times (PyG batch vectors, packing's segment ids)."""
+    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
 
 
 def _padding(seed: int) -> torch.Tensor:
@@ -94,7 +95,7 @@ def _nodes(seed: int, dtype: torch.dtype, salt: int) -> dict:
            "projection": torch.randn(M, D_QK, generator=g, dtype=torch.float64),
            "noise": -torch.log(-torch.log(torch.rand(SAMPLES, N_NODES, generator=g, dtype=torch.float64)))}
     out = {name: t.to(dtype) for name, t in out.items()}
-    out["batch"] = _segments(seed, N_NODES, salt + 100, GRAPHS)
+    out["batch"] = _segments(GRAPH_SIZES)
     return out
 
 
@@ -124,7 +125,7 @@ def _cases() -> list[Case]:
                                                                         mask_local(x)))
 
     def _extra(seed, salt):
-        return {"segments": _segments(seed, N_SEQ, salt + 100, 7), "key_mask": _padding(seed)}
+        return {"segments": _segments(SEGMENT_SIZES), "key_mask": _padding(seed)}
 
     none = lambda x: None  # noqa: E731
     causal = lambda x: fast.CausalMask(x["q"].shape[-2])  # noqa: E731

@@ -83,3 +83,22 @@ def test_the_family_passes_on_two_and_four_gloo_ranks():
         for world in distributed.WORLDS:
             for rank in r.details["worlds"][world]["ranks"].values():
                 assert rank["float64"]["out"] <= distributed.FLOAT64_TOL
+
+
+@pytest.mark.skipif(not AVAILABLE, reason="fast.distributed has no sharded function in this checkout")
+def test_graphs_and_segments_cross_rank_boundaries():
+    """Every rank boundary at 2 and 4 ranks falls inside a packing segment, and one graph of the
+    node cases spans two boundaries at 4 ranks: the cases test what crosses ranks."""
+    from fast.distributed import shard_bounds
+    from verify.sharding import GRAPH_SIZES, N_NODES, N_SEQ, SEGMENT_SIZES
+
+    def labels(sizes):
+        return np.repeat(np.arange(len(sizes)), sizes)
+
+    seg, graph = labels(SEGMENT_SIZES), labels(GRAPH_SIZES)
+    for world in (2, 4):
+        for r in range(1, world):
+            b = shard_bounds(N_SEQ, r, world)[0]
+            assert seg[b - 1] == seg[b]
+    cuts = [shard_bounds(N_NODES, r, 4)[0] for r in range(1, 4)]
+    assert any(graph[cuts[i] - 1] == graph[cuts[i]] == graph[cuts[i + 1]] for i in range(2))
