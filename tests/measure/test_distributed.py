@@ -34,3 +34,30 @@ def test_a_small_run_has_flat_bytes_per_rank():
         sent = [c.bytes_per_rank for c in res.communication if c.function == func]
         assert len(sent) == 3 and all(len(b) == 2 and min(b) > 0 for b in sent)
         assert len({tuple(b) for b in sent}) == 1  # the same bytes at every N
+
+
+def test_pipeline_runs_the_stage_unless_skipped_or_only(monkeypatch):
+    """collect() with every other stage replaced: the record lands in Results.distributed and its
+    time in stage_seconds; --skip-distributed and --only leave it out; a raising stage is recorded."""
+    from measure import stages
+    from measure.cli import parse_args
+    from measure.pipeline import Options, collect
+    from results.schema import DistributedScaling, Results
+
+    fake = DistributedScaling("quick", "f", {"H": 1}, [1, 2], 4, 8, 1, 1, 2)
+    for name in ("favor_stage", "favor_accuracy_stage", "gallery_stage", "training_stage"):
+        monkeypatch.setattr(stages, name, lambda *a, **k: None)
+    monkeypatch.setattr(stages, "sweeps_stage", lambda *a, **k: ([], []))
+    monkeypatch.setattr(stages, "distributed_stage", lambda quick, status=None: fake)
+    base = {"quick": True, "skip_memory": True, "skip_verify": True, "skip_peers": True, "skip_history": True,
+            "skip_training": True, "progress": False, "argv": []}
+    res = collect(Options(**base))
+    assert res.distributed is fake and "distributed" in res.stage_seconds
+    assert Results.from_dict(res.to_dict()).distributed == fake
+    assert collect(Options(**base, skip_distributed=True)).distributed is None
+    only = collect(Options(**base, only=["linear"]))
+    assert only.distributed is None and "distributed" not in only.stage_seconds
+    monkeypatch.setattr(stages, "distributed_stage", lambda *a, **k: 1 / 0)
+    assert "ZeroDivisionError" in collect(Options(**base)).environment["stage_errors"]["distributed"]
+    assert parse_args(["--quick", "--skip-distributed"])[0].skip_distributed is True
+    assert parse_args(["--quick"])[0].skip_distributed is False
