@@ -6,7 +6,10 @@ The process group is torch.distributed's (gloo on CPU, NCCL on GPUs; launched by
 torch.multiprocessing), WORLD unless ``group=`` names another: nothing here starts processes.
 """
 from fast.distributed.collectives import CommunicationLog, CommunicationRecord, count_communication
+from fast.distributed.nodes import (sharded_difformer_attention, sharded_kernelized_gumbel_softmax,
+                                    sharded_kernelized_softmax, sharded_sgformer_attention)
 from fast.distributed.sequence import shard_bounds, sharded_favor_attention, sharded_linear_attention
 
 __all__ = ["CommunicationLog", "CommunicationRecord", "count_communication", "shard_bounds",
-           "sharded_linear_attention", "sharded_favor_attention"]
+           "sharded_linear_attention", "sharded_favor_attention", "sharded_kernelized_softmax",
+           "sharded_kernelized_gumbel_softmax", "sharded_sgformer_attention", "sharded_difformer_attention"]

@@ -64,9 +64,13 @@ def sequence_cases(rank: int, world: int, payload) -> dict[str, float]:
     return errors
 
 
-def sequence_all_dtypes(rank: int, world: int, payload) -> dict[str, dict[str, float]]:
-    return {str(dtype): sequence_cases(rank, world, {"n": payload["n"], "dtype": dtype})
-            for dtype in payload["dtypes"]}
+def all_cases(rank: int, world: int, payload) -> dict[str, dict[str, float]]:
+    """sequence_cases and node_cases per dtype: {str(dtype): {case: error}} (one spawn for all)."""
+    out = {}
+    for dtype in payload["dtypes"]:
+        one = {"n": payload["n"], "dtype": dtype}
+        out[str(dtype)] = {**sequence_cases(rank, world, one), **node_cases(rank, world, one)}
+    return out
 
 
 def bad_shape_on_rank_one(rank: int, world: int, payload) -> None:
@@ -96,3 +100,43 @@ def bytes_per_call(rank: int, world: int, payload) -> dict[int, int]:
             fd.sharded_favor_attention(q, k, v, w, "causal").sum().backward()
         out[n] = log.bytes_sent()
     return out
+
+
+def node_cases(rank: int, world: int, payload) -> dict[str, float]:
+    """The node-sharded graph attentions; graphs span ranks (for N >= 5 label 3 is an empty graph)."""
+    n, dtype = payload["n"], payload["dtype"]
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(B, H, n, D, generator=g, dtype=dtype) for _ in range(3))
+    w = fast.gaussian_projection(M, D, generator=g, dtype=dtype)
+    noise = fast.gumbel_noise((2, B, H, n), generator=g, dtype=dtype)
+    top = min(4, n - 1)  # one process refuses labels >= N
+    # graph 0 has two nodes or more: in one-node graphs the outputs are v whatever q and k, and the
+    # gradients of q and k vanish, leaving round-off to compare
+    batch = torch.tensor(sorted([0, 0, top] + [int(x) for x in torch.randint(0, top + 1, (n - 3,), generator=g)]))
+    if top == 4:
+        batch[batch == 3] = 2
+    start, stop = fd.shard_bounds(n, rank, world)
+    local = batch[start:stop]
+    errors = {}
+    for name, b, lb, graphs in (("one-graph", None, None, None), ("batch", batch, local, None),
+                                ("batch-given-G", batch, local, top + 1)):
+        errors[f"kernelized/{name}"] = _compare(
+            lambda a, c, d: fast.kernelized_softmax(a, c, d, w, tau=0.5, batch=b),
+            lambda a, c, d: fd.sharded_kernelized_softmax(a, c, d, w, tau=0.5, batch=lb, num_graphs=graphs),
+            [q, k, v], start, stop, 5)
+        errors[f"gumbel/{name}"] = _compare(
+            lambda a, c, d: fast.kernelized_gumbel_softmax(a, c, d, w, tau=0.5, noise=noise, batch=b),
+            lambda a, c, d: fd.sharded_kernelized_gumbel_softmax(a, c, d, w, tau=0.5, noise=noise[..., start:stop],
+                                                                 batch=lb, num_graphs=graphs),
+            [q, k, v], start, stop, 6)
+        for joint in (None, False):
+            errors[f"sgformer/{name}/joint={joint}"] = _compare(
+                lambda a, c, d: fast.sgformer_attention(a, c, d, batch=b, joint_heads=joint),
+                lambda a, c, d: fd.sharded_sgformer_attention(a, c, d, batch=lb, num_graphs=graphs, joint_heads=joint),
+                [q, k, v], start, stop, 7)
+            errors[f"difformer/{name}/joint={joint}"] = _compare(
+                lambda a, c, d: fast.difformer_attention(a, c, d, batch=b, joint_heads=joint),
+                lambda a, c, d: fd.sharded_difformer_attention(a, c, d, batch=lb, num_graphs=graphs,
+                                                               joint_heads=joint),
+                [q, k, v], start, stop, 8)
+    return errors

@@ -27,7 +27,7 @@ def _child(target, rank: int, world: int, port: int, payload, results, timeout: 
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout))
+                                timeout=datetime.timedelta(seconds=2 * timeout))  # the parent's deadline comes first
         try:
             results.put((rank, "ok", target(rank, world, payload)))
         finally:
