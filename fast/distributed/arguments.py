@@ -39,7 +39,7 @@ def check_slices(names: tuple[str, str, str], a: torch.Tensor, b: torch.Tensor, 
     >>> check_slices(("q", "k", "v"), torch.ones(2, 3), torch.ones(2, 3), torch.ones(3, 1))
     Traceback (most recent call last):
     ...
-    ValueError: q, k, v must share their leading dims and n_local (each rank holds the same rows of all three), got (2, 3), (2, 3), (3, 1)
+    ValueError: q, k, v must share their leading dims and n_local (each rank holds the same rows of all ...
     """
     for name, t in zip(names, (a, b, v)):
         check_rows(name, t)

@@ -250,7 +250,9 @@ def _simple(q, k, v, batch, num_graphs, joint_heads, own_value: bool, group, fun
     parts = [sumsq(qw), sumsq(kw), _outer(bi, kw, with_ones(vw), g), _per_graph(bi, vw, g), _per_graph(bi, ones, g)]
     ssq, ssk, state, vsum, count = _sum_all(parts, group, function)
     both = ssq * ssk
-    scale = torch.where(both > 0, torch.rsqrt(torch.where(both > 0, both, torch.ones_like(both))), torch.zeros_like(both))
+    # a graph whose q (or k) is all zero: q~ = 0, as one process gives (never rsqrt(0) = inf)
+    positive = both > 0
+    scale = torch.where(positive, torch.rsqrt(torch.where(positive, both, torch.ones_like(both))), torch.zeros_like(both))
     nd = _apply(bi, qw, state * scale.unsqueeze(-1))  # q~_u^T [sum k~ v^T | sum k~]
     count_n = _to_nodes(bi, count)  # (..., n, 1)
     const = count_n * vw if own_value else _to_nodes(bi, vsum)

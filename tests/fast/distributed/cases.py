@@ -140,3 +140,9 @@ def node_cases(rank: int, world: int, payload) -> dict[str, float]:
                                                                joint_heads=joint),
                 [q, k, v], start, stop, 8)
     return errors
+
+
+def widths_differ(rank: int, world: int, payload) -> None:
+    """Rank 1 passes features of another width: every rank raises, none waits."""
+    m = 4 if rank == 1 else 3
+    fd.sharded_linear_attention(torch.rand(4, m), torch.rand(4, m), torch.rand(4, 2))

@@ -32,6 +32,21 @@ def test_refused_argument_fails_every_rank_and_leaves_no_process():
         run_ranks(cases.bad_shape_on_rank_one, 2, None, timeout=60)
 
 
+def test_ranks_that_disagree_all_raise():
+    with pytest.raises(AssertionError, match="disagree on their arguments"):
+        run_ranks(cases.widths_differ, 2, None, timeout=60)
+
+
+def test_without_process_group_says_what_to_call():
+    import torch.distributed as dist
+
+    import fast.distributed as fd
+
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        fd.sharded_linear_attention(torch.rand(3, 2), torch.rand(3, 2), torch.rand(3, 2))
+
+
 def test_hanging_rank_fails_within_timeout():
     with pytest.raises(TimeoutError):
         run_ranks(cases.hang_on_rank_one, 2, None, timeout=10)
