@@ -16,13 +16,13 @@ bound (verify.checks.equivalence.TOL["float32"]). The statistic is the worst err
 (ranks, worlds, dtypes, output and gradients), <= 1 to pass.
 
 Cost: all ten cases run in ONE launch per world size (2 + 4 = 6 processes, each importing
-torch; 12 to 17 s for the ten on two cores at load 2 to 4), cached per
-(seed, world) for the family's checks of one run, so ``--only distributed/linear`` costs as much as the whole family. A launch that fails
-(a rank exits non-zero) or hangs past LAUNCH_TIMEOUT seconds fails every case it carried with the
-rank's error, after every rank's process group is killed (verify.ranks). A case whose sharded
-function raises fails on its own; a case whose fast.distributed function this checkout lacks is
-skipped, saying so. Bytes each rank sent (fast.distributed.count_communication) go
-into the details.
+torch; 12 to 17 s for the ten on two cores at load 2 to 4), cached per (seed, world) for the
+family's checks of one run, so ``--only distributed/linear`` costs as much as the whole family.
+A launch that fails (a rank exits non-zero) or hangs past LAUNCH_TIMEOUT seconds fails every
+case it carried with the rank's error, after every rank's process group is killed
+(verify.ranks). A case whose sharded function raises fails on its own; a case whose
+fast.distributed function this checkout lacks is skipped, saying so. The bytes each rank sent
+(fast.distributed.count_communication, forward and backward) go into the details.
 """
 from __future__ import annotations
 
