@@ -446,12 +446,36 @@ def test_unmasked_gradgradcheck_and_contiguous_feature_gradients():
 # -------------------------------------------------------------------------- causal: the chunk
 
 
-@pytest.mark.parametrize("m, d, chunk", [(16, 16, 16), (32, 32, 32), (64, 64, 64), (128, 128, 64), (16, 64, 32),
-                                         (64, 256, 64), (1, 1, 16), (4, 8, 16), (24, 24, 32)])
-def test_default_chunk_rule(m, d, chunk):
+@pytest.mark.parametrize("m, d, chunk, backward", [(16, 16, 16, 32), (32, 32, 32, 32), (64, 64, 64, 64),
+                                                   (128, 128, 64, 64), (16, 64, 32, 32), (64, 256, 64, 64),
+                                                   (1, 1, 16, 32), (4, 8, 16, 32), (24, 24, 32, 32)])
+def test_default_chunk_rule(m, d, chunk, backward):
     assert CausalMask(100).chunk is None
     assert CausalMask(100).chunk_for(m, d) == chunk
+    assert CausalMask(100).chunk_for(m, d, backward=True) == backward
     assert CausalMask(100, chunk=7).chunk_for(m, d) == 7
+    assert CausalMask(100, chunk=7).chunk_for(m, d, backward=True) == 7
+
+
+def test_the_plain_scans_backward_takes_its_own_chunk(monkeypatch):
+    """m = d = 16: the forward scans chunks of 16 and its backward chunks of 32, and the gradients are
+    those of the dense causal form (the chunk is only a choice of C)."""
+    n = 70
+    mask = CausalMask(n)
+    seen = []
+    real = CausalMask._chunks
+    monkeypatch.setattr(CausalMask, "_chunks", lambda self, *t, chunk: seen.append(chunk) or real(self, *t, chunk=chunk))
+    g = gen(17)
+    pq, pk, v = (positive((2, n, 16), g).requires_grad_(), positive((2, n, 16), g).requires_grad_(),
+                 randn((2, n, 16), g).requires_grad_())
+    out = masked_linear_attention(pq, pk, v, mask)
+    assert seen == [16]
+    a = (pq @ pk.transpose(-1, -2)) * torch.tril(torch.ones(n, n, dtype=torch.float64))
+    ref = (a @ v) / a.sum(-1, keepdim=True)
+    cot = randn(out.shape, g)
+    for x, y in zip(torch.autograd.grad(out, (pq, pk, v), cot), torch.autograd.grad(ref, (pq, pk, v), cot)):
+        assert_unchanged(x, y)
+    assert seen[1] == 32
 
 
 @FEW
