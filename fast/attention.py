@@ -98,7 +98,7 @@ def softmax_attention(
         raise ValueError(f"k and v must have the same N, got {k.shape[-2]} and {v.shape[-2]}")
     lead = _lead_of(("q", "k", "v"), q, k, v)
     if logits_mask is None:
-        return _finite_output(F.scaled_dot_product_attention(q, k, v), q, k, v)
+        return _finite_output(lambda vv: F.scaled_dot_product_attention(q, k, vv), q, k, v)
     if not isinstance(logits_mask, torch.Tensor) or not logits_mask.is_floating_point():
         got = logits_mask.dtype if isinstance(logits_mask, torch.Tensor) else type(logits_mask).__name__
         raise TypeError(f"logits_mask must be a floating tensor of additive logits (use -inf to exclude), got {got}")
@@ -113,25 +113,32 @@ def softmax_attention(
         raise ValueError("logits_mask must hold finite logits or -inf, got NaN or +inf")
     unseen = logits_mask.amax(-1) == -torch.inf  # (..., N_q): rows that exclude every key
     if not bool(unseen.any()):
-        return _finite_output(F.scaled_dot_product_attention(q, k, v, attn_mask=logits_mask), q, k, v)
+        return _finite_output(lambda vv: F.scaled_dot_product_attention(q, k, vv, attn_mask=logits_mask), q, k, v)
     count = int(unseen.expand(target[:-1]).sum())
     if no_key == "raise":
         raise DenominatorError(
             f"{count} of {math.prod(target[:-1])} queries see no key (their logits_mask row is all -inf), so their "
             'attention is undefined; pass no_key="zero" to output 0 for them, or give every query a key')
     safe = logits_mask.masked_fill(unseen.unsqueeze(-1), 0.0)
-    out = _finite_output(F.scaled_dot_product_attention(q, k, v, attn_mask=safe), q, k, v)
+    out = _finite_output(lambda vv: F.scaled_dot_product_attention(q, k, vv, attn_mask=safe), q, k, v)
     return torch.where(unseen.unsqueeze(-1), torch.zeros_like(out), out)
 
 
-def _finite_output(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax_attention's input check, on its output: a NaN or inf anywhere in q, k or v reaches
-    every output row that sees it (a NaN or infinite logit makes its softmax row NaN, a value
-    enters with weight exp(.) >= 0 and 0 * NaN is NaN), so one read pass over the output and one
-    sync replace three scans of the inputs. On a failure the inputs are scanned to name the
-    argument (ValueError); finite inputs whose output is not finite are returned as they are."""
+def _finite_output(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """attend(v) (softmax_attention's SDPA call) with its input check on the output: a NaN or inf
+    anywhere in q, k or v reaches every output row that sees it (a NaN or infinite logit makes its
+    softmax row NaN, a value enters with weight exp(.) >= 0 and 0 * NaN is NaN), so one read pass over
+    the output and one sync replace three scans of the inputs. On a failure the inputs are scanned to
+    name the argument (ValueError). Finite inputs whose output is not finite met an overflowed sum
+    (SDPA's kernels sum exp(s - max) v_j before dividing, up to N max |v|): redone on v 2^-s, each
+    column's largest |v| in [0.5, 1), and multiplied back, exactly (fast.scaling); the weights are a
+    convex combination, so the output is clamped into v's range first."""
+    out = attend(v)
     if not bool(finite_flag(out)):
         raise_if_non_finite(q=q, k=k, v=v)
+        shift = value_shift(v)
+        scaled = times_pow2(v, -shift)
+        out = times_pow2(within_values(attend(scaled), scaled), shift)
     return out
 
 

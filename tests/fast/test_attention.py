@@ -365,3 +365,17 @@ def test_bfloat16_favor_matches_float64_of_the_same_inputs(std):
     assert out.dtype == torch.bfloat16
     rel = (out.double() - ref).norm(dim=-1) / ref.norm(dim=-1)
     assert float(rel.max()) <= 2.0 ** -8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_attention_returns_values_whose_sum_overflows(dtype):
+    # 4-D (B, H, N, d) goes to SDPA's fused kernel, which sums exp(s - max) v_j before dividing:
+    # with every v entry equal to a value near the dtype's maximum the exact output is that value,
+    # while the sum overflowed to inf before the redo on v 2^-s (issue 24, numerics/value-overflow)
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 1, 2, 12, 4, generator=g, dtype=dtype).unbind(0)
+    big = torch.finfo(dtype).max * 0.9
+    v = torch.full((1, 2, 12, 4), big, dtype=dtype)
+    out = fast.softmax_attention(q, k, v)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, v, rtol=4 * torch.finfo(dtype).eps, atol=0)
