@@ -128,6 +128,38 @@ class GpuView:
     sweep_note: str = ""
     peers: PeersView | None = None
     peers_note: str = ""
+    causal_vs_fla: list[tuple[str, ...]] = field(default_factory=list)  # N, dtype, pass, fla, driver, ratio, attend ratio
+    causal_favor: list[tuple[str, ...]] = field(default_factory=list)  # N, pass, FAVOR+, given, ratio
+    causal_crossover: list[tuple[str, str, str]] = field(default_factory=list)  # pass, N, interval
+    causal_note: str = ""
+
+
+def _crossing_text(n: object) -> str:
+    """measure.gpu.crossing's value as words: a number is an N, "below" FAVOR+ wins everywhere."""
+    if n is None:
+        return "no crossover on the grid"
+    if n == "below":
+        return "below the grid"
+    return f"{float(n):,.0f}"
+
+
+def _causal_rows(view: "GpuView", causal: dict) -> None:
+    """The causal stage's summary (measure.gpu.causal_summary) as the section's three tables."""
+    summary = causal.get("summary") or {}
+    ratio = lambda x: fmt.DASH if x is None else f"{x:.2f}"  # noqa: E731
+    for r in summary.get("vs_fla") or []:
+        view.causal_vs_fla.append((fmt.pow2_text(r["n"]), r["dtype"], r["pass"], fmt.seconds_text(r.get("fla_s")),
+                                   fmt.seconds_text(r.get("maskbench_s")), ratio(r.get("fla_over_maskbench")),
+                                   ratio(r.get("fla_over_attend"))))
+    for r in summary.get("favor_vs_given") or []:
+        view.causal_favor.append((fmt.pow2_text(r["n"]), r["pass"], fmt.seconds_text(r.get("favor_s")),
+                                  fmt.seconds_text(r.get("given_s")), ratio(r.get("favor_over_given"))))
+    for pass_, c in (summary.get("crossover") or {}).items():
+        lo, hi = (list(c.get("interval") or []) + [None, None])[:2]
+        view.causal_crossover.append((pass_, _crossing_text(c.get("n")),
+                                      f"[{_crossing_text(lo)}, {_crossing_text(hi)}]"))
+    if not (view.causal_vs_fla or view.causal_favor or view.causal_crossover):
+        view.causal_note = _stage_note(causal) if causal else "the causal stage was not run"
 
 
 def _stage_note(stage: dict | None) -> str:
@@ -195,7 +227,7 @@ def gpu_view(run: GpuRun | None) -> GpuView:
                                                       env.get("git_commit") and f"commit {env['git_commit']}") if x)
         view.path = str(Path("docs") / "runs" / Path(run.path).name)  # as a reader of the repository finds it
     seconds = d.get("stage_seconds") or {}
-    for stage in ("tests", "checks", "sweeps", "peers"):
+    for stage in ("tests", "checks", "sweeps", "causal", "peers"):
         view.stage_rows.append((stage, fmt.seconds_text(seconds.get(stage)), _stage_note(d.get(stage))))
     if "seconds" not in d:
         view.failures.insert(0, "the run did not finish: this file holds the stages that did")
@@ -213,6 +245,7 @@ def gpu_view(run: GpuRun | None) -> GpuView:
     if sweeps.get("curves"):
         view.sweep_note = (f"median of {sweeps.get('rounds', '?')} synchronised measurements per point, "
                            f"{fmt.seconds_text(sweeps.get('seconds'))} for the stage")
+    _causal_rows(view, d.get("causal") or {})
     peers = d.get("peers") or {}
     if peers.get("summary"):
         view.peers = peers_view(PeersSummary.from_dict(peers["summary"], f"{run.path} (peers)"))

@@ -73,7 +73,7 @@ def test_page_has_the_gpu_section(tmp_path, kind):
                  str(tmp_path / "none.json"), "--no-progress"]) == 0
     html = (out / "index.html").read_text()
     section = html[html.index('<section id="gpu">'):html.index('<section id="history">')]
-    assert '<a href="#gpu">' in html and "13. GPU" in section and "14. History" in html
+    assert '<a href="#gpu">' in html and "14. GPU" in section and "15. History" in html
     assert MALICIOUS not in html  # escaped
     if kind == "missing":  # the shipped sample run, labelled as such, with the command that replaces it
         assert "Sample, not your run" in section and "docs/runs/gpu-h200-2026-11-27.json" in section
@@ -101,3 +101,28 @@ def test_page_has_the_gpu_section(tmp_path, kind):
 def test_option_default_is_beside_the_page():
     assert parse_args(["--out", "somewhere"]).gpu_json == "somewhere/gpu.json"
     assert parse_args(["--gpu-json", "x.json"]).gpu_json == "x.json"
+
+
+def test_causal_stage_tables_and_crossover(tmp_path):
+    # measure.gpu.causal_summary's shape (issue 25): fla vs maskbench, FAVOR+ vs features given,
+    # and the bfloat16 crossover against SDPA flash with its interval
+    run = gpu_run()
+    run["causal"] = {"summary": {
+        "vs_fla": [{"n": 2 ** 14, "dtype": "bfloat16", "pass": "forward", "fla_s": 2e-3, "maskbench_s": 1e-3,
+                    "fla_over_maskbench": 2.0, "attend_s": 8e-4, "fla_over_attend": 2.5}],
+        "favor_vs_given": [{"n": 2 ** 14, "pass": "forward", "favor_s": 1.2e-3, "given_s": 1e-3,
+                            "favor_over_given": 1.2}],
+        "crossover": {"forward": {"sizes": [2048, 4096], "favor_over_sdpa": [1.5, 0.5], "n": 3000.0,
+                                  "interval": [2500.0, None]},
+                      "forward+backward": {"sizes": [2048], "favor_over_sdpa": [0.5], "n": "below",
+                                           "interval": ["below", "below"]}}}}
+    view = gpu_view(load_gpu(_write(tmp_path, run)))
+    (row,) = view.causal_vs_fla
+    assert row[1:3] == ("bfloat16", "forward") and row[5:] == ("2.00", "2.50") and row[3] != row[4]
+    assert [r[-1] for r in view.causal_favor] == ["1.20"]
+    assert view.causal_crossover == [("forward", "3,000", "[2,500, no crossover on the grid]"),
+                                     ("forward+backward", "below the grid", "[below the grid, below the grid]")]
+    assert not view.causal_note
+    bare = gpu_view(load_gpu(_write(tmp_path, gpu_run(), "bare.json")))
+    assert not bare.causal_vs_fla and bare.causal_note == "the causal stage was not run"
+    assert "causal" in [s for s, _, _ in bare.stage_rows]
