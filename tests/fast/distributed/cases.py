@@ -146,3 +146,11 @@ def widths_differ(rank: int, world: int, payload) -> None:
     """Rank 1 passes features of another width: every rank raises, none waits."""
     m = 4 if rank == 1 else 3
     fd.sharded_linear_attention(torch.rand(4, m), torch.rand(4, m), torch.rand(4, 2))
+
+
+def on_rank(payload: dict):
+    """verify.ranks' entry (it calls ``fn(payload)`` in each rank): the case named
+    payload["case"], called as case(rank, world, payload["args"])."""
+    import torch.distributed as dist
+
+    return globals()[payload["case"]](dist.get_rank(), dist.get_world_size(), payload["args"])
