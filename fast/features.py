@@ -102,6 +102,33 @@ def slice_max(rows: torch.Tensor) -> torch.Tensor:
     return rows.amax(-2, keepdim=True)
 
 
+def row_max(p: torch.Tensor) -> torch.Tensor:
+    """max_j p_ij per row, (..., N, m) -> (..., N, 1), O(N m): the FAVOR+ stabilisers' row maxima.
+
+    Equals ``p.amax(-1, keepdim=True)`` exactly (a max rounds nothing; NaN propagates). On the CPU
+    at widths below 64 other than 32, it halves the columns with elementwise maxima (log2 m passes
+    over shrinking slices) instead: torch 2.13's inner reduction over a short row runs without
+    vectors there (N = 2^12, H = 4, one thread: m = 16 234 us against 98 us, m = 24 456 against
+    147, m = 48 341 against 203; m = 32 and 64 reduce fast, 76 and 103 us). Read it detached:
+    it is for constants, not gradients.
+
+    >>> import torch
+    >>> from fast.features import row_max
+    >>> row_max(torch.tensor([[1., 5., 2.], [-3., -1., -2.]])).flatten().tolist()
+    [5.0, -1.0]
+    """
+    width = p.shape[-1]
+    if p.device.type != "cpu" or width >= 64 or width % 32 == 0:
+        return p.amax(-1, keepdim=True)
+    while width > 1:  # fresh tensors from the first step on: p itself is never written
+        h = width // 2
+        top = torch.maximum(p[..., :h], p[..., h:2 * h])
+        if width % 2:  # the odd column joins the first
+            torch.maximum(top[..., :1], p[..., 2 * h:], out=top[..., :1])
+        p, width = top, h
+    return p
+
+
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
@@ -132,7 +159,7 @@ def favor_exponentials(
     """
     p = x @ w.transpose(-1, -2)  # (..., N, m)
     if is_query and stabilize:
-        c = p.detach().amax(-1, keepdim=True)
+        c = row_max(p.detach())
         n = None
         shift = c
         if query_norm:
@@ -143,7 +170,7 @@ def favor_exponentials(
     if not stabilize:
         return p.sub_(n).exp_(), None, n
     if key_stabilizer is None:
-        rows = p.detach().amax(-1, keepdim=True) - n.detach()  # (..., N, 1)
+        rows = row_max(p.detach()) - n.detach()  # (..., N, 1)
         c = slice_max(rows) if row_stabilizer is None else row_stabilizer(rows)
         # (p - n) - c, never p - (n + c): each fl(p_ij - n_i) <= fl(max_j p_ij - n_i) = rows_i <= c
         # (the same rounded difference), so no exponent passes 0 where c bounds the rows. n + c
@@ -209,7 +236,7 @@ class _Projected(FeatureMap):
         """exp(z - c) with the stabiliser's constants c (detached) when ``stabilize``."""
         if self.stabilize:
             if is_query:
-                c = z.amax(dim=-1, keepdim=True)
+                c = row_max(z.detach())
             elif key_stabilizer is not None:
                 c = key_stabilizer(z)
             else:

@@ -69,6 +69,23 @@ def test_stabiliser_is_per_slice_for_keys_and_per_row_for_queries(cls):
     assert len(torch.unique(key_c)) == key_c.numel()  # the slices really have different constants
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 16, 17, 24, 31, 32, 33, 48, 63, 64, 100])
+def test_row_max_is_amax_exactly(m):
+    """row_max (the stabilisers' row maxima, halving the columns at short widths on the CPU) equals
+    amax bit for bit, NaN and inf included, at every width, odd ones too, and never writes its input."""
+    g = gen(11)
+    p = randn((2, 3, 9, m), g).float()
+    p[0, 0, 1, m // 2] = float("nan")
+    p[0, 1, 2, m - 1] = float("inf")
+    p[1, 2, 3, 0] = -float("inf")
+    before = p.clone()
+    got, want = fast.features.row_max(p), p.amax(-1, keepdim=True)
+    assert got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert bool(got[0, 0, 1].isnan()) and torch.equal(p.isnan(), before.isnan())
+    assert torch.equal(p.nan_to_num(), before.nan_to_num())
+
+
 @given(seed=seeds, n=st.integers(1, 6))
 def test_query_features_are_rowwise(seed, n):
     """Changing one query row never changes another row's stabilised features."""
