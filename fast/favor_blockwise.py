@@ -94,7 +94,7 @@ def _projected(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _query_features(x: torch.Tensor, w_q: torch.Tensor, work: torch.dtype) -> torch.Tensor:
     """phi = exp(x W'^T - rowmax) (l, n, m) in the work dtype, x a block of queries (compute dtype)."""
     p = _projected(x, w_q)
-    return p.sub_(p.amax(-1, keepdim=True)).exp_().to(work)
+    return p.sub_(features.row_max(p)).exp_().to(work)
 
 
 def _key_features(x: torch.Tensor, w_k: torch.Tensor, half: float, c: torch.Tensor) -> torch.Tensor:
@@ -119,7 +119,7 @@ def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
         norms = features.half_sq_norm(x, half)
         n_max = torch.maximum(n_max, norms.amax())  # NaN propagates: the finiteness flag of k
         old = c[l0:l1]
-        new = torch.maximum(old, features.slice_max(p.amax(-1, keepdim=True) - norms))  # NaN propagates too
+        new = torch.maximum(old, features.slice_max(features.row_max(p) - norms))  # NaN propagates too
         scale = torch.exp(old - new).to(work)  # 0 on a slice's first block (old = -inf)
         c[l0:l1] = new
         phi = p.sub_(norms).sub_(new).exp_().to(work)  # n then c: each exponent <= 0 (fast.features)
