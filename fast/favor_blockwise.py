@@ -94,13 +94,13 @@ def _projected(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _query_features(x: torch.Tensor, w_q: torch.Tensor, work: torch.dtype) -> torch.Tensor:
     """phi = exp(x W'^T - rowmax) (l, n, m) in the work dtype, x a block of queries (compute dtype)."""
     p = _projected(x, w_q)
-    return p.sub_(features.row_max(p)).exp_().to(work)
+    return features.exp_(p.sub_(features.row_max(p))).to(work)
 
 
 def _key_features(x: torch.Tensor, w_k: torch.Tensor, half: float, c: torch.Tensor) -> torch.Tensor:
     """phi = exp((x W'^T - n) - c) (l, n, m), x a block of keys (compute dtype), c (l, 1, 1); n then c,
     as fast.features.favor_exponentials (n + c rounds at n's scale: inf features at huge keys)."""
-    return _projected(x, w_k).sub_(features.half_sq_norm(x, half)).sub_(c).exp_()
+    return features.exp_(_projected(x, w_k).sub_(features.half_sq_norm(x, half)).sub_(c))
 
 
 def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
@@ -122,21 +122,19 @@ def _key_state(k3, v3, w_k, half: float, rows: int, work: torch.dtype):
         new = torch.maximum(old, features.slice_max(features.row_max(p) - norms))  # NaN propagates too
         scale = torch.exp(old - new).to(work)  # 0 on a slice's first block (old = -inf)
         c[l0:l1] = new
-        phi = p.sub_(norms).sub_(new).exp_().to(work)  # n then c: each exponent <= 0 (fast.features)
+        phi = features.exp_(p.sub_(norms).sub_(new)).to(work)  # n then c: each exponent <= 0 (fast.features)
         s[l0:l1].mul_(scale).add_(_gram(phi, v3[l0:l1, a:b].to(work)))
         z[l0:l1].mul_(scale.squeeze(-1)).add_(phi.sum(-2))
         del x, p, phi  # before the next block's are allocated: one block alive at a time
     return s, z, c, n_max
 
 
-def _forward(q, k, v, w_q, w_k, half: float, rows: int, work: torch.dtype):
-    """(out (..., N_q, d), den (..., N_q), S, z, C, flag): the blocked forward, no autograd."""
-    lead, slices = q.shape[:-2], math.prod(q.shape[:-2])
-    q3, k3, v3 = _slab(q, slices), _slab(k, slices), _slab(v, slices)
-    n_q, d = q.shape[-2], v.shape[-1]
-    s, z, c, n_max = _key_state(k3, v3, w_k, half, rows, work)
-    out = torch.empty((slices, n_q, d), dtype=work, device=q.device)
-    den = torch.empty((slices, n_q), dtype=work, device=q.device)
+def _query_pass(q3, w_q, s, z, rows: int, work: torch.dtype, normalise: bool):
+    """(num or out (L, n, d), den (L, n)) of queries q3 (L, n, d_qk) on the state S (L, m, d), z (L, m),
+    a block of rows at a time; normalise: out = num / den, unguarded (in place)."""
+    slices, n_q, d = q3.shape[0], q3.shape[1], s.shape[-1]
+    out = torch.empty((slices, n_q, d), dtype=work, device=q3.device)
+    den = torch.empty((slices, n_q), dtype=work, device=q3.device)
     for l0, l1, a, b in _plan(slices, n_q, rows):
         phi = _query_features(q3[l0:l1, a:b].to(w_q.dtype), w_q, work)
         # the operations of fast.algebra's linear_products on the block: with the keys in one block,
@@ -145,8 +143,19 @@ def _forward(q, k, v, w_q, w_k, half: float, rows: int, work: torch.dtype):
         num = torch.bmm(phi, s[l0:l1], out=out[l0:l1, a:b])
         den_b = torch.einsum("...nm,...m->...n", phi, z[l0:l1])
         den[l0:l1, a:b] = den_b
-        num.div_(den_b.unsqueeze(-1))
+        if normalise:
+            num.div_(den_b.unsqueeze(-1))
         del phi, num, den_b
+    return out, den
+
+
+def _forward(q, k, v, w_q, w_k, half: float, rows: int, work: torch.dtype):
+    """(out (..., N_q, d), den (..., N_q), S, z, C, flag): the blocked forward, no autograd."""
+    lead, slices = q.shape[:-2], math.prod(q.shape[:-2])
+    q3, k3, v3 = _slab(q, slices), _slab(k, slices), _slab(v, slices)
+    n_q, d = q.shape[-2], v.shape[-1]
+    s, z, c, n_max = _key_state(k3, v3, w_k, half, rows, work)
+    out, den = _query_pass(q3, w_q, s, z, rows, work, normalise=True)
     # finite |k_j|^2 and S (every entry of v and phi_k reaches S; q reaches den), den in range, and
     # out finite (one read pass: num_i reaches den_i max |v|, which can overflow where out does not)
     flag = (n_max < torch.inf) & finite_flag(s, out) & guard_flag(den, None, positive=True)
@@ -181,6 +190,36 @@ def favor_naive(q, k, v, w_q, w_k, half: float, c: torch.Tensor | None = None) -
     phi_k = torch.exp(b - n - c.detach()).to(work)
     num = phi_q @ (phi_k.transpose(-1, -2) @ v.to(work))
     return num / torch.einsum("...nm,...m->...n", phi_q, phi_k.sum(-2)).unsqueeze(-1)
+
+
+def _key_grads(k, v, w_k, half: float, c, ds, dz, rows: int, need: tuple[bool, bool, bool]):
+    """(dk, dv, dW'_k), each None where not needed, of S = sum_j phi_k_j v_j^T and z = sum_j phi_k_j
+    given dS (L, m, d) and dz (L, 1, m), phi_k = exp(b - n - c) re-formed a block of keys at a time."""
+    need_k, need_v, need_wk = need
+    slices, work = ds.shape[0], ds.dtype
+    k3, v3 = _slab(k, slices), _slab(v, slices)
+    dk = torch.empty(k3.shape, dtype=w_k.dtype, device=k.device) if need_k else None
+    dv = torch.empty(v3.shape, dtype=work, device=v.device) if need_v else None
+    dwk = torch.zeros_like(w_k) if need_wk else None
+    for l0, l1, a, b in _plan(slices, k.shape[-2], rows):
+        x = k3[l0:l1, a:b].to(w_k.dtype)
+        phi = _key_features(x, w_k, half, c[l0:l1]).to(work)
+        if need_v:
+            torch.bmm(phi, ds[l0:l1], out=dv[l0:l1, a:b])
+        if need_k or need_wk:  # d b = phi * (dS v_j + dz)
+            db = torch.baddbmm(dz[l0:l1], v3[l0:l1, a:b].to(work), ds[l0:l1].transpose(-1, -2))
+            db = db.mul_(phi).to(w_k.dtype)
+            if need_k:  # dk_j = W'^T d b_j - 2 h k_j (1 . d b_j)
+                out = dk[l0:l1, a:b]
+                torch.mm(db.view(-1, db.shape[-1]), w_k, out=out.view(-1, k.shape[-1]))
+                out.addcmul_(x, db.sum(-1, keepdim=True), value=-2.0 * half)
+            if need_wk:
+                dwk.add_(db.reshape(-1, db.shape[-1]).transpose(-1, -2) @ x.reshape(-1, x.shape[-1]))
+            del db
+        del x, phi
+    dk = None if dk is None else dk.view(k.shape).to(k.dtype)
+    dv = None if dv is None else dv.view(v.shape).to(v.dtype)
+    return dk, dv, dwk
 
 
 class _FavorBlockwise(torch.autograd.Function):
@@ -239,29 +278,8 @@ class _FavorBlockwise(torch.autograd.Function):
             del x, phi, t, e
         dk = dv = dwk = None
         if keys:
-            k3, v3 = _slab(k, slices), _slab(v, slices)
             ds, dz = dsz[..., :d], dsz[..., d:].transpose(-1, -2)  # (L, m, d), (L, 1, m)
-            dk = torch.empty(k3.shape, dtype=w_k.dtype, device=k.device) if need_k else None
-            dv = torch.empty(v3.shape, dtype=work, device=v.device) if need_v else None
-            dwk = torch.zeros_like(w_k) if need_wk else None
-            for l0, l1, a, b in _plan(slices, k.shape[-2], rows):
-                x = k3[l0:l1, a:b].to(w_k.dtype)
-                phi = _key_features(x, w_k, half, c[l0:l1]).to(work)
-                if need_v:
-                    torch.bmm(phi, ds[l0:l1], out=dv[l0:l1, a:b])
-                if need_k or need_wk:  # d b = phi * (dS v_j + dz)
-                    db = torch.baddbmm(dz[l0:l1], v3[l0:l1, a:b].to(work), ds[l0:l1].transpose(-1, -2))
-                    db = db.mul_(phi).to(w_k.dtype)
-                    if need_k:  # dk_j = W'^T d b_j - 2 h k_j (1 . d b_j)
-                        out = dk[l0:l1, a:b]
-                        torch.mm(db.view(-1, db.shape[-1]), w_k, out=out.view(-1, k.shape[-1]))
-                        out.addcmul_(x, db.sum(-1, keepdim=True), value=-2.0 * half)
-                    if need_wk:
-                        dwk.add_(db.reshape(-1, db.shape[-1]).transpose(-1, -2) @ x.reshape(-1, x.shape[-1]))
-                    del db
-                del x, phi
-            dk = None if dk is None else dk.view(k.shape).to(k.dtype)
-            dv = None if dv is None else dv.view(v.shape).to(v.dtype)
+            dk, dv, dwk = _key_grads(k, v, w_k, half, c, ds, dz, rows, (need_k, need_v, need_wk))
         dq = None if dq is None else dq.view(q.shape).to(q.dtype)
         return dq, dk, dv, dwq, dwk, None, None, None
 
@@ -301,3 +319,128 @@ def favor_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_q: torch
     with torch.no_grad():
         out, den, *_, flag = _forward(*args)
     return out, den, flag
+
+
+class _KeyState(torch.autograd.Function):
+    """(S, z, C, n_max) of ``favor_key_state``; saves k, v, W' and C; backward by blocks (``_key_grads``)."""
+
+    @staticmethod
+    def forward(ctx, k, v, w_k, half, rows, work):
+        slices = math.prod(k.shape[:-2])
+        s, z, c, n_max = _key_state(_slab(k, slices), _slab(v, slices), w_k, half, rows, work)
+        ctx.save_for_backward(k, v, w_k, c)
+        ctx.half, ctx.rows = half, rows
+        ctx.mark_non_differentiable(c, n_max)
+        lead = k.shape[:-2]
+        return s.view(*lead, *s.shape[1:]), z.view(*lead, z.shape[-1]), c.view(*lead, 1, 1), n_max
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_s, g_z, _g_c, _g_n):
+        k, v, w_k, c = ctx.saved_tensors
+        slices = c.shape[0]
+        ds = g_s.reshape(slices, *g_s.shape[-2:]).contiguous()
+        dz = g_z.reshape(slices, 1, g_z.shape[-1]).contiguous()
+        dk, dv, dwk = _key_grads(k, v, w_k, ctx.half, c, ds, dz, ctx.rows, tuple(ctx.needs_input_grad[:3]))
+        return dk, dv, dwk, None, None, None
+
+
+class _QueryProducts(torch.autograd.Function):
+    """(num, den) of ``favor_query_products``; saves q, W', S, z; backward by blocks."""
+
+    @staticmethod
+    def forward(ctx, q, w_q, s, z, rows, work):
+        slices = math.prod(q.shape[:-2])
+        num, den = _query_pass(_slab(q, slices), w_q, s.reshape(slices, *s.shape[-2:]),
+                               z.reshape(slices, z.shape[-1]), rows, work, normalise=False)
+        ctx.save_for_backward(q, w_q, s, z)
+        ctx.rows = rows
+        return num.view(*q.shape[:-1], s.shape[-1]), den.view(q.shape[:-1])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_num, g_den):
+        q, w_q, s, z = ctx.saved_tensors
+        need_q, need_wq, need_s, need_z = ctx.needs_input_grad[:4]
+        slices, d = math.prod(q.shape[:-2]), s.shape[-1]
+        work = s.dtype
+        q3, s3, z3 = _slab(q, slices), s.reshape(slices, *s.shape[-2:]), z.reshape(slices, 1, z.shape[-1])
+        g_num = torch.zeros_like(q3[..., :1]).expand(*q3.shape[:-1], d) if g_num is None else g_num
+        g_den = torch.zeros_like(q3[..., 0]) if g_den is None else g_den
+        gn, gd = _slab(g_num.to(work), slices), g_den.to(work).reshape(slices, -1, 1)
+        dq = torch.empty(q3.shape, dtype=w_q.dtype, device=q.device) if need_q else None
+        dwq = torch.zeros_like(w_q) if need_wq else None
+        # d[S | z] = phi^T [g_num | g_den], one GEMM per block
+        dsz = torch.zeros((slices, s3.shape[1], d + 1), dtype=work, device=q.device) if need_s or need_z else None
+        s_t = s3.transpose(-1, -2)
+        for l0, l1, a, b in _plan(slices, q.shape[-2], ctx.rows):
+            x = q3[l0:l1, a:b].to(w_q.dtype)
+            phi = _query_features(x, w_q, work)
+            g, e = gn[l0:l1, a:b], gd[l0:l1, a:b]  # (l, n, d), (l, n, 1)
+            if dsz is not None:
+                dsz[l0:l1].add_(_gram(phi, torch.cat([g, e], -1)))
+            if need_q or need_wq:  # d a = phi * (S g_num_i + g_den_i z); the row max is a constant that
+                # cancels in num / den, so it carries no gradient (as fast.features)
+                da = torch.bmm(g, s_t[l0:l1]).add_(z3[l0:l1] * e).mul_(phi).to(w_q.dtype)
+                if need_q:
+                    torch.mm(da.view(-1, da.shape[-1]), w_q, out=dq[l0:l1, a:b].view(-1, q.shape[-1]))
+                if need_wq:
+                    dwq.add_(da.reshape(-1, da.shape[-1]).transpose(-1, -2) @ x.reshape(-1, x.shape[-1]))
+                del da
+            del x, phi
+        ds = dz = None
+        if dsz is not None:
+            ds = dsz[..., :d].reshape(s.shape) if need_s else None
+            dz = dsz[..., d].reshape(z.shape) if need_z else None
+        dq = None if dq is None else dq.view(q.shape).to(q.dtype)
+        return dq, dwq, ds, dz, None, None
+
+
+def _rows(slices: int, n: int, w: torch.Tensor, device: torch.device, block_rows: int | None) -> int:
+    return default_block_rows(slices * n, w.shape[0], w.element_size(), device) if block_rows is None else block_rows
+
+
+def favor_key_state(k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor, half: float, *,
+                    block_rows: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The keys' half of ``favor_products``, a block of keys at a time: (S (..., m, d), z (..., m),
+    C (..., 1, 1), n_max (0-dim)) with phi_k_j = exp(w_k k_j - h |k_j|^2 - C) (Performer Lemma 1),
+    S = sum_j phi_k_j v_j^T, z = sum_j phi_k_j (choromanski22 Eq. 3's right product) and C the
+    per-slice max of the exponents (kept as a running max over blocks), n_max the largest h |k_j|^2
+    (inf or NaN: a key's norm overflowed; the caller falls back). For a caller that adds states of
+    several key sets (fast.distributed: rescale each by exp(C - C_all) first). Shapes and dtypes as
+    ``favor_products``; S and z in the work dtype, differentiable in k, v, w_k (blocked backward,
+    once: no double backward). O(N m (d_qk + d)) time, one block of memory beyond S.
+
+    >>> import torch
+    >>> from fast.favor_blockwise import favor_key_state, favor_query_products, favor_products
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(2, 8, 4, generator=g) for _ in range(3))
+    >>> w = torch.randn(16, 4, generator=g) * 4 ** -0.25
+    >>> s, z, c, n_max = favor_key_state(k, v, w, 0.25, block_rows=3)
+    >>> num, den = favor_query_products(q, w, s, z, block_rows=3)
+    >>> torch.allclose(num / den.unsqueeze(-1), favor_products(q, k, v, w, w, 0.25)[0], atol=1e-6)
+    True
+    """
+    work = compute_dtype(torch.promote_types(w_k.dtype, v.dtype))
+    rows = _rows(math.prod(k.shape[:-2]), k.shape[-2], w_k, k.device, block_rows)
+    return _KeyState.apply(k, v, w_k, half, rows, work)
+
+
+def favor_query_products(q: torch.Tensor, w_q: torch.Tensor, s: torch.Tensor, z: torch.Tensor, *,
+                         block_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The queries' half of ``favor_products``, a block of queries at a time: (num (..., N_q, d),
+    den (..., N_q)) = (phi_q S, phi_q z) with phi_q_i = exp(w_q q_i - max) (the row max: a constant
+    that cancels in num / den and carries no gradient), on a state S (..., m, d), z (..., m) in the
+    work dtype (``favor_key_state``'s, or a sum of several). Unguarded: the caller divides (e.g.
+    fast.algebra.divide). Differentiable in q, w_q, s, z (blocked backward, once). O(N_q m (d_qk + d))
+    time, one block of memory beyond num and den.
+
+    >>> import torch
+    >>> from fast.favor_blockwise import favor_query_products
+    >>> num, den = favor_query_products(torch.zeros(3, 2), torch.zeros(4, 2), torch.ones(4, 5), torch.ones(4))
+    >>> tuple(num.shape), den.tolist()      # every feature exp(0 - 0) = 1: den = 1 . z = 4
+    ((3, 5), [4.0, 4.0, 4.0])
+    """
+    rows = _rows(math.prod(q.shape[:-2]), q.shape[-2], w_q, q.device, block_rows)
+    return _QueryProducts.apply(q, w_q, s, z, rows, s.dtype)

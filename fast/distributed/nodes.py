@@ -19,7 +19,7 @@ import torch
 
 from fast.algebra import divide
 from fast.batching import BatchIndex, check_batch
-from fast.distributed.arguments import agreed, check_slices, with_ones, work_dtype
+from fast.distributed.arguments import agreed, check_finite, check_slices, with_ones, work_dtype
 from fast.distributed.collectives import all_reduce_max, all_reduce_sum, dtype_code
 from fast.latent.nodeformer import check_tau, gumbel_noise
 from fast.validation import raise_if_non_finite
@@ -100,7 +100,7 @@ def _validate_nodes(function, q, k, v, batch, num_graphs, extra: list[int], **na
     def validate():
         check_slices(("q", "k", "v"), q, k, v, same_width=True)
         _check_local_batch(batch, q.shape[-2], num_graphs)
-        raise_if_non_finite(q=q, k=k, v=v, **named)
+        check_finite(q=q, k=k, v=v, **named)
         lead = list(q.shape[:-2])
         return q.shape[-2], [len(lead), *lead, q.shape[-1], v.shape[-1], dtype_code(work_dtype(q, k, v)),
                              batch is None, -1 if num_graphs is None else num_graphs, *extra]

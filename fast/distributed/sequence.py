@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import torch
 
-from fast.algebra import divide
+from fast.algebra import divide, guard_flag
 from fast.batching import check_batch
-from fast.distributed.arguments import agreed, check_slices, with_ones, work_dtype
+from fast.distributed.arguments import agreed, check_finite, check_slices, with_ones, work_dtype
 from fast.distributed.collectives import all_gather_stack, all_reduce_max, all_reduce_sum, dtype_code
+from fast.favor_blockwise import favor_key_state, favor_query_products
 from fast.features import favor_exponentials
 from fast.masks.sequence import CausalMask, PackingMask, PaddingMask
 from fast.validation import FLOAT_DTYPES, check_no_key, raise_if_non_finite
@@ -205,6 +206,27 @@ def _products(pq: torch.Tensor, pk: torch.Tensor, v: torch.Tensor, mask: object,
     return nd[..., :-1], nd[..., -1], no_key
 
 
+def _favor_blockwise_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, half: float,
+                              group: object, function: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(num, den) of unmasked FAVOR+ on this rank's rows, the features formed a block of rows at a time
+    as fast.favor_attention does (fast.favor_blockwise), or None where a key's norm term or the summed
+    state is not finite (every rank sees the same all-reduced values, so all return None together and
+    take the whole-tensor path, whose features handle those cases). The rank's state comes under its
+    own constant C_r; one all-reduce max (with the largest norm term riding along) gives C, each state
+    is rescaled by exp(C_r - C) <= 1 (0 for a rank without keys) and one all-reduce sums [S | z]."""
+    s, z, c, n_max = favor_key_state(k, v, w, half)
+    local = torch.cat([c.reshape(-1), n_max.reshape(1).to(c.dtype)])
+    top = all_reduce_max(local, group, function)
+    if not bool(torch.isfinite(top[-1])):
+        return None
+    c_all = top[:-1].view(c.shape)
+    factor = torch.where(torch.isfinite(c), torch.exp(c - c_all), torch.zeros_like(c)).to(s.dtype)  # (..., 1, 1)
+    sz = all_reduce_sum(torch.cat([s, z.unsqueeze(-1)], -1) * factor, group, function)  # (..., m, d + 1)
+    if not bool(torch.isfinite(sz).all()):
+        return None
+    return favor_query_products(q, w, sz[..., :-1], sz[..., -1])
+
+
 def sharded_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, mask: object = None, *,
                              group: object = None, no_key: str = "raise") -> torch.Tensor:
     """This rank's rows of fast.masked_linear_attention(phi_q, phi_k, v, mask) on the whole sharded
@@ -246,7 +268,7 @@ def sharded_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.
         check_slices(("phi_q", "phi_k", "v"), phi_q, phi_k, v)
         check_no_key(no_key)
         kind, mask_shape = _mask_kind(mask, phi_q.shape[-2])
-        raise_if_non_finite(phi_q=phi_q, phi_k=phi_k, v=v)
+        check_finite(phi_q=phi_q, phi_k=phi_k, v=v)
         lead = list(phi_q.shape[:-2])
         return phi_q.shape[-2], [kind, len(lead), *lead, phi_q.shape[-1], v.shape[-1],
                                  dtype_code(work_dtype(phi_q, phi_k, v)), *mask_shape]
@@ -297,7 +319,7 @@ def sharded_favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
                              f"{got}")
         check_no_key(no_key)
         kind, mask_shape = _mask_kind(mask, q.shape[-2])
-        raise_if_non_finite(q=q, k=k, v=v, projection=projection)
+        check_finite(q=q, k=k, v=v, projection=projection)
         lead = list(q.shape[:-2])
         return q.shape[-2], [kind, len(lead), *lead, q.shape[-1], *projection.shape, v.shape[-1],
                              dtype_code(work_dtype(q, k, v)), *mask_shape]
@@ -310,6 +332,13 @@ def sharded_favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     half = 0.5 * d ** -0.5
     qw, kw, vw = q.to(work), k.to(work), v.to(work)
     lead, n = kw.shape[:-2], kw.shape[-2]
+    if kind == _NONE:
+        nd = _favor_blockwise_products(qw, kw, vw, w, half, group, function)
+        if nd is not None:
+            num, den = nd
+            if not num.requires_grad and bool(guard_flag(den, None)):  # in place: no second (n, d) tensor
+                return num.div_(den.unsqueeze(-1)).to(v.dtype)
+            return divide(num, den, policy=no_key).to(v.dtype)
     state: dict = {}
 
     def constants(z: torch.Tensor) -> torch.Tensor:  # z (..., n, m), detached
