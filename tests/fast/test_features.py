@@ -86,6 +86,27 @@ def test_row_max_is_amax_exactly(m):
     assert torch.equal(p.nan_to_num(), before.nan_to_num())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_in_place_is_exp_within_the_exponent_rounding(dtype):
+    """fast.features.exp_ (2^(z log2 e) on the CPU): in place; exp(0) = 1 exactly and every result in
+    [0, 1] for z <= 0 (the stabilisers' guarantee); relative error at most (2 |z| + 4) u against
+    float64 exp: two roundings of the exponent (log2 e to the dtype, the product), each |z| u after
+    the factor ln 2 log2 e = 1, plus the exp2's own (a few u); and the gradient is the result's."""
+    u = torch.finfo(dtype).eps / 2
+    spread = -torch.rand(4000, generator=gen(12), dtype=torch.float64).to(dtype) * 80
+    z = torch.cat([torch.zeros(1, dtype=dtype), spread, torch.tensor([-1e-30, -87.0], dtype=dtype)])
+    got = z.clone()
+    assert fast.features.exp_(got) is got
+    want = torch.exp(z.double())
+    assert float(got[0]) == 1.0 and bool((got >= 0).all()) and bool((got <= 1).all())
+    rel = ((got.double() - want).abs() / want)
+    assert bool((rel <= (2 * z.double().abs() + 4) * u).all()), float((rel / ((2 * z.double().abs() + 4) * u)).max())
+    leaf = z[:50].clone().requires_grad_()
+    out = fast.features.exp_(leaf * 1)  # in place on a fresh non-leaf, as the features' GEMM output
+    (grad,) = torch.autograd.grad(out.sum(), leaf)
+    assert_unchanged(grad, out.detach(), rtol=4 * u)
+
+
 @given(seed=seeds, n=st.integers(1, 6))
 def test_query_features_are_rowwise(seed, n):
     """Changing one query row never changes another row's stabilised features."""
