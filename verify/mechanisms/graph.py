@@ -138,7 +138,7 @@ KINDS = ("laplacian", "random-walk", "adjacency")
 #: weights (graph_input); no other draw uses 122, 123.
 QK_STD_SALT = 122
 #: The graph forms gdk's variants hand fast/ (gdk_problem's graph_input; fast.as_graph's input kinds).
-GRAPH_INPUTS = ("scipy", "edge-index", "edge-index-one-way", "torch-sparse", "networkx")
+GRAPH_INPUTS = ("scipy", "edge-index", "edge-index-one-way", "torch-sparse", "networkx", "to-scipy")
 #: gdk's "isolated-std8" variants: nodes without an edge, and the std of q, k (numerics' largest).
 ISOLATED_NODES, ISOLATED_STD = 8, 8.0
 #: DiffusionMask's a-priori tolerance: far below equivalence's float64 bound 1e-10.
@@ -372,7 +372,8 @@ def gdk_problem(n: int, seed: int, *, graph: str = "path", kind: str = "laplacia
     which a node that sees few keys loses them all to underflow under one constant per slice;
     graph_input (GRAPH_INPUTS): the form the fast path is handed the graph in ("scipy", the default;
     "edge-index" a PyG edge_index with edge_weight; "edge-index-one-way" each edge once with
-    symmetrize=True; "torch-sparse" a COO tensor; "networkx" a weighted nx.Graph): the other forms
+    symmetrize=True; "torch-sparse" a COO tensor; "networkx" a weighted nx.Graph; "to-scipy" the
+    edge_index form's Graph exported by Graph.to_scipy and converted back): the other forms
     carry random weights in [0.5, 2] (rng_for(seed, QK_STD_SALT + 1)), so a conversion that drops or
     misplaces them changes M."""
     if kind not in KINDS:
@@ -490,6 +491,8 @@ def _graph_as_given(p: Problem, device) -> Graph:
         return fast.as_graph(index, n=p.n, edge_weight=weight)
     if form == "torch-sparse":
         return fast.as_graph(torch.sparse_coo_tensor(index, weight, (p.n, p.n), check_invariants=True))
+    if form == "to-scipy":  # Graph's export, the user's way back to SciPy, read in again
+        return fast.as_graph(fast.as_graph(index.cpu(), n=p.n, edge_weight=weight.cpu()).to_scipy()).to(device)
     g = nx.Graph()  # "networkx"
     g.add_nodes_from(range(p.n))
     g.add_weighted_edges_from((int(u), int(v), float(w)) for u, v, w in zip(coo.row, coo.col, coo.data) if u < v)
@@ -706,7 +709,8 @@ register(favor_mechanism(
                         sweep=False)
                 for form, what in (("edge-index", "edge_index + edge_weight"),
                                    ("edge-index-one-way", "each edge once, symmetrize=True"),
-                                   ("torch-sparse", "a torch sparse COO tensor"), ("networkx", "a weighted nx.Graph"))),
+                                   ("torch-sparse", "a torch sparse COO tensor"), ("networkx", "a weighted nx.Graph"),
+                                   ("to-scipy", "fast.Graph.to_scipy's export, read back"))),
               *protocol_variants("the diffusion time lam"),
               backward_variant(kind="random-walk")),  # L D^-1: the asymmetric kind, rmatmul != matmul
     mask_params=("lam",), cost_factor=cost_factor_n_plus_e, cost_factor_name="(N+E)/N", metrics=gdk_metrics,

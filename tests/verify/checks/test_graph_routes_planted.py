@@ -4,7 +4,7 @@ real code passes. The routes: the transposed products (rmatmul) and the backward
 asymmetric masks, the "many small graphs" side of fast.segments.few_segments, the nn.Module layers,
 the random draws fast/ makes itself (walks, Gumbel noise, NodeFormerConv's projections), DIFFormer's / SGFormer's rare (materialised)
 route and fast.frobenius_normalize, the public relational_bias and adjacency_orders, fast.as_graph's
-input forms, fast.masks.power_series' coefficient builders, DiffusionMask's
+input forms and Graph.to_scipy, fast.masks.power_series' coefficient builders, DiffusionMask's
 exact per-key route, and the redo of overflowed sums (fast.scaling) in each of its callers
 (numerics/value-overflow).
 """
@@ -257,6 +257,16 @@ def _edge_weights_dropped(weight, name, device):
     return torch.ones_like(_AS_WEIGHT_TENSOR(weight, name, device))
 
 
+_TO_SCIPY = fast_graphs.Graph.to_scipy
+
+
+def _to_scipy_pattern_only(self):
+    """Graph.to_scipy exporting the sparsity pattern with unit weights (the weights dropped)."""
+    a = _TO_SCIPY(self)
+    a.data[:] = 1.0
+    return a
+
+
 _CANONICAL = fast_graphs._canonical
 
 
@@ -329,6 +339,8 @@ PLANTED = {
     # the graph input forms of fast.as_graph
     "edge-index-weights-dropped": (
         lambda: _equivalence("gdk", "edge-index"), [(fast_graphs, "_as_weight_tensor", _edge_weights_dropped)]),
+    "to-scipy-weights-dropped": (
+        lambda: _equivalence("gdk", "to-scipy"), [(fast_graphs.Graph, "to_scipy", _to_scipy_pattern_only)]),
     "symmetrize-by-mean": (
         lambda: _equivalence("gdk", "edge-index-one-way"), [(fast_graphs, "_canonical", _symmetrize_by_mean)]),
     # the public coefficient builders of fast.masks.power_series
