@@ -20,7 +20,11 @@ keys, so the ranks exchange states, never rows (LASP's observation, in our own w
 FAVOR+ (``sharded_favor_attention``) forms the stabilised features with global constants: an
 all-reduce max of the keys' exponents per (batch, head) slice (per segment for packing), and, for
 causal, the running maximum over the ranks before (one all-gather of each rank's maximum), so the
-prefix of the ranks before is rescaled by exp(C_{<r} - c_i) <= 1 and nothing overflows.
+prefix of the ranks before is rescaled by exp(C_{<r} - c_i) <= 1 and nothing overflows. Without a
+mask it forms the features a block of rows at a time, as fast.favor_attention does
+(fast.favor_blockwise.favor_key_state / favor_query_products): each rank's state under its own
+constant C_r, one all-reduce max (C, with the largest norm term riding along), the state rescaled
+by exp(C_r - C) <= 1, then the one all-reduce sum.
 
 Backward runs through the same collectives (fast.distributed.collectives): an all-reduced
 state's gradient is all-reduced, the all-gathered totals' gradient is the sum over later ranks
