@@ -293,14 +293,23 @@ def _backward(mech, problem, expected, n, ctx, rec: _Record, info: dict) -> None
         _operator_products(mech, problem, n, ctx, name, dtype, rec)
 
 
+def operator_and_dense(mech: Mechanism, problem: Problem, device) -> tuple[object, np.ndarray] | None:
+    """A linear record's fast operator on ``device`` and its dense float64 mask, or None where the
+    record has no operator to compare (not linear, no fast_mask or dense_mask, or fast_mask None)."""
+    if not (mech.linear and mech.fast_mask is not None and mech.dense_mask is not None):
+        return None
+    op = mech.fast_mask(problem, device)
+    if op is None:
+        return None
+    return op, np.asarray(mech.dense_mask(problem), dtype=np.float64)
+
+
 def _operator_products(mech, problem, n, ctx, name, dtype, rec: _Record) -> None:
     """A linear record's operator on a random x (N, OPERATOR_COLUMNS): matmul vs M x, rmatmul vs M^T x."""
-    if not (mech.linear and mech.fast_mask is not None and mech.dense_mask is not None):
+    pair = operator_and_dense(mech, problem, ctx.device)
+    if pair is None:
         return
-    op = mech.fast_mask(problem, ctx.device)
-    if op is None:
-        return
-    dense = np.asarray(mech.dense_mask(problem), dtype=np.float64)
+    op, dense = pair
     x = rng_for(ctx.seed, BACKWARD_SALT, n, 1).standard_normal((n, OPERATOR_COLUMNS))
     xt = torch.as_tensor(x, dtype=dtype, device=ctx.device)
     products = [("matmul", op.matmul, dense)]

@@ -84,7 +84,7 @@ from fast.errors import DenominatorError
 from measure.timing import pinned_threads
 from reference.masks import diffusion as ref_diffusion
 from results.check import Check, Outcome, judged
-from verify.checks.equivalence import TOL, slice_errors
+from verify.checks.equivalence import TOL, operator_and_dense, slice_errors
 from verify.favor import M_FEATURES, numpy_values
 from verify.mechanisms import mechanisms
 from verify.problems import Problem, rng_for
@@ -505,12 +505,10 @@ def _record_products(mech: Mechanism, problem: Problem, name: str, dtype, ctx, r
     """A linear record's operator (``fast_mask``): its public matmul (and rmatmul, where offered) on x
     (N, 3) ~ N(0, 1) times 2^e, the larger of max |x| and max |M x| (|M^T x|) per column in
     [2^(E-2), 2^(E-1)), against the dense mask (module block comment: their own redo)."""
-    if not (mech.linear and mech.fast_mask is not None and mech.dense_mask is not None):
+    pair = operator_and_dense(mech, problem, ctx.device)
+    if pair is None:
         return
-    op = mech.fast_mask(problem, ctx.device)
-    if op is None:
-        return
-    dense = np.asarray(mech.dense_mask(problem), dtype=np.float64)
+    op, dense = pair
     if dense.ndim != 2:  # per-sample masks (padding, packing): the attention cases reach their products
         return
     x = rng_for(ctx.seed, SALT + 2, problem.n).standard_normal((problem.n, 3))
