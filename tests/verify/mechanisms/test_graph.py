@@ -38,7 +38,7 @@ RANDOM = ("rwgnk", "grf", "grf-asym")
 DEFAULT = {"gdk": "path", "rwgnk": "path", "power-series": "grid-2d", "grf": "grid-2d", "grf-asym": "path"}
 # every graph record ends with "backward" (equivalence-only: gradient, matmul and rmatmul vs the dense mask)
 OPTIONS = {"gdk": ["random-walk", "adjacency", "isolated-std8", "isolated-std8-random-walk", "edge-index",
-                   "edge-index-one-way", "torch-sparse", "networkx", "update", "learnable", "backward"],
+                   "edge-index-one-way", "torch-sparse", "networkx", "to-scipy", "update", "learnable", "backward"],
            "rwgnk": ["alpha-1", "fixed-length", "backward"],
            "power-series": ["diffusion", "regularised-laplacian", "convolved", "update", "learnable", "backward"],
            "grf": ["karate", "shared-ensemble", "antithetic", "repelling", "deconvolved", "update", "learnable",
