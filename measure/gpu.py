@@ -55,6 +55,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -66,8 +67,8 @@ DEFAULT_BUDGET_S = 480.0
 #: Each stage's share of the budget (they add up to 1); a stage may use what earlier ones left. On an
 #: H200 the CUDA tests took 32 s (16 cores, pytest-xdist), all 23 sweeps 41 s, 37 quick checks 42 s.
 #: The causal stage (not yet run on a GPU; its first calls compile Triton kernels and autotune
-#: fla-core's) takes its 15% (72 s) from the checks' ample half.
-SHARES = {"tests": 0.15, "checks": 0.35, "sweeps": 0.1, "causal": 0.15, "peers": 0.25}
+#: fla-core's) takes its 20% (96 s) from the checks' and the peers' shares.
+SHARES = {"tests": 0.15, "checks": 0.35, "sweeps": 0.1, "causal": 0.2, "peers": 0.2}
 STAGES = tuple(SHARES)
 #: Timed measurements per point of a sweep (median); each lasts at least timing.MIN_MEASURE_S.
 ROUNDS = 3
@@ -187,20 +188,23 @@ class Child:
                 "timed_out": self.timed_out, "tail": self.tail}
 
 
-def run_child(cmd: list[str], timeout: float, echo: bool = True) -> Child:
+def run_child(cmd: list[str], timeout: float, echo: bool = True, env: dict[str, str] | None = None,
+              label: str = "") -> Child:
     """Run ``cmd`` in the repository root for at most ``timeout`` seconds, its output echoed line by
-    line on stderr as it comes (``echo``) and its last 40 lines kept."""
+    line on stderr as it comes (``echo``; each line after ``[label]`` when one is given, for children
+    that run side by side) and its last 40 lines kept. ``env``: variables set on top of ours."""
     start = time.perf_counter()
     lines: list[str] = []
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    prefix = f"[{label}] " if label else ""
 
     def pump() -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
             lines.append(line.rstrip("\n"))
             del lines[:-40]
             if echo:
-                print(f"  {line.rstrip()}", file=sys.stderr, flush=True)
+                print(f"  {prefix}{line.rstrip()}", file=sys.stderr, flush=True)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -257,19 +261,100 @@ def tests_stage(work: Path, timeout: float, echo: bool = True) -> dict:
             "tally": {o: sum(c["outcome"] == o for c in cases) for o in ("passed", "failed", "error", "skipped")}}
 
 
+#: The check families that time calls on the device: they run after the others, alone on the GPU.
+TIMED_FAMILIES = ("complexity/", "scale/")
+#: The other checks run in this many verify processes side by side on CUDA (``--shard I/K``), one
+#: per CORES_PER_SHARD CPU cores: most of a check's time is its float64 NumPy reference, on the CPU.
+MAX_CHECK_SHARDS = 4
+CORES_PER_SHARD = 4
+#: The untimed checks' share of the checks stage when timed ones follow (they take what is left).
+UNTIMED_SHARE = 0.6
+
+
+def check_shards(device: str, cpus: int | None) -> int:
+    """How many verify processes run the untimed checks side by side: one per CORES_PER_SHARD cores,
+    at most MAX_CHECK_SHARDS, on CUDA; one elsewhere (a CPU run would time-share its own cores).
+
+    >>> from measure.gpu import check_shards
+    >>> check_shards("cuda", 16), check_shards("cuda", 2), check_shards("cpu", 16)
+    (4, 1, 1)
+    """
+    if not str(device).startswith("cuda"):
+        return 1
+    return max(1, min(MAX_CHECK_SHARDS, (cpus or 1) // CORES_PER_SHARD))
+
+
+def check_groups(only: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """The ids of the quick selection (``only`` as verify's --only), split into (untimed, timed):
+    timed are those of TIMED_FAMILIES. ValueError as verify.runner.select for an ``only`` that
+    selects nothing."""
+    from verify.checks import all_checks
+    from verify.runner import select
+
+    ids = [c.id for c in select(all_checks(), list(only) or None, True)]
+    timed = [i for i in ids if i.startswith(TIMED_FAMILIES)]
+    return [i for i in ids if i not in timed], timed
+
+
+def _families(ids: list[str]) -> list[str]:
+    return list(dict.fromkeys(i.partition("/")[0] + "/" for i in ids))
+
+
+def _read_results(path: Path) -> list[dict]:
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return got if isinstance(got, list) else []
+
+
 def checks_stage(work: Path, device: str, timeout: float, echo: bool = True, only: tuple[str, ...] = ()) -> dict:
-    """``python -m verify --device DEVICE --quick`` (``--only`` each of ``only``); its JSON is
-    rewritten after every check, so a stopped stage keeps what finished (``results``: the check
-    dicts of the results schema)."""
+    """``python -m verify --device DEVICE --quick`` (``--only`` each of ``only``) in two parts: the
+    untimed checks first, in ``check_shards`` processes side by side (``--shard I/K``, each with
+    its share of the CPU cores), then the timed families (TIMED_FAMILIES: their calls are timed on
+    the device) in one process alone. Each process rewrites its JSON after every check, so a
+    stopped stage keeps what finished; ``results``: the check dicts of the results schema, in the
+    selection's order; ``children``: each process's command, status, seconds and output tail."""
     path = work / "gpu-verify.json"
     path.unlink(missing_ok=True)
-    child = run_child([sys.executable, "-m", "verify", "--device", device, "--quick", "--no-progress",
-                       "--json", str(path)] + [a for prefix in only for a in ("--only", prefix)], timeout, echo)
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError):
-        results = []
-    return {**child.to_dict(), "results": results}
+    untimed, timed = check_groups(only)
+    base = [sys.executable, "-m", "verify", "--device", device, "--quick", "--no-progress"]
+    base += [a for prefix in only for a in ("--only", prefix)]
+    start = time.perf_counter()
+    jobs: list[tuple[list[str], Path, dict | None, str, float]] = []  # (cmd, json, env, label, limit)
+    runs: list[tuple[Child, Path]] = []
+    if untimed:
+        shards = min(check_shards(device, os.cpu_count()), len(untimed))
+        limit = timeout * UNTIMED_SHARE if timed else timeout
+        skip_timed = [a for fam in _families(timed) for a in ("--exclude", fam)]
+        threads = str(max(1, (os.cpu_count() or 1) // shards))
+        env = {k: threads for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        for i in range(1, shards + 1):
+            part = work / f"gpu-verify-{i}of{shards}.json"
+            part.unlink(missing_ok=True)
+            cmd = base + skip_timed + (["--shard", f"{i}/{shards}"] if shards > 1 else []) + ["--json", str(part)]
+            jobs.append((cmd, part, env if shards > 1 else None, f"checks {i}/{shards}" if shards > 1 else "", limit))
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            done = list(pool.map(lambda j: run_child(j[0], j[4], echo, j[2], j[3]), jobs))
+        runs += [(child, job[1]) for child, job in zip(done, jobs)]
+    if timed:
+        part = work / "gpu-verify-timed.json"
+        part.unlink(missing_ok=True)
+        cmd = base + [a for fam in _families(untimed) for a in ("--exclude", fam)] + ["--json", str(part)]
+        runs.append((run_child(cmd, max(1.0, timeout - (time.perf_counter() - start)), echo,
+                               label="checks timed" if untimed else ""), part))
+    by_id = {r.get("id"): r for _, p in runs for r in _read_results(p)}
+    order = untimed + timed
+    results = [by_id[i] for i in order if i in by_id]
+    from verify.runner import write_text
+
+    write_text(path, json.dumps(results, indent=1))
+    codes = [c.returncode for c, _ in runs]
+    code = None if None in codes else 1 if any(c not in (0, 3) for c in codes) else 3 if 3 in codes else 0
+    return {"command": " && ".join(" ".join(c.command) for c, _ in runs), "returncode": code,
+            "seconds": round(time.perf_counter() - start, 2), "timed_out": any(c.timed_out for c, _ in runs),
+            "tail": "\n".join(c.tail for c, _ in runs)[-8000:], "results": results,
+            "children": [c.to_dict() for c, _ in runs]}
 
 
 def merge_benchmark_reports(reports: list[dict]) -> dict | None:
@@ -448,17 +533,22 @@ PASSES = ("forward", "forward+backward")
 def causal_plan(sizes: tuple[int, ...] = CAUSAL_SIZES,
                 crossover_sizes: tuple[int, ...] = CROSSOVER_SIZES) -> list[tuple[str, int, str, str]]:
     """The causal stage's points (impl, N, dtype, pass) in the order they run, the most wanted first:
-    per N of ``sizes``, the features-given trio (maskbench, attend, fla) in float32 and bfloat16 and
-    FAVOR+ in float32, both passes; then FAVOR+ and SDPA flash in bfloat16 over ``crossover_sizes``."""
-    plan = []
-    for n in sizes:
+    per N of ``sizes`` but the largest, the features-given trio (maskbench, attend, fla) in float32
+    and bfloat16 and FAVOR+ in float32, both passes; then FAVOR+ and SDPA flash in bfloat16 over
+    ``crossover_sizes``; then the largest N (its points cost the most, so a short budget spends
+    itself on the comparisons at every other N first)."""
+    def block(n: int) -> list[tuple[str, int, str, str]]:
+        out = []
         for dtype in ("float32", "bfloat16"):
             for pass_ in PASSES:
-                plan += [(impl, n, dtype, pass_) for impl in ("maskbench", "attend", "fla")]
-        plan += [("favor", n, "float32", pass_) for pass_ in PASSES]
+                out += [(impl, n, dtype, pass_) for impl in ("maskbench", "attend", "fla")]
+        return out + [("favor", n, "float32", pass_) for pass_ in PASSES]
+
+    ordered = sorted(sizes)
+    plan = [p for n in ordered[:-1] for p in block(n)]
     for n in crossover_sizes:
         plan += [(impl, n, "bfloat16", pass_) for pass_ in PASSES for impl in ("favor", "sdpa-flash")]
-    return plan
+    return plan + (block(ordered[-1]) if ordered else [])
 
 
 def causal_unavailable(impl: str, device: str, dtype: str) -> str | None:
@@ -487,11 +577,12 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
     b, h, d, m = CAUSAL_SHAPE
     dt = getattr(torch, dtype)
     backward = pass_ == "forward+backward"
-    g = torch.Generator().manual_seed(seed)
+    # drawn on the device: three (1, 8, 2^20, 64) Gaussians take seconds on the host
+    g = torch.Generator(device=device).manual_seed(seed)
     leaves: list = []
 
     def leaf(width: int, positive: bool = False):
-        x = torch.randn(b, h, n, width, generator=g)
+        x = torch.randn(b, h, n, width, generator=g, device=device)
         x = F.elu(x) + 1 if positive else x
         t = x.to(device=device, dtype=dt).requires_grad_(backward)
         leaves.append(t)
@@ -515,7 +606,7 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
                 return fla_linear_causal(*leaves)
     elif impl == "favor":
         q, k, v = leaf(d), leaf(d), leaf(d)
-        w = fast.gaussian_projection(m, d, orthogonal=True, generator=g).to(device)
+        w = fast.gaussian_projection(m, d, orthogonal=True, generator=torch.Generator().manual_seed(seed)).to(device)
         mask = fast.CausalMask(n)
 
         def call():

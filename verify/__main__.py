@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run checks whose id starts with ID, e.g. --only equivalence/causal; a mechanism id "
                          "(or any check's name after its family) runs every check about it (--only nodeformer: "
                          "equivalence/nodeformer, ..., scale/nodeformer-train); repeatable")
+    ap.add_argument("--exclude", action="append", metavar="ID", type=_non_empty("a check id prefix such as scale/"),
+                    help="leave out the checks whose id starts with ID (after --only), e.g. --exclude scale/; "
+                         "repeatable")
     ap.add_argument("--device", default="cpu", help="torch device for fast/ (cpu, cuda, cuda:1, ...)")
     ap.add_argument("--seed", type=_int_at_least(0, "seeds seed numpy and torch generators"), default=0,
                     help="base seed of every check, an int >= 0 (default 0)")
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(f"argument --device: {exc}")
     shard = durations = None
+    if args.exclude and args.seeds is not None:
+        ap.error("argument --exclude: not with --seeds (pass the checks to sweep with --only)")
     if args.shard is not None:
         if args.seeds is not None:
             ap.error("argument --shard: not with --seeds (a seed sweep is not split into shards)")
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             from verify.checks import all_checks
             from verify.runner import select, select_shard
 
-            chosen = select(all_checks(), args.only, args.quick)
+            chosen = select(all_checks(), args.only, args.quick, args.exclude)
             for c in (chosen if shard is None else select_shard(chosen, shard, durations)):
                 print(c.id)
             return 0
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if any(c["failures"] for c in counts.values()) else 0
         results = run_checks(quick=args.quick, only=args.only, device=args.device, seed=args.seed,
                              progress=not args.no_progress, on_result=_reporter(args.json, not args.no_progress),
-                             shard=shard, durations=durations)
+                             shard=shard, durations=durations, exclude=args.exclude)
     except ValueError as exc:
         ap.error(str(exc))
     print()

@@ -2,7 +2,7 @@
 
 Each input is what ``python -m verify --shard I/K --json PATH`` wrote (a list of check results,
 the schema of ``--json``). Pass the same selection flags the shards ran with (``--quick``,
-``--only``): merge selects the checks again and expects exactly those ids, each once. The merged
+``--only``, ``--exclude``): merge selects the checks again and expects exactly those ids, each once. The merged
 list follows the selection's order, so its ids equal a single run's; it is written to ``--json``
 (even when something is wrong, so nothing that ran is lost) and printed as verify's table.
 
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", required=True, help="write the merged results here")
     ap.add_argument("--quick", action="store_true", help="the shards ran with --quick")
     ap.add_argument("--only", action="append", metavar="ID", help="the shards' --only values (repeatable)")
+    ap.add_argument("--exclude", action="append", metavar="ID", help="the shards' --exclude values (repeatable)")
     ap.add_argument("--durations-out", metavar="PATH", help="also write {id: seconds} (a --durations file)")
     args = ap.parse_args(argv)
     parts: dict[str, list[dict]] = {}
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             ap.error(f"cannot read the shard {raw!r} ({exc})")
     try:
-        expected = [c.id for c in select(all_checks(), args.only, args.quick)]
+        expected = [c.id for c in select(all_checks(), args.only, args.quick, args.exclude)]
         merged = merge_results(parts, expected)
         results = [_result(r) for r in merged.results]
     except (TypeError, ValueError) as exc:

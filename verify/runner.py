@@ -108,17 +108,23 @@ def _suggest(value: str, checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def select(checks: list[Check], only: list[str] | None = None, quick: bool = False) -> list[Check]:
+def select(checks: list[Check], only: list[str] | None = None, quick: bool = False,
+           exclude: list[str] | None = None) -> list[Check]:
     """Keep quick checks in quick mode, and those that any value of ``only`` selects: an id prefix
     (``equivalence/``, ``scale/causal``, an exact id), or a name after a family, such as a
-    mechanism id (``nodeformer``: every check about it, check_belongs_to).
+    mechanism id (``nodeformer``: every check about it, check_belongs_to); then drop those whose
+    id starts with a value of ``exclude`` (the GPU run keeps its timed families apart this way).
 
     Raises ValueError if a value of ``only`` matches no check at all (a typo should not pass as
     "all green"; the message suggests ids that contain it or are close to it), if the quick
     selection is empty because every match is a full-only check, or if ``only`` holds an empty
-    prefix (it would select everything).
+    prefix (it would select everything), and if ``exclude`` holds an empty prefix (it would drop
+    everything) or drops the whole selection.
     """
     chosen = [c for c in checks if (c.quick or not quick)]
+    if exclude is not None and any(not isinstance(p, str) or not p for p in exclude):
+        raise ValueError(f"--exclude needs non-empty check id prefixes (an empty one would drop every check), "
+                         f"got {exclude}")
     if only is not None and any(not isinstance(p, str) or not p for p in only):
         raise ValueError(f"--only needs non-empty check id prefixes (an empty one would select every check), "
                          f"got {only}")
@@ -133,6 +139,11 @@ def select(checks: list[Check], only: list[str] | None = None, quick: bool = Fal
             more = f" (and {len(full) - _SUGGESTIONS} more)" if len(full) > _SUGGESTIONS else ""
             raise ValueError(f"--only {' '.join(only)} matches no check of --quick, only checks that run without "
                              f"--quick: {', '.join(full[:_SUGGESTIONS])}{more}")
+    if exclude:
+        kept = [c for c in chosen if not any(c.id.startswith(p) for p in exclude)]
+        if not kept:
+            raise ValueError(f"--exclude {' '.join(exclude)} drops every one of the {len(chosen)} selected checks")
+        chosen = kept
     return chosen
 
 
@@ -157,6 +168,7 @@ def run_checks(
     on_result: Callable[[CheckResult, int, int], None] | None = None,
     shard: tuple[int, int] | None = None,
     durations: dict[str, float] | None = None,
+    exclude: list[str] | None = None,
 ) -> list[CheckResult]:
     """Run the selected checks with a progress bar and return their results.
 
@@ -164,7 +176,7 @@ def run_checks(
     stops the others. A bad seed or device, or an ``only`` that selects nothing, raises ValueError
     before any check runs (check_seed, check_device, select). shard (I, K): run only the I-th
     (from 1) of K disjoint parts of the selection, balanced on ``durations`` ({id: seconds};
-    verify.shard.partition); that part may be empty. sweeps: a cache of measured sweeps
+    verify.shard.partition); that part may be empty. exclude: id prefixes to leave out (select). sweeps: a cache of measured sweeps
     shared by every check's Context (results.check.Context.sweeps; e.g. measure's, so
     complexity checks reuse its sweeps). on_result(result, i, total): called as each check
     finishes (i counts from 1), so a caller can print it and save what finished before a run is
@@ -173,7 +185,7 @@ def run_checks(
     check_seed(seed)
     check_device(device)
     sweeps = {} if sweeps is None else sweeps
-    chosen = select(all_checks(), only, quick)
+    chosen = select(all_checks(), only, quick, exclude)
     if shard is not None:
         chosen = select_shard(chosen, shard, durations)
     results: list[CheckResult] = []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -175,6 +176,8 @@ def test_causal_plan_puts_the_targets_first_and_the_crossover_in_bfloat16():
     plan = gpu.causal_plan()
     first_n = gpu.CAUSAL_SIZES[0]
     assert plan[:3] == [(impl, first_n, "float32", "forward") for impl in ("maskbench", "attend", "fla")]
+    largest = [i for i, p in enumerate(plan) if p[1] == max(gpu.CAUSAL_SIZES)]
+    assert largest == list(range(len(plan) - len(largest), len(plan)))  # the costliest points come last
     assert {p[0] for p in plan} == set(gpu.CAUSAL_IMPLS)
     assert {p[2] for p in plan if p[0] == "sdpa-flash"} == {"bfloat16"}
     assert {p[1] for p in plan if p[0] == "sdpa-flash"} == set(gpu.CROSSOVER_SIZES)
@@ -225,8 +228,8 @@ def test_causal_stage_with_fakes_skips_absent_peers_records_errors_and_keeps_to_
     errors = [p for p in out["points"] if "error" in p]
     assert errors == [{"impl": "attend", "n": 32, "dtype": "float32", "pass": "forward",
                        "error": "RuntimeError: planted"}]
-    assert out["not_run"] and out["not_run"][-1] == {"impl": "sdpa-flash", "n": 16, "dtype": "bfloat16",
-                                                     "pass": "forward+backward"}
+    assert out["not_run"] and out["not_run"][-1] == {"impl": "favor", "n": 64, "dtype": "float32",
+                                                     "pass": "forward+backward"}  # the largest N runs last
     json.dumps(out)
     # an error of maskbench's own fails the run; a skipped peer does not
     assert gpu.failures({"causal": out}) == ["1 causal comparison point(s) of maskbench raised: attend N = 32 float32 "
@@ -280,3 +283,44 @@ def test_causal_stage_runs_end_to_end_on_the_cpu(monkeypatch):
     assert [(r["n"], r["pass"]) for r in out["summary"]["favor_vs_given"]] == [(64, p) for p in gpu.PASSES]
     assert all(r["favor_over_given"] > 0 for r in out["summary"]["favor_vs_given"])
     json.dumps(out)
+
+
+def test_checks_stage_runs_untimed_shards_side_by_side_then_the_timed_families_alone(tmp_path, monkeypatch):
+    """On CUDA with 16 cores: four --shard processes over everything but complexity/ and scale/
+    (each with a quarter of the cores), then one process of those two families; the results come
+    back in the selection's order whichever process wrote them, and a killed process is a timeout."""
+    untimed, timed = gpu.check_groups()
+    assert untimed and timed and all(i.startswith(gpu.TIMED_FAMILIES) for i in timed)
+    assert not any(i.startswith(gpu.TIMED_FAMILIES) for i in untimed)
+    calls = []
+
+    def fake_child(cmd, timeout, echo=True, env=None, label=""):
+        calls.append((cmd, timeout, env, label))
+        out = Path(cmd[cmd.index("--json") + 1])
+        if "--shard" in cmd:
+            i, k = map(int, cmd[cmd.index("--shard") + 1].split("/"))
+            ids = untimed[i - 1::k]
+        elif label == "checks timed":
+            ids = timed
+        else:  # the one untimed process of a selection too small to split
+            ids = gpu.check_groups(tuple(cmd[i + 1] for i, a in enumerate(cmd) if a == "--only"))[0]
+        out.write_text(json.dumps([{"id": x, "status": "pass"} for x in reversed(ids)]))
+        return gpu.Child(cmd, None if label == "checks timed" else 0, 1.0, label == "checks timed", "tail")
+
+    monkeypatch.setattr(gpu, "run_child", fake_child)
+    monkeypatch.setattr(gpu.os, "cpu_count", lambda: 16)
+    stage = gpu.checks_stage(tmp_path, "cuda", 100.0, echo=False)
+    shards = [c for c in calls if "--shard" in c[0]]
+    assert sorted(c[0][c[0].index("--shard") + 1] for c in shards) == ["1/4", "2/4", "3/4", "4/4"]
+    for cmd, limit, env, _ in shards:
+        assert cmd.count("--exclude") == 2 and "complexity/" in cmd and "scale/" in cmd
+        assert env["OMP_NUM_THREADS"] == "4" and limit == pytest.approx(100.0 * gpu.UNTIMED_SHARE)
+    last = calls[-1][0]
+    assert "--shard" not in last and "complexity/" not in last and "scale/" not in last
+    assert [r["id"] for r in stage["results"]] == untimed + timed
+    assert json.loads((tmp_path / "gpu-verify.json").read_text()) == stage["results"]
+    assert stage["timed_out"] and stage["returncode"] is None and len(stage["children"]) == 5
+    calls.clear()
+    stage = gpu.checks_stage(tmp_path, "cuda", 100.0, echo=False, only=("equivalence/causal",))
+    assert len(calls) == 1 and "--shard" not in calls[0][0] and calls[0][1] == 100.0
+    assert [r["id"] for r in stage["results"]] == gpu.check_groups(("equivalence/causal",))[0]

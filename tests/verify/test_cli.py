@@ -250,6 +250,15 @@ def test_only_nodeformer_on_the_real_registry(capsys):
     assert all(i.split("/", 1)[1] in ("nodeformer", "nodeformer-train") for i in ids)
 
 
+def test_exclude_drops_id_prefixes_after_only(capsys, no_run):
+    assert cli.main(["--list", "--quick", "--only", "nodeformer", "--exclude", "scale/"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert "equivalence/nodeformer" in ids and not any(i.startswith("scale/") for i in ids)
+    usage_error(["--list", "--quick", "--only", "scale/", "--exclude", "scale"], capsys, "drops every one of the")
+    usage_error(["--quick", "--exclude", ""], capsys, "argument --exclude", "empty")
+    usage_error(["--seeds", "2", "--exclude", "scale/"], capsys, "not with --seeds")
+
+
 # ---------------------------------------------------------------------------------------- --json
 
 
