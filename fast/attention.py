@@ -264,13 +264,15 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
         num, den, kv = linear_products(phi_q, phi_k, v)  # kv (..., m, d)
         checks.append(finite_flag(kv))  # every entry of phi_k and v reaches kv; of phi_q (and phi_k), den
     else:
-        # a key the mask hides from every query may reach no product (a sparse matmul skips it), and
-        # v reaches no denominator: one read pass over each (phi_q reaches den_i in every form)
-        if phi_k.numel():  # (an empty batch has nothing to check, and aminmax refuses it)
-            k_min, k_max = torch.aminmax(phi_k.detach())
-            checks.append((k_min > -torch.inf) & (k_max < torch.inf))
-        checks.append(finite_flag(v))
         attend = op.attend
+        # a key the mask hides from every query may reach no product (a sparse matmul skips it), and
+        # v reaches no denominator: one read pass over each (phi_q reaches den_i in every form),
+        # unless the operator's attend reaches every key (then num and den's check covers them)
+        if attend is None or not op.attend_reaches_keys:
+            if phi_k.numel():  # (an empty batch has nothing to check, and aminmax refuses it)
+                k_min, k_max = torch.aminmax(phi_k.detach())
+                checks.append((k_min > -torch.inf) & (k_max < torch.inf))
+            checks.append(finite_flag(v))
         if attend is not None:
             if key_log_scale is None:
                 result = attend(phi_q, phi_k, v)

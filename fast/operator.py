@@ -32,6 +32,10 @@ capability                meaning                                               
                           (num (..., N, d), den (..., N)), preferred by the driver
 ``rescales_keys``         True when ``attend`` takes ``key_log_scale`` (..., N, 1): the    False
                           per-key constants of ``key_stabilizer``, which it undoes
+``attend_reaches_keys``   True when ``attend``'s (num, den) hold a non-finite entry          False
+                          wherever phi_k or v does (every key reaches its own row: M_jj
+                          != 0, through plain sums and products, so inf or NaN spreads):
+                          the driver then skips its read passes over phi_k and v
 ``attend_optimistic``     a route of ``attend(..., key_log_scale)`` whose exactness is     attend, None
                           a 0-dim bool read with the driver's one host read
 ``attend_exact``          the exact route, called when that flag read False                attend
@@ -204,6 +208,10 @@ class MaskOperator(abc.ABC):
 
     #: False: ``attend`` takes no ``key_log_scale`` (the key constants are one per (batch, head) slice).
     rescales_keys: bool = False
+
+    #: False: the driver reads phi_k and v once more to find a non-finite entry that attend may hide
+    #: (a key no query sees); True where every key reaches its own row's products (CausalMask).
+    attend_reaches_keys: bool = False
 
     #: None: a query that sees no key is explained in general terms; a mask whose arguments can empty a
     #: row says which argument and how (PaddingMask: its key_mask), so the error names it.
@@ -490,6 +498,10 @@ class OperatorAdapter(MaskOperator):
     @property
     def rescales_keys(self) -> bool:
         return getattr(self.wrapped, "rescales_keys", False)
+
+    @property
+    def attend_reaches_keys(self) -> bool:
+        return getattr(self.wrapped, "attend_reaches_keys", False) is True
 
     @property
     def no_key_cause(self) -> str | None:

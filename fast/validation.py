@@ -55,14 +55,14 @@ def finite_flag(*tensors: torch.Tensor) -> torch.Tensor:
         >>> bool(finite_flag(torch.ones(2))), bool(finite_flag(torch.ones(2), torch.tensor([1.0, float("nan")])))
         (True, False)
     """
-    flag = torch.ones((), dtype=torch.bool, device=tensors[0].device)
+    flag = None  # (no constant True to start from: on a GPU each 0-dim op is a kernel launch)
     for t in tensors:
         if t.numel() == 0:  # an empty batch: nothing to check (aminmax refuses empty tensors)
             continue
         lo, hi = torch.aminmax(t.detach())
         ok = (lo > -torch.inf) & (hi < torch.inf)
-        flag = flag & ok
-    return flag
+        flag = ok if flag is None else flag & ok
+    return torch.ones((), dtype=torch.bool, device=tensors[0].device) if flag is None else flag
 
 
 def raise_if_non_finite(**tensors: torch.Tensor | None) -> None:

@@ -77,6 +77,10 @@ class CausalMask(MaskOperator):
     nonnegative = True
     #: attend takes key_log_scale: the per-key constants of key_stabilizer (fast.operator).
     rescales_keys = True
+    #: Key j reaches row j's products (and every later row's), in the scan and the Triton kernel
+    #: alike: a non-finite phi_k_j or v_j makes num or den non-finite (0 * inf is NaN), so the
+    #: driver's check of num and den covers the keys and values (fast.operator).
+    attend_reaches_keys = True
     #: chunk=None: the chunk is sqrt(m d) rounded to a power of two, clipped to this range.
     CHUNK_RANGE = (16, 64)
     #: chunk=None: the plain scan's backward clips the same rule to this range. It forms twice the

@@ -154,6 +154,28 @@ res["driver"] = {"vs_reference": float(np.abs(kernel_out.double().numpy() - ref)
                  "vs_twin": float((kernel_out - twin_out).abs().max()),
                  "favor_vs_twin": float((favor_kernel - favor_twin).abs().max() / favor_twin.abs().max()),
                  "scale": float(np.abs(ref).max())}
+
+# CausalMask.attend_reaches_keys: a non-finite phi_k_j or v_j makes the kernel's num or den
+# non-finite, also where phi_q is 0 in that feature at every query (0 * inf is NaN), at a chunk's
+# first and last token, inside one, at N - 1, with and without the stabiliser, one segment or three
+reach = []
+n, m, d = 70, 16, 8
+for seg in (None, 3):
+    kernel_module.SEGMENTS = seg
+    for stable in (False, True):
+        for name in ("phi_k", "v"):
+            for j in (0, 5, 31, 32, n - 1):
+                for value in (math.inf, -math.inf, math.nan):
+                    gen = torch.Generator().manual_seed(10)
+                    q, k = (torch.rand(1, n, m, generator=gen) + 0.5 for _ in range(2))
+                    v = torch.randn(1, n, d, generator=gen)
+                    q[..., 0] = 0.0
+                    (k if name == "phi_k" else v)[0, j, 0] = value
+                    c = torch.randn(1, n, 1, generator=gen) * 3 if stable else None
+                    num, den = causal_scan(q, k, v, c)
+                    reach.append(bool(not (torch.isfinite(num).all() and torch.isfinite(den).all())))
+kernel_module.SEGMENTS = None
+res["reach"] = reach
 print("RESULT " + json.dumps(res))
 """
 
@@ -217,6 +239,13 @@ def test_driver_and_favor_on_the_kernel_match_the_pytorch_scan(interpreted):
     assert got["vs_reference"] <= 4096 * 2.0 ** -24 * got["scale"], got
     assert got["vs_twin"] <= 4096 * 2.0 ** -24 * got["scale"], got
     assert got["favor_vs_twin"] <= 4096 * 2.0 ** -24, got
+
+
+@needs_triton
+def test_a_non_finite_key_or_value_always_reaches_the_kernels_outputs(interpreted):
+    """What CausalMask.attend_reaches_keys promises the driver (it then skips its read passes over
+    phi_k and v), for the kernel: 2 x 2 x 2 x 5 x 3 planted entries, every one seen."""
+    assert len(interpreted["reach"]) == 120 and all(interpreted["reach"])
 
 
 # ------------------------------------------------------------------------------ dispatch (no kernel run)

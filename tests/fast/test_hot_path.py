@@ -81,6 +81,28 @@ def test_masked_linear_attention_names_a_non_finite_argument(kind, name, value, 
                                 features_nonnegative=promise)
 
 
+@pytest.mark.parametrize("chunk", [None, 4])
+@pytest.mark.parametrize("name", ["phi_k", "v"])
+@pytest.mark.parametrize("j", [0, 3, 4, N - 1])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_causal_attend_reaches_every_key_so_the_driver_skips_their_read_pass(chunk, name, j, value):
+    """CausalMask.attend_reaches_keys: the driver reads no pass over phi_k and v for finiteness, so
+    a non-finite entry must show in num or den, also where every query's feature 0 is 0 (0 * inf is
+    NaN) and with the FAVOR+ key constants: it is still named (the PyTorch scan; the kernel's twin
+    of this test is in test_causal_triton.py)."""
+    assert CausalMask(N).attend_reaches_keys and not PaddingMask(torch.arange(N) < N).attend_reaches_keys
+    phi_q, phi_k, v = _features()
+    phi_q = phi_q.clone()
+    phi_q[..., 0] = 0.0
+    args = {"phi_k": phi_k, "v": v}
+    args[name] = _with(args[name], value, (1, j, 0))
+    mask = CausalMask(N, chunk=chunk)
+    with pytest.raises(ValueError, match=f"^{name} contains non-finite values"):
+        masked_linear_attention(phi_q, args["phi_k"], args["v"], mask)
+    num, den = mask.attend(phi_q, args["phi_k"], args["v"], key_log_scale=torch.randn(2, N, 1, dtype=torch.float64))
+    assert not (torch.isfinite(num).all() and torch.isfinite(den).all())
+
+
 @pytest.mark.parametrize("kind", ["padding", "dense"])
 def test_a_non_finite_value_is_named_before_the_no_key_policy(kind):
     """A fully padded sample (its queries see no key) with NaN in v: the ValueError comes first,
