@@ -670,6 +670,7 @@ def causal_stage(device: str, budget_s: float, progress: Callable[[str], None] =
             not_run.append({"impl": impl, "n": n, "dtype": dtype, "pass": pass_})
             continue
         point = {"impl": impl, "n": int(n), "dtype": dtype, "pass": pass_}
+        began = time.perf_counter()
         try:
             point["seconds"] = time_point(causal_runner(impl, n, dtype, pass_, device), device, rounds)
         except Exception as exc:  # noqa: BLE001 - recorded; the next point runs
@@ -677,6 +678,9 @@ def causal_stage(device: str, budget_s: float, progress: Callable[[str], None] =
         finally:
             if str(device).startswith("cuda"):
                 torch.cuda.empty_cache()
+        # the point's whole cost, set-up and warm-up included: where a first call compiles and
+        # autotunes (fla-core's kernels: 60-80 s per kernel and dtype on an H100), it shows here
+        point["wall_s"] = round(time.perf_counter() - began, 2)
         points.append(point)
         got = f"{point['seconds'][len(point['seconds']) // 2] * 1e3:.3g} ms" if "seconds" in point else point["error"]
         progress(f"causal: {impl} N = {n:,} {dtype} {pass_}: {got}")

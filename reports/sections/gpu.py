@@ -35,7 +35,7 @@ COMMAND = "make gpu-check"
 #: A real run of ``make gpu-check`` shipped with the sources: the section shows it, labelled as a
 #: sample, when the user has no GPU run of their own (a clone without a GPU still sees what the
 #: section holds).
-SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "runs" / "gpu-h200-2026-11-27.json"
+SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "runs" / "gpu-h100-2026-11-27.json"
 
 
 @dataclass

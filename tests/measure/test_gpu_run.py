@@ -227,7 +227,8 @@ def test_causal_stage_with_fakes_skips_absent_peers_records_errors_and_keeps_to_
     assert len(ran) == 8 and all(p["seconds"] == [1.0, 2.0, 3.0] for p in ran)
     errors = [p for p in out["points"] if "error" in p]
     assert errors == [{"impl": "attend", "n": 32, "dtype": "float32", "pass": "forward",
-                       "error": "RuntimeError: planted"}]
+                       "error": "RuntimeError: planted", "wall_s": 0.0}]
+    assert all(p["wall_s"] == 10.0 for p in ran)  # each point's whole cost, warm-up included
     assert out["not_run"] and out["not_run"][-1] == {"impl": "favor", "n": 64, "dtype": "float32",
                                                      "pass": "forward+backward"}  # the largest N runs last
     json.dumps(out)

@@ -76,11 +76,11 @@ def test_page_has_the_gpu_section(tmp_path, kind):
     assert '<a href="#gpu">' in html and "14. GPU" in section and "15. History" in html
     assert MALICIOUS not in html  # escaped
     if kind == "missing":  # the shipped sample run, labelled as such, with the command that replaces it
-        assert "Sample, not your run" in section and "docs/runs/gpu-h200-2026-11-27.json" in section
-        assert "NVIDIA H200, 2026-11-27" in section and "Run <code>make gpu-check</code>" in section
+        assert "Sample, not your run" in section and "docs/runs/gpu-h100-2026-11-27.json" in section
+        assert "NVIDIA H100 80GB HBM3, 2026-11-27" in section and "Run <code>make gpu-check</code>" in section
         assert "gpu_sweeps.png" in section
         # the section folds, and its heading says it holds a sample
-        note = "sample run (NVIDIA H200, 2026-11-27, commit 462e2e7), not yours"
+        note = "sample run (NVIDIA H100 80GB HBM3, 2026-11-27, commit b9500da), not yours"
         assert f'<small class="sample-note">{note}</small>' in section
         return
     assert "Sample, not your run" not in section
