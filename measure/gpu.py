@@ -528,6 +528,9 @@ CAUSAL_IMPLS = ("maskbench", "attend", "fla", "favor", "sdpa-flash")
 #: This project's implementations: an exception in one of them fails the run (``failures``).
 MASKBENCH_IMPLS = ("maskbench", "attend", "favor")
 PASSES = ("forward", "forward+backward")
+#: Triton's float32 dot for the causal stage's peers: three TF32 products, float32 accuracy on
+#: tensor cores, as maskbench's kernel computes (causal_stage).
+F32_DEFAULT = "tf32x3"
 
 
 def causal_plan(sizes: tuple[int, ...] = CAUSAL_SIZES,
@@ -651,9 +654,15 @@ def causal_stage(device: str, budget_s: float, progress: Callable[[str], None] =
     (a point starts only with time left; the rest are listed in ``not_run``). A peer that cannot
     run here is skipped with its reason (``skipped``); an exception at one point is recorded in its
     ``error`` and the next point runs. Returns {"seconds", "rounds", "shape", "points", "skipped",
-    "not_run", "summary"} (``causal_summary``)."""
+    "not_run", "summary", "triton_f32_default"} (``causal_summary``).
+
+    float32 means float32 accuracy on both sides: Triton's dot of float32 tensors defaults to one
+    TF32 product (10-bit mantissas), which fla-core would take while maskbench's kernel takes three
+    ("tf32x3", fast.kernels.causal_scan), so TRITON_F32_DEFAULT is set to "tf32x3" (unless it is set
+    already) before any fla-core kernel compiles, and recorded."""
     import torch
 
+    os.environ.setdefault("TRITON_F32_DEFAULT", F32_DEFAULT)
     plan = causal_plan() if plan is None else plan
     start = time.perf_counter()
     points, skipped, not_run = [], {}, []
@@ -686,7 +695,7 @@ def causal_stage(device: str, budget_s: float, progress: Callable[[str], None] =
         progress(f"causal: {impl} N = {n:,} {dtype} {pass_}: {got}")
     return {"seconds": round(time.perf_counter() - start, 2), "rounds": rounds,
             "shape": dict(zip("BHdm", CAUSAL_SHAPE)), "points": points, "skipped": skipped, "not_run": not_run,
-            "summary": causal_summary(points)}
+            "summary": causal_summary(points), "triton_f32_default": os.environ.get("TRITON_F32_DEFAULT")}
 
 
 def _median(xs: list[float]) -> float:

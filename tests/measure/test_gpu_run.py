@@ -203,6 +203,7 @@ def test_causal_runner_runs_maskbench_on_the_cpu(monkeypatch, impl, pass_):
 
 
 def test_causal_stage_with_fakes_skips_absent_peers_records_errors_and_keeps_to_its_budget(monkeypatch):
+    monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
     clock = [0.0]
     monkeypatch.setattr(gpu.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(gpu, "causal_unavailable", lambda impl, device, dtype: "not here" if impl == "fla" else None)
@@ -229,6 +230,7 @@ def test_causal_stage_with_fakes_skips_absent_peers_records_errors_and_keeps_to_
     assert errors == [{"impl": "attend", "n": 32, "dtype": "float32", "pass": "forward",
                        "error": "RuntimeError: planted", "wall_s": 0.0}]
     assert all(p["wall_s"] == 10.0 for p in ran)  # each point's whole cost, warm-up included
+    assert out["triton_f32_default"] == gpu.F32_DEFAULT == "tf32x3"  # fla-core at float32 accuracy too
     assert out["not_run"] and out["not_run"][-1] == {"impl": "favor", "n": 64, "dtype": "float32",
                                                      "pass": "forward+backward"}  # the largest N runs last
     json.dumps(out)
