@@ -566,9 +566,10 @@ def causal_unavailable(impl: str, device: str, dtype: str) -> str | None:
     return ops.library_unavailable(library, device, causal=True, dtype=getattr(torch, dtype), d=CAUSAL_SHAPE[2])
 
 
-def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: int = 0) -> Callable[[], object]:
+def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: int = 0,
+                  shape: tuple[int, int, int, int] = CAUSAL_SHAPE) -> Callable[[], object]:
     """The zero-argument call the causal stage times: ``impl`` (CAUSAL_IMPLS) at N = n on seeded
-    inputs of CAUSAL_SHAPE in ``dtype`` on ``device`` (made here, untimed), forward under no_grad or
+    inputs of ``shape`` (B, H, d, m) in ``dtype`` on ``device`` (made here, untimed), forward under no_grad or
     forward and backward (gradients of every input, cleared before each call). Features given:
     positive, ELU+1 of Gaussian draws, the same for maskbench and fla-core (whose layout
     (B, N, H, m) is made here)."""
@@ -577,7 +578,7 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
 
     import fast
 
-    b, h, d, m = CAUSAL_SHAPE
+    b, h, d, m = shape
     dt = getattr(torch, dtype)
     backward = pass_ == "forward+backward"
     # drawn on the device: three (1, 8, 2^20, 64) Gaussians take seconds on the host
@@ -637,6 +638,64 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
         outs = out if isinstance(out, tuple) else (out,)
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
     return forward_backward
+
+
+#: fla-core's shapes (B, H, d, m, N) to autotune before the causal and peer stages need them: the
+#: causal stage's and the peer suite's linear-causal (its quick grid on CUDA: H = 4, d = 64).
+WARM_SHAPES = ((*CAUSAL_SHAPE, CAUSAL_SIZES[0]), (1, 4, 64, 64, 2**10))
+
+
+def warm_fla(device: str) -> None:
+    """Run fla-core's causal linear attention once per WARM_SHAPES, dtype and pass, so that Triton
+    compiles and autotunes its kernels (60-80 s per kernel and dtype on an H100) and caches the
+    choices on disk (fla-core asks Triton to), where the causal and peer stages' processes find
+    them. Float32 dots as the causal stage takes them (TRITON_F32_DEFAULT, F32_DEFAULT), so the
+    cache keys match. Prints one line per call."""
+    os.environ.setdefault("TRITON_F32_DEFAULT", F32_DEFAULT)
+    for b, h, d, m, n in WARM_SHAPES:
+        for dtype in ("float32", "bfloat16"):
+            for pass_ in PASSES:
+                began = time.perf_counter()
+                causal_runner("fla", n, dtype, pass_, device, shape=(b, h, d, m))()
+                print(f"warm: fla B={b} H={h} d={d} m={m} N={n} {dtype} {pass_}: "
+                      f"{time.perf_counter() - began:.1f} s", flush=True)
+
+
+def start_warm(device: str, work: Path, code: str | None = None) -> subprocess.Popen | None:
+    """warm_fla in a child process (output to work/gpu-warm.log; ``code``: other Python to run
+    instead, for the tests), or None where there is nothing to warm: no CUDA device, or fla-core
+    not installed."""
+    import importlib.util
+
+    if not str(device).startswith("cuda") or importlib.util.find_spec("fla") is None:
+        return None
+    log = open(work / "gpu-warm.log", "w")  # noqa: SIM115 - the child writes it; closed in finish_warm
+    code = f"from measure.gpu import warm_fla; warm_fla({device!r})" if code is None else code
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                 "TRITON_F32_DEFAULT": os.environ.get("TRITON_F32_DEFAULT", F32_DEFAULT)})
+    proc.log = log  # type: ignore[attr-defined]
+    proc.began = time.perf_counter()  # type: ignore[attr-defined]
+    return proc
+
+
+def finish_warm(proc: subprocess.Popen, timeout: float, work: Path, kill: bool = False) -> dict:
+    """Wait at most ``timeout`` seconds for the warm child (kill it after, if ``kill``); its record
+    for the JSON: returncode (None while it runs on), seconds since it started, the log's tail."""
+    try:
+        proc.wait(timeout=max(0.0, timeout))
+    except subprocess.TimeoutExpired:
+        if kill:
+            proc.kill()
+            proc.wait()
+    if proc.returncode is not None:
+        proc.log.close()  # type: ignore[attr-defined]
+    try:
+        tail = (work / "gpu-warm.log").read_text().splitlines()[-12:]
+    except OSError:
+        tail = []
+    return {"returncode": proc.returncode, "seconds": round(time.perf_counter() - proc.began, 2),  # type: ignore[attr-defined]
+            "tail": "\n".join(tail)}
 
 
 def time_point(runner: Callable[[], object], device: str, rounds: int = CAUSAL_ROUNDS) -> list[float]:
@@ -806,12 +865,22 @@ def collect(device: str, out: Path, budget_s: float = DEFAULT_BUDGET_S, skip: tu
     run: dict = {"schema": SCHEMA, "budget_s": budget_s, "environment": cuda_environment(device),
                  "stage_seconds": {}, "skipped_stages": [s for s in STAGES if s in skip], "checks_only": list(only)}
     write(run, out)
+    # fla-core autotunes on first use for minutes: from the start, beside the tests and checks
+    warm = None if ("causal" in skip and "peers" in skip) else start_warm(device, work)
     shares_left = sum(SHARES[s] for s in STAGES if s not in skip)
     for stage in STAGES:
         if stage in skip:
             continue
         left = budget_s - (time.perf_counter() - start)
         limit = min(left, left * SHARES[stage] / shares_left)
+        if warm is not None and stage in ("causal", "peers") and warm.poll() is None:
+            # the timed stages wait for it (at most half their share), so that no autotuning
+            # runs beside their timings; whatever is left of the share is theirs
+            t0 = time.perf_counter()
+            run["warm"] = finish_warm(warm, 0.5 * limit, work)
+            limit -= time.perf_counter() - t0
+            status(f"warm: {'done' if warm.returncode is not None else 'still running'} after "
+                   f"{run['warm']['seconds']:.0f} s")
         shares_left -= SHARES[stage]
         if limit < 5:
             run[stage] = {"skipped": f"no time left in the {budget_s:g} s budget"}
@@ -832,6 +901,8 @@ def collect(device: str, out: Path, budget_s: float = DEFAULT_BUDGET_S, skip: tu
         run["stage_seconds"][stage] = round(time.perf_counter() - t0, 2)
         status(f"{stage}: {run['stage_seconds'][stage]:.1f} s")
         write(run, out)
+    if warm is not None:
+        run["warm"] = finish_warm(warm, 0.0, work, kill=True)
     run["seconds"] = round(time.perf_counter() - start, 2)
     run["failures"] = failures(run)
     write(run, out)

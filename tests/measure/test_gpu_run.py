@@ -1,7 +1,9 @@
 """measure/gpu.py (make gpu-check): what can run without a GPU, on the CPU."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -327,3 +329,49 @@ def test_checks_stage_runs_untimed_shards_side_by_side_then_the_timed_families_a
     stage = gpu.checks_stage(tmp_path, "cuda", 100.0, echo=False, only=("equivalence/causal",))
     assert len(calls) == 1 and "--shard" not in calls[0][0] and calls[0][1] == 100.0
     assert [r["id"] for r in stage["results"]] == gpu.check_groups(("equivalence/causal",))[0]
+
+
+def _fla_installed(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "fla" else real(name, *a))
+
+
+def test_no_warm_child_without_cuda_or_fla(tmp_path, monkeypatch):
+    assert gpu.start_warm("cpu", tmp_path) is None
+    if importlib.util.find_spec("fla") is None:
+        assert gpu.start_warm("cuda", tmp_path) is None
+    _fla_installed(monkeypatch)
+    assert gpu.start_warm("cpu", tmp_path) is None
+
+
+def test_warm_child_is_waited_for_then_killed(tmp_path, monkeypatch):
+    _fla_installed(monkeypatch)
+    proc = gpu.start_warm("cuda", tmp_path, code="import os, time; print('warm:', os.environ['TRITON_F32_DEFAULT'], "
+                                                  "flush=True); time.sleep(600)")
+    got = gpu.finish_warm(proc, 1.0, tmp_path)  # still running: left running
+    assert got["returncode"] is None and proc.poll() is None
+    got = gpu.finish_warm(proc, 0.0, tmp_path, kill=True)
+    assert got["returncode"] is not None and proc.poll() is not None
+    assert got["tail"] == f"warm: {os.environ.get('TRITON_F32_DEFAULT', gpu.F32_DEFAULT)}"
+
+
+def test_collect_waits_for_the_warm_child_before_the_causal_stage(tmp_path, monkeypatch):
+    """The warm child starts with the run; the causal stage starts only after it ended (here at
+    once), and the run records it."""
+    _fla_installed(monkeypatch)
+    marker = tmp_path / "warmed"
+    real_start = gpu.start_warm
+    monkeypatch.setattr(gpu, "start_warm", lambda device, work: real_start(
+        device, work, code=f"import pathlib, time; time.sleep(1); pathlib.Path({str(marker)!r}).touch(); print('ok')"))
+    monkeypatch.setattr(gpu, "cuda_environment", lambda device: {"device": device})
+    seen = {}
+
+    def causal(device, limit, progress):
+        seen["warmed"] = marker.exists()
+        return {"points": []}
+
+    monkeypatch.setattr(gpu, "causal_stage", causal)
+    run = gpu.collect("cuda", tmp_path / "gpu.json", budget_s=100.0, skip=("tests", "checks", "sweeps", "peers"),
+                      echo=False)
+    assert seen == {"warmed": True} and run["warm"]["returncode"] == 0 and run["warm"]["tail"] == "ok"
