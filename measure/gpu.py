@@ -65,9 +65,10 @@ DEFAULT_OUT = Path("reports") / "out" / "gpu.json"
 #: make gpu-check's whole budget (seconds): the issue's 8 minutes on one H100.
 DEFAULT_BUDGET_S = 480.0
 #: Each stage's share of the budget (they add up to 1); a stage may use what earlier ones left. On an
-#: H200 the CUDA tests took 32 s (16 cores, pytest-xdist), all 23 sweeps 41 s, 37 quick checks 42 s.
-#: The causal stage (not yet run on a GPU; its first calls compile Triton kernels and autotune
-#: fla-core's) takes its 20% (96 s) from the checks' and the peers' shares.
+#: H100 (16 cores, docs/runs/gpu-h100-2026-11-27.json) the CUDA tests took 42 s (pytest-xdist), the
+#: four check shards 55-66 s and the timed check families about 95 s, the 23 sweeps 37 s; fla-core's
+#: first-use autotuning (60-80 s per kernel and dtype) is moved out of the causal and peer stages
+#: (start_warm).
 SHARES = {"tests": 0.15, "checks": 0.35, "sweeps": 0.1, "causal": 0.2, "peers": 0.2}
 STAGES = tuple(SHARES)
 #: Timed measurements per point of a sweep (median); each lasts at least timing.MIN_MEASURE_S.
