@@ -28,7 +28,7 @@ VERIFY_CORE = {"verify.registry", "verify.problems", "verify.stats", "verify.den
 WORKERS = {"measure.memory", "measure.scale_worker", "measure.datasets", "measure.training", "measure.experiments",
            "measure.suites", "measure.distributed"}
 PIPELINE = {"measure.environment", "measure.stages", "measure.pipeline", "measure.cli", "measure.gpu",
-            "measure.__main__"}
+            "measure.kernel_tuning", "measure.__main__"}
 
 
 def layer(module: str) -> int | None:
