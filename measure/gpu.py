@@ -351,7 +351,9 @@ def checks_stage(work: Path, device: str, timeout: float, echo: bool = True, onl
 
     write_text(path, json.dumps(results, indent=1))
     codes = [c.returncode for c, _ in runs]
-    code = None if None in codes else 1 if any(c not in (0, 3) for c in codes) else 3 if 3 in codes else 0
+    # the worst status: a crash or usage error (any other) before a failed check (1) before "inconclusive" (3)
+    worst = [c for c in codes if c not in (0, 1, 3)] or [c for c in codes if c == 1] or [c for c in codes if c == 3]
+    code = worst[0] if worst else 0
     return {"command": " && ".join(" ".join(c.command) for c, _ in runs), "returncode": code,
             "seconds": round(time.perf_counter() - start, 2), "timed_out": any(c.timed_out for c, _ in runs),
             "tail": "\n".join(c.tail for c, _ in runs)[-8000:], "results": results,
@@ -846,6 +848,10 @@ def failures(run: dict) -> list[str]:
             out.append(f"the {stage} stage ran out of its time and was stopped")
     if (tests.get("returncode") not in (None, 0, 5)) and not tests.get("cases") and not tests.get("timed_out"):
         out.append(f"pytest exited with status {tests['returncode']} and reported no test")
+    if checks.get("returncode") not in (None, 0, 1, 3) and not checks.get("timed_out"):
+        # 1 is a failed check and 3 an inconclusive one (both in the results); anything else ended
+        # a verify process early (bad arguments, a crash): its checks are missing, not passed
+        out.append(f"a verify process exited with status {checks['returncode']} (see the checks stage's output)")
     return out
 
 

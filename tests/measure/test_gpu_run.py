@@ -310,7 +310,7 @@ def test_checks_stage_runs_untimed_shards_side_by_side_then_the_timed_families_a
         else:  # the one untimed process of a selection too small to split
             ids = gpu.check_groups(tuple(cmd[i + 1] for i, a in enumerate(cmd) if a == "--only"))[0]
         out.write_text(json.dumps([{"id": x, "status": "pass"} for x in reversed(ids)]))
-        return gpu.Child(cmd, None if label == "checks timed" else 0, 1.0, label == "checks timed", "tail")
+        return gpu.Child(cmd, -9 if label == "checks timed" else 0, 1.0, label == "checks timed", "tail")
 
     monkeypatch.setattr(gpu, "run_child", fake_child)
     monkeypatch.setattr(gpu.os, "cpu_count", lambda: 16)
@@ -324,7 +324,7 @@ def test_checks_stage_runs_untimed_shards_side_by_side_then_the_timed_families_a
     assert "--shard" not in last and "complexity/" not in last and "scale/" not in last
     assert [r["id"] for r in stage["results"]] == untimed + timed
     assert json.loads((tmp_path / "gpu-verify.json").read_text()) == stage["results"]
-    assert stage["timed_out"] and stage["returncode"] is None and len(stage["children"]) == 5
+    assert stage["timed_out"] and stage["returncode"] == -9 and len(stage["children"]) == 5
     calls.clear()
     stage = gpu.checks_stage(tmp_path, "cuda", 100.0, echo=False, only=("equivalence/causal",))
     assert len(calls) == 1 and "--shard" not in calls[0][0] and calls[0][1] == 100.0
@@ -375,3 +375,13 @@ def test_collect_waits_for_the_warm_child_before_the_causal_stage(tmp_path, monk
     run = gpu.collect("cuda", tmp_path / "gpu.json", budget_s=100.0, skip=("tests", "checks", "sweeps", "peers"),
                       echo=False)
     assert seen == {"warmed": True} and run["warm"]["returncode"] == 0 and run["warm"]["tail"] == "ok"
+
+
+def test_a_verify_process_that_ends_early_fails_the_run():
+    """A shard that exits 2 (bad arguments) or is killed by the system leaves checks missing, not
+    passed; a failed or inconclusive check (1, 3) is in the results, and a timeout says so itself."""
+    assert gpu.failures({"checks": {"returncode": 2, "results": []}}) == [
+        "a verify process exited with status 2 (see the checks stage's output)"]
+    assert gpu.failures({"checks": {"returncode": 3, "results": [{"id": "x/y", "status": "inconclusive"}]}}) == []
+    assert gpu.failures({"checks": {"returncode": -9, "timed_out": True, "results": []}}) == [
+        "the checks stage ran out of its time and was stopped"]
