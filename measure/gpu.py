@@ -322,22 +322,24 @@ def checks_stage(work: Path, device: str, timeout: float, echo: bool = True, onl
     base = [sys.executable, "-m", "verify", "--device", device, "--quick", "--no-progress"]
     base += [a for prefix in only for a in ("--only", prefix)]
     start = time.perf_counter()
-    jobs: list[tuple[list[str], Path, dict | None, str, float]] = []  # (cmd, json, env, label, limit)
     runs: list[tuple[Child, Path]] = []
     if untimed:
         shards = min(check_shards(device, os.cpu_count()), len(untimed))
         limit = timeout * UNTIMED_SHARE if timed else timeout
         skip_timed = [a for fam in _families(timed) for a in ("--exclude", fam)]
         threads = str(max(1, (os.cpu_count() or 1) // shards))
-        env = {k: threads for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-        for i in range(1, shards + 1):
-            part = work / f"gpu-verify-{i}of{shards}.json"
-            part.unlink(missing_ok=True)
-            cmd = base + skip_timed + (["--shard", f"{i}/{shards}"] if shards > 1 else []) + ["--json", str(part)]
-            jobs.append((cmd, part, env if shards > 1 else None, f"checks {i}/{shards}" if shards > 1 else "", limit))
-        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            done = list(pool.map(lambda j: run_child(j[0], j[4], echo, j[2], j[3]), jobs))
-        runs += [(child, job[1]) for child, job in zip(done, jobs)]
+        env = None if shards == 1 else {k: threads for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                             "OPENBLAS_NUM_THREADS")}
+        parts = [work / f"gpu-verify-{i}of{shards}.json" for i in range(1, shards + 1)]
+
+        def shard(i: int) -> Child:
+            parts[i - 1].unlink(missing_ok=True)
+            split = ["--shard", f"{i}/{shards}"] if shards > 1 else []
+            return run_child(base + skip_timed + split + ["--json", str(parts[i - 1])], limit, echo, env,
+                             f"checks {i}/{shards}" if shards > 1 else "")
+
+        with ThreadPoolExecutor(max_workers=shards) as pool:
+            runs += zip(pool.map(shard, range(1, shards + 1)), parts)
     if timed:
         part = work / "gpu-verify-timed.json"
         part.unlink(missing_ok=True)
@@ -664,7 +666,19 @@ def warm_fla(device: str) -> None:
                       f"{time.perf_counter() - began:.1f} s", flush=True)
 
 
-def start_warm(device: str, work: Path, code: str | None = None) -> subprocess.Popen | None:
+@dataclass
+class Warm:
+    """The warm child of a run (start_warm): the process, its log file and when it started."""
+
+    proc: subprocess.Popen
+    log: Path
+    began: float
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+
+def start_warm(device: str, work: Path, code: str | None = None) -> Warm | None:
     """warm_fla in a child process (output to work/gpu-warm.log; ``code``: other Python to run
     instead, for the tests), or None where there is nothing to warm: no CUDA device, or fla-core
     not installed."""
@@ -672,32 +686,29 @@ def start_warm(device: str, work: Path, code: str | None = None) -> subprocess.P
 
     if not str(device).startswith("cuda") or importlib.util.find_spec("fla") is None:
         return None
-    log = open(work / "gpu-warm.log", "w")  # noqa: SIM115 - the child writes it; closed in finish_warm
+    log = work / "gpu-warm.log"
     code = f"from measure.gpu import warm_fla; warm_fla({device!r})" if code is None else code
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                 "TRITON_F32_DEFAULT": os.environ.get("TRITON_F32_DEFAULT", F32_DEFAULT)})
-    proc.log = log  # type: ignore[attr-defined]
-    proc.began = time.perf_counter()  # type: ignore[attr-defined]
-    return proc
+    with open(log, "w") as out:  # the child holds its own descriptor
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                     "TRITON_F32_DEFAULT": os.environ.get("TRITON_F32_DEFAULT", F32_DEFAULT)})
+    return Warm(proc, log, time.perf_counter())
 
 
-def finish_warm(proc: subprocess.Popen, timeout: float, work: Path, kill: bool = False) -> dict:
+def finish_warm(warm: Warm, timeout: float, kill: bool = False) -> dict:
     """Wait at most ``timeout`` seconds for the warm child (kill it after, if ``kill``); its record
     for the JSON: returncode (None while it runs on), seconds since it started, the log's tail."""
     try:
-        proc.wait(timeout=max(0.0, timeout))
+        warm.proc.wait(timeout=max(0.0, timeout))
     except subprocess.TimeoutExpired:
         if kill:
-            proc.kill()
-            proc.wait()
-    if proc.returncode is not None:
-        proc.log.close()  # type: ignore[attr-defined]
+            warm.proc.kill()
+            warm.proc.wait()
     try:
-        tail = (work / "gpu-warm.log").read_text().splitlines()[-12:]
+        tail = warm.log.read_text().splitlines()[-12:]
     except OSError:
         tail = []
-    return {"returncode": proc.returncode, "seconds": round(time.perf_counter() - proc.began, 2),  # type: ignore[attr-defined]
+    return {"returncode": warm.proc.returncode, "seconds": round(time.perf_counter() - warm.began, 2),
             "tail": "\n".join(tail)}
 
 
@@ -880,13 +891,13 @@ def collect(device: str, out: Path, budget_s: float = DEFAULT_BUDGET_S, skip: tu
             continue
         left = budget_s - (time.perf_counter() - start)
         limit = min(left, left * SHARES[stage] / shares_left)
-        if warm is not None and stage in ("causal", "peers") and warm.poll() is None:
+        if warm is not None and stage in ("causal", "peers") and warm.running():
             # the timed stages wait for it (at most half their share), so that no autotuning
             # runs beside their timings; whatever is left of the share is theirs
             t0 = time.perf_counter()
-            run["warm"] = finish_warm(warm, 0.5 * limit, work)
+            run["warm"] = finish_warm(warm, 0.5 * limit)
             limit -= time.perf_counter() - t0
-            status(f"warm: {'done' if warm.returncode is not None else 'still running'} after "
+            status(f"warm: {'still running' if warm.running() else 'done'} after "
                    f"{run['warm']['seconds']:.0f} s")
         shares_left -= SHARES[stage]
         if limit < 5:
@@ -909,7 +920,7 @@ def collect(device: str, out: Path, budget_s: float = DEFAULT_BUDGET_S, skip: tu
         status(f"{stage}: {run['stage_seconds'][stage]:.1f} s")
         write(run, out)
     if warm is not None:
-        run["warm"] = finish_warm(warm, 0.0, work, kill=True)
+        run["warm"] = finish_warm(warm, 0.0, kill=True)
     run["seconds"] = round(time.perf_counter() - start, 2)
     run["failures"] = failures(run)
     write(run, out)

@@ -347,12 +347,12 @@ def test_no_warm_child_without_cuda_or_fla(tmp_path, monkeypatch):
 
 def test_warm_child_is_waited_for_then_killed(tmp_path, monkeypatch):
     _fla_installed(monkeypatch)
-    proc = gpu.start_warm("cuda", tmp_path, code="import os, time; print('warm:', os.environ['TRITON_F32_DEFAULT'], "
+    warm = gpu.start_warm("cuda", tmp_path, code="import os, time; print('warm:', os.environ['TRITON_F32_DEFAULT'], "
                                                   "flush=True); time.sleep(600)")
-    got = gpu.finish_warm(proc, 1.0, tmp_path)  # still running: left running
-    assert got["returncode"] is None and proc.poll() is None
-    got = gpu.finish_warm(proc, 0.0, tmp_path, kill=True)
-    assert got["returncode"] is not None and proc.poll() is not None
+    got = gpu.finish_warm(warm, 1.0)  # still running: left running
+    assert got["returncode"] is None and warm.running()
+    got = gpu.finish_warm(warm, 0.0, kill=True)
+    assert got["returncode"] is not None and not warm.running()
     assert got["tail"] == f"warm: {os.environ.get('TRITON_F32_DEFAULT', gpu.F32_DEFAULT)}"
 
 
