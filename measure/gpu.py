@@ -650,15 +650,20 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
 WARM_SHAPES = ((*CAUSAL_SHAPE, CAUSAL_SIZES[0]), (1, 4, 64, 64, 2**10))
 
 
-def warm_fla(device: str) -> None:
-    """Run fla-core's causal linear attention once per WARM_SHAPES, dtype and pass, so that Triton
-    compiles and autotunes its kernels (60-80 s per kernel and dtype on an H100) and caches the
-    choices on disk (fla-core asks Triton to), where the causal and peer stages' processes find
-    them. Float32 dots as the causal stage takes them (TRITON_F32_DEFAULT, F32_DEFAULT), so the
-    cache keys match. Prints one line per call."""
+#: The dtypes warm_fla autotunes, one child process each (start_warm): Triton's autotuner compiles
+#: its configurations one after another on the host, so two children take about half the time.
+WARM_DTYPES = ("float32", "bfloat16")
+
+
+def warm_fla(device: str, dtypes: tuple[str, ...] = WARM_DTYPES) -> None:
+    """Run fla-core's causal linear attention once per WARM_SHAPES, dtype of ``dtypes`` and pass,
+    so that Triton compiles and autotunes its kernels (60-80 s per kernel and dtype on an H100) and
+    caches the choices on disk (fla-core asks Triton to), where the causal and peer stages'
+    processes find them. Float32 dots as the causal stage takes them (TRITON_F32_DEFAULT,
+    F32_DEFAULT), so the cache keys match. Prints one line per call."""
     os.environ.setdefault("TRITON_F32_DEFAULT", F32_DEFAULT)
     for b, h, d, m, n in WARM_SHAPES:
-        for dtype in ("float32", "bfloat16"):
+        for dtype in dtypes:
             for pass_ in PASSES:
                 began = time.perf_counter()
                 causal_runner("fla", n, dtype, pass_, device, shape=(b, h, d, m))()
@@ -668,48 +673,59 @@ def warm_fla(device: str) -> None:
 
 @dataclass
 class Warm:
-    """The warm child of a run (start_warm): the process, its log file and when it started."""
+    """The warm children of a run (start_warm): their processes, log files and when they started."""
 
-    proc: subprocess.Popen
-    log: Path
+    procs: list[subprocess.Popen]
+    logs: list[Path]
     began: float
 
     def running(self) -> bool:
-        return self.proc.poll() is None
+        return any(p.poll() is None for p in self.procs)
 
 
-def start_warm(device: str, work: Path, code: str | None = None) -> Warm | None:
-    """warm_fla in a child process (output to work/gpu-warm.log; ``code``: other Python to run
-    instead, for the tests), or None where there is nothing to warm: no CUDA device, or fla-core
-    not installed."""
+def start_warm(device: str, work: Path, codes: list[str] | None = None) -> Warm | None:
+    """warm_fla in one child process per dtype of WARM_DTYPES, side by side (output to
+    work/gpu-warm-<dtype>.log; ``codes``: other Python to run instead, one child each, for the
+    tests), or None where there is nothing to warm: no CUDA device, or fla-core not installed."""
     import importlib.util
 
     if not str(device).startswith("cuda") or importlib.util.find_spec("fla") is None:
         return None
-    log = work / "gpu-warm.log"
-    code = f"from measure.gpu import warm_fla; warm_fla({device!r})" if code is None else code
-    with open(log, "w") as out:  # the child holds its own descriptor
-        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                     "TRITON_F32_DEFAULT": os.environ.get("TRITON_F32_DEFAULT", F32_DEFAULT)})
-    return Warm(proc, log, time.perf_counter())
+    if codes is None:
+        codes = [f"from measure.gpu import warm_fla; warm_fla({device!r}, ({dtype!r},))" for dtype in WARM_DTYPES]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "TRITON_F32_DEFAULT": os.environ.get("TRITON_F32_DEFAULT", F32_DEFAULT)}
+    procs, logs = [], []
+    for i, code in enumerate(codes):
+        log = work / f"gpu-warm-{WARM_DTYPES[i] if i < len(WARM_DTYPES) else i}.log"
+        with open(log, "w") as out:  # the child holds its own descriptor
+            procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=out,
+                                          stderr=subprocess.STDOUT, env=env))
+        logs.append(log)
+    return Warm(procs, logs, time.perf_counter())
 
 
 def finish_warm(warm: Warm, timeout: float, kill: bool = False) -> dict:
-    """Wait at most ``timeout`` seconds for the warm child (kill it after, if ``kill``); its record
-    for the JSON: returncode (None while it runs on), seconds since it started, the log's tail."""
-    try:
-        warm.proc.wait(timeout=max(0.0, timeout))
-    except subprocess.TimeoutExpired:
-        if kill:
-            warm.proc.kill()
-            warm.proc.wait()
-    try:
-        tail = warm.log.read_text().splitlines()[-12:]
-    except OSError:
-        tail = []
-    return {"returncode": warm.proc.returncode, "seconds": round(time.perf_counter() - warm.began, 2),
-            "tail": "\n".join(tail)}
+    """Wait at most ``timeout`` seconds in all for the warm children (kill them after, if ``kill``);
+    their record for the JSON: returncode (None while one runs on, else the worst: the first
+    non-zero), seconds since they started, the logs' tails."""
+    deadline = time.perf_counter() + max(0.0, timeout)
+    for proc in warm.procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            if kill:
+                proc.kill()
+                proc.wait()
+    codes = [p.returncode for p in warm.procs]
+    tails = []
+    for log in warm.logs:
+        try:
+            tails += log.read_text().splitlines()[-6:]
+        except OSError:
+            pass
+    code = None if None in codes else next((c for c in codes if c), 0)
+    return {"returncode": code, "seconds": round(time.perf_counter() - warm.began, 2), "tail": "\n".join(tails)}
 
 
 def time_point(runner: Callable[[], object], device: str, rounds: int = CAUSAL_ROUNDS) -> list[float]:

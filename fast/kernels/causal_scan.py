@@ -291,7 +291,8 @@ def _backward(phi_q, phi_k, v, c, g_num, g_den):
         dv if tot is None else tot, gd if ztot is None else ztot, dv if rtot is None else rtot,
         gd if rztot is None else rztot, dq, dk, dv, n, m, d, s * n, plan[0], plan[1],
         CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, num_warps=warps, **launch)
-    dq, dk = dq.sum(0), dk.sum(0)
+    # one value block (d <= BD) wrote the whole of dq and dk: no sum, no copy
+    dq, dk = (dq.sum(0), dk.sum(0)) if blocks > 1 else (dq[0], dk[0])
     return (dq.reshape(phi_q.shape).to(phi_q.dtype), dk.reshape(phi_k.shape).to(phi_k.dtype),
             dv.reshape(v.shape).to(v.dtype))
 

@@ -345,15 +345,34 @@ def test_no_warm_child_without_cuda_or_fla(tmp_path, monkeypatch):
     assert gpu.start_warm("cpu", tmp_path) is None
 
 
-def test_warm_child_is_waited_for_then_killed(tmp_path, monkeypatch):
+def test_warm_children_are_waited_for_then_killed(tmp_path, monkeypatch):
+    """One child per dtype, side by side, each with the run's TRITON_F32_DEFAULT; the record is
+    None while one runs on, and the worst status once all ended."""
     _fla_installed(monkeypatch)
-    warm = gpu.start_warm("cuda", tmp_path, code="import os, time; print('warm:', os.environ['TRITON_F32_DEFAULT'], "
-                                                  "flush=True); time.sleep(600)")
-    got = gpu.finish_warm(warm, 1.0)  # still running: left running
+    warm = gpu.start_warm("cuda", tmp_path, codes=[
+        "import os; print('warm:', os.environ['TRITON_F32_DEFAULT'], flush=True)",
+        "import os, time; print('warm:', os.environ['TRITON_F32_DEFAULT'], flush=True); time.sleep(600)"])
+    got = gpu.finish_warm(warm, 1.0)  # the second still running: left running
     assert got["returncode"] is None and warm.running()
     got = gpu.finish_warm(warm, 0.0, kill=True)
-    assert got["returncode"] is not None and not warm.running()
-    assert got["tail"] == f"warm: {os.environ.get('TRITON_F32_DEFAULT', gpu.F32_DEFAULT)}"
+    assert got["returncode"] not in (None, 0) and not warm.running()  # killed: the worst status
+    want = f"warm: {os.environ.get('TRITON_F32_DEFAULT', gpu.F32_DEFAULT)}"
+    assert got["tail"] == f"{want}\n{want}"
+    assert [log.name for log in warm.logs] == [f"gpu-warm-{dtype}.log" for dtype in gpu.WARM_DTYPES]
+
+
+def test_warm_children_split_the_dtypes(tmp_path, monkeypatch):
+    """By default each dtype gets its own child calling warm_fla with that dtype alone."""
+    _fla_installed(monkeypatch)
+    calls = []
+
+    class Proc:
+        def __init__(self, argv, **kw):
+            calls.append(argv[-1])
+
+    monkeypatch.setattr(gpu.subprocess, "Popen", Proc)
+    gpu.start_warm("cuda:0", tmp_path)
+    assert calls == [f"from measure.gpu import warm_fla; warm_fla('cuda:0', ({dtype!r},))" for dtype in gpu.WARM_DTYPES]
 
 
 def test_collect_waits_for_the_warm_child_before_the_causal_stage(tmp_path, monkeypatch):
@@ -363,7 +382,7 @@ def test_collect_waits_for_the_warm_child_before_the_causal_stage(tmp_path, monk
     marker = tmp_path / "warmed"
     real_start = gpu.start_warm
     monkeypatch.setattr(gpu, "start_warm", lambda device, work: real_start(
-        device, work, code=f"import pathlib, time; time.sleep(1); pathlib.Path({str(marker)!r}).touch(); print('ok')"))
+        device, work, codes=[f"import pathlib, time; time.sleep(1); pathlib.Path({str(marker)!r}).touch(); print('ok')"]))
     monkeypatch.setattr(gpu, "cuda_environment", lambda device: {"device": device})
     seen = {}
 
