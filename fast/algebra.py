@@ -188,9 +188,19 @@ class _Quotient(torch.autograd.Function):
         g_num = g * r.unsqueeze(-1) if ctx.needs_input_grad[0] else None
         g_den = None
         if ctx.needs_input_grad[1]:
-            g_den = torch.einsum("...nd,...nd->...n", g, num).mul_(r * r).neg_() if not torch.is_grad_enabled() else \
-                -torch.einsum("...nd,...nd->...n", g, num) * (r * r)
+            g_den = _row_dots(g, num).mul_(r * r).neg_() if not torch.is_grad_enabled() else \
+                -_row_dots(g, num) * (r * r)
         return g_num, g_den
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_d a[..., n, d] b[..., n, d] -> (..., N). On CUDA a product and a sum: einsum makes it a
+    batched matmul of N (1 x d) (d x 1) products, which cuBLAS ran 4-7x slower (one H100, (8, 2^20,
+    64) float32: 14.6-27 ms against 3.9 ms). On the CPU the einsum: it never forms the (N, d)
+    product, whose allocation cost 5x at N = 2^16."""
+    if a.is_cuda:
+        return (a * b).sum(-1)
+    return torch.einsum("...nd,...nd->...n", a, b)
 
 
 def quotient(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:

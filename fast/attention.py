@@ -256,7 +256,16 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
     """
     out_dtype = v.dtype
     work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
-    phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)  # no copy when the dtype is already right
+    mask_nonnegative = op is None or bool(op.nonnegative)  # read once (a property may compute it)
+    optimistic = features_nonnegative is not False and mask_nonnegative
+    # an attend that reads half precision itself and sums in float32 (attend_takes_half: CausalMask's
+    # Triton kernel) gets the inputs as they are, saving three float32 copies and running the kernel
+    # on half-precision loads; where the guard needs the features' round-off (signed features) or
+    # the products have key constants, the float32 copies as before
+    native = (optimistic and key_log_scale is None and op is not None and op.attend is not None
+              and op.attend_takes_half and phi_q.dtype == phi_k.dtype == v.dtype != work)
+    if not native:
+        phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)  # no copy when the dtype is already right
     checks = list(flags)
     k_min = None
     exact = None  # the operator's optimistic attend: its condition, checked with the call's one read
@@ -275,7 +284,7 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
             checks.append(finite_flag(v))
         if attend is not None:
             if key_log_scale is None:
-                result = attend(phi_q, phi_k, v)
+                result = attend(phi_q, phi_k, v, accumulate=True) if native else attend(phi_q, phi_k, v)
             else:  # a route without a host read of its own, if the operator has one
                 result, exact = op.attend_optimistic(phi_q, phi_k, v, key_log_scale)
                 if exact is not None:
@@ -288,8 +297,6 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
     # out = num / den is finite: one read pass over num (O(N d)) tells the rare path to rescale v
     checks.append(finite_flag(num))
 
-    mask_nonnegative = op is None or bool(op.nonnegative)  # read once (a property may compute it)
-    optimistic = features_nonnegative is not False and mask_nonnegative
     if optimistic:  # features (assumed and tested below, promised, or known) >= 0 and a nonnegative mask
         if features_nonnegative is None and phi_q.numel() and phi_k.numel():
             with torch.no_grad():
@@ -308,6 +315,8 @@ def _attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, op: Ma
     if bool(_all(checks)):  # the call's one host read
         return divide(num, den, floor=floor, no_key=no_key_rows, policy=no_key, verified=True).to(out_dtype)
     # the rare path: name a non-finite argument, or redo the guard with the features' actual sign
+    if native:  # on float32 copies, as for every other operator (num, den are float32 already)
+        phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
     if diagnose is not None:
         diagnose()
     if exact is not None and not bool(exact):  # the optimistic route was not exact: redo

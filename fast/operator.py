@@ -36,6 +36,9 @@ capability                meaning                                               
                           wherever phi_k or v does (every key reaches its own row: M_jj
                           != 0, through plain sums and products, so inf or NaN spreads):
                           the driver then skips its read passes over phi_k and v
+``attend_takes_half``     True when ``attend(..., accumulate=True)`` takes half-precision   False
+                          phi_q, phi_k, v (one dtype) as they are and returns num, den in
+                          float32: the driver then makes no float32 copies of them
 ``attend_optimistic``     a route of ``attend(..., key_log_scale)`` whose exactness is     attend, None
                           a 0-dim bool read with the driver's one host read
 ``attend_exact``          the exact route, called when that flag read False                attend
@@ -212,6 +215,10 @@ class MaskOperator(abc.ABC):
     #: False: the driver reads phi_k and v once more to find a non-finite entry that attend may hide
     #: (a key no query sees); True where every key reaches its own row's products (CausalMask).
     attend_reaches_keys: bool = False
+
+    #: False: the driver gives attend float32 copies of half-precision inputs; True where attend takes
+    #: ``accumulate=True`` and reads them itself, summing in float32 (CausalMask's Triton kernel).
+    attend_takes_half: bool = False
 
     #: None: a query that sees no key is explained in general terms; a mask whose arguments can empty a
     #: row says which argument and how (PaddingMask: its key_mask), so the error names it.
@@ -502,6 +509,10 @@ class OperatorAdapter(MaskOperator):
     @property
     def attend_reaches_keys(self) -> bool:
         return getattr(self.wrapped, "attend_reaches_keys", False) is True
+
+    @property
+    def attend_takes_half(self) -> bool:
+        return getattr(self.wrapped, "attend_takes_half", False) is True
 
     @property
     def no_key_cause(self) -> str | None:

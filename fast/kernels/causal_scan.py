@@ -44,6 +44,7 @@ from typing import Callable
 import torch
 
 from fast.kernels.dispatch import MAX_WIDTH, interpreting, triton_supported
+from fast.prefix import running_max
 from fast.validation import check_key_log_scale
 
 try:
@@ -55,26 +56,36 @@ except ImportError:  # the PyTorch scan serves everywhere (fast.kernels.dispatch
 __all__ = ["causal_scan", "kernel_blocks", "segment_plan"]
 
 
-def kernel_blocks(m: int, d: int, backward: bool = False) -> tuple[int, int, int, int]:
-    """(C, BM, BD, warps) of the forward (or ``backward``) kernel for widths m, d <= MAX_WIDTH: the
-    chunk length, the feature block (all m features, a power of two >= 16), the value block (the
-    grid's second axis runs over ceil(d / BD) of them) and the warps per program. Chosen so that a
-    program's tiles fit a GPU's registers: for m = d = 64 and sm_90 ptxas reports no spills for the
-    forward at (32, 64, 64, 8) and the fewest for the backward, which holds about twice the tiles,
-    at (32, 64, 32, 8); wider features take smaller chunks and blocks. ValueError naming m or d
-    beyond MAX_WIDTH. O(1).
+def kernel_blocks(m: int, d: int, backward: bool = False,
+                  dtype: torch.dtype | None = None) -> tuple[int, int, int, int]:
+    """(C, BM, BD, warps) of the forward (or ``backward``) kernel for widths m, d <= MAX_WIDTH and
+    inputs of ``dtype`` (None: float32's choice): the chunk length, the feature block (all m
+    features, a power of two >= 16), the value block (the grid's second axis runs over ceil(d / BD)
+    of them) and the warps per program. For m, d <= 64 they are the fastest of
+    ``python -m measure.kernel_tuning``'s candidates on one H100 (2026-11-28, B = 1, H = 8,
+    m = d = 64, N = 2^14 and 2^17): 4 warps, not 8 (forward 30-40% and forward + backward 40-45%
+    faster at N = 2^17); float32's forward takes chunks of 16 (its three TF32 products per dot make
+    the C x C part dear: 14% faster than 32 at 2^17, within the noise at 2^14), half precision's 32;
+    the backward chunks of 16 and one value block of 64 (no per-block share of dq, dk to sum).
+    Wider features take smaller chunks and blocks, chosen from ptxas's spill counts on sm_90 (not
+    yet timed). ValueError naming m or d beyond MAX_WIDTH. O(1).
 
     >>> from fast.kernels.causal_scan import kernel_blocks
     >>> kernel_blocks(64, 64), kernel_blocks(64, 64, backward=True), kernel_blocks(20, 3), kernel_blocks(256, 256)
-    ((32, 64, 64, 8), (32, 64, 32, 8), (32, 32, 16, 8), (16, 256, 16, 8))
+    ((16, 64, 64, 4), (16, 64, 64, 4), (16, 32, 16, 4), (16, 256, 16, 8))
+    >>> import torch
+    >>> kernel_blocks(64, 64, dtype=torch.bfloat16)
+    (32, 64, 64, 4)
     """
     for name, width in (("m (the feature width)", m), ("d (the value width)", d)):
         if not 1 <= width <= MAX_WIDTH:
             raise ValueError(f"{name} must be in [1, {MAX_WIDTH}] for the Triton causal scan, got {width}")
     bm = max(16, _next_power_of_2(m))
-    chunk = 32 if bm <= 64 else 16
-    widest = (32 if backward else 64) if bm <= 64 else 32 if bm <= 128 else 16
-    return chunk, bm, max(16, min(_next_power_of_2(d), widest)), 8
+    if bm <= 64:
+        half = dtype in (torch.bfloat16, torch.float16)
+        chunk = 32 if half and not backward else 16
+        return chunk, bm, max(16, min(_next_power_of_2(d), 64)), 4
+    return 16, bm, max(16, min(_next_power_of_2(d), 32 if bm <= 128 else 16)), 8
 
 
 def _next_power_of_2(x: int) -> int:
@@ -83,7 +94,7 @@ def _next_power_of_2(x: int) -> int:
 
 
 def causal_scan(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, key_log_scale: torch.Tensor | None = None,
-                *, twin_backward: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                *, twin_backward: Callable | None = None, accumulate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(num (..., N, d), den (..., N)) of causal linear attention by the Triton scan (module doc),
     for phi_q, phi_k (..., N, m) and v (..., N, d) of one floating dtype and device, m, d <=
     MAX_WIDTH: the function of CausalMask.attend. key_log_scale: None, or per-key constants
@@ -91,7 +102,10 @@ def causal_scan(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, key_l
     <= 1; the result is the true (num_i, den_i) times exp(-r_i)). Differentiable in phi_q, phi_k,
     v; twin_backward: a differentiable callable (phi_q, phi_k, v, c, g_num, g_den) -> (dq, dk, dv)
     (c (..., N) or None) used for double backward, where the kernels' backward is not
-    differentiable (RuntimeError without it). O(N C (m + d) + N m d) work.
+    differentiable (RuntimeError without it). accumulate: return num and den in the accumulation
+    dtype (float32 for half-precision inputs) rather than rounded to the inputs' (the driver's
+    route, fast.operator's ``attend_takes_half``); their gradients are then read in float32 too.
+    O(N C (m + d) + N m d) work.
 
     Raises ValueError naming the argument for mismatched shapes, dtypes or devices and widths
     beyond MAX_WIDTH; RuntimeError where Triton is not installed or cannot run on the tensors'
@@ -112,7 +126,7 @@ def causal_scan(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, key_l
     """
     _check_inputs(phi_q, phi_k, v)
     c = None if key_log_scale is None else check_key_log_scale(key_log_scale, phi_k, phi_k.shape[-2])
-    return _TritonCausalScan.apply(phi_q, phi_k, v, c, twin_backward)
+    return _TritonCausalScan.apply(phi_q, phi_k, v, c, twin_backward, accumulate)
 
 
 def _check_inputs(phi_q: object, phi_k: object, v: object) -> None:
@@ -155,11 +169,12 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _constants(c: torch.Tensor | None, acc: torch.dtype, n: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(c, r) as contiguous (S, N) tensors in the accumulation dtype, r the running max of c."""
+    """(c, r) as contiguous (S, N) tensors in the accumulation dtype, r the running max of c
+    (fast.prefix: on CUDA by doubling, where torch.cummax's scan with indices was slow)."""
     if c is None:
         return None, None
     c = c.reshape(-1, n).to(acc).contiguous()
-    return c, torch.cummax(c, dim=-1).values.contiguous()
+    return c, running_max(c).contiguous()
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -171,23 +186,24 @@ class _TritonCausalScan(torch.autograd.Function):
     twin_backward under create_graph (double backward)."""
 
     @staticmethod
-    def forward(ctx, phi_q, phi_k, v, c, twin_backward):
+    def forward(ctx, phi_q, phi_k, v, c, twin_backward, accumulate):
         ctx.twin_backward = twin_backward
-        ctx.save_for_backward(phi_q, phi_k, v, c)
-        return _forward(phi_q, phi_k, v, c)
+        constants = _constants(c, _acc_dtype(v.dtype), phi_q.shape[-2])  # (S, N) each: kept for backward
+        ctx.save_for_backward(phi_q, phi_k, v, c, *constants)
+        return _forward(phi_q, phi_k, v, constants, accumulate)
 
     @staticmethod
     def backward(ctx, g_num, g_den):
-        phi_q, phi_k, v, c = ctx.saved_tensors
+        phi_q, phi_k, v, c, *constants = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the kernels' backward is not differentiable
             if ctx.twin_backward is None:
                 raise RuntimeError("double backward through the Triton causal scan needs its twin_backward (the "
                                    "PyTorch scan's; CausalMask.attend passes it)")
             dq, dk, dv = ctx.twin_backward(phi_q, phi_k, v, c, g_num, g_den)
         else:
-            dq, dk, dv = _backward(phi_q, phi_k, v, c, g_num, g_den)
+            dq, dk, dv = _backward(phi_q, phi_k, v, constants, g_num, g_den)
         need = ctx.needs_input_grad
-        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None)
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None)
 
 
 def segment_plan(chunks: int, programs: int, device: torch.device) -> tuple[int, int]:
@@ -243,7 +259,7 @@ def _totals(a, b, c, r, gd, plan, blocks, m, d, reverse: bool, config: tuple[int
     return tot, ztot
 
 
-def _forward(phi_q, phi_k, v, c):
+def _forward(phi_q, phi_k, v, constants, accumulate: bool = False):
     (n, m), d = phi_q.shape[-2:], v.shape[-1]
     acc = _acc_dtype(v.dtype)
     # written in the accumulation dtype and rounded by torch: to nearest, where Triton's interpreter
@@ -251,10 +267,10 @@ def _forward(phi_q, phi_k, v, c):
     num = torch.empty(v.shape, dtype=acc, device=v.device)
     den = torch.empty(v.shape[:-1], dtype=acc, device=v.device)
     if num.numel() == 0:
-        return num.to(v.dtype), den.to(v.dtype)
+        return (num, den) if accumulate else (num.to(v.dtype), den.to(v.dtype))
     q, k, vv = _flat(phi_q), _flat(phi_k), _flat(v)
-    c, r = _constants(c, acc, n)
-    config = chunk, bm, bd, warps = kernel_blocks(m, d)
+    c, r = constants  # (S, N) in the accumulation dtype, or None, None
+    config = chunk, bm, bd, warps = kernel_blocks(m, d, dtype=v.dtype)
     blocks = triton.cdiv(d, bd)
     plan = segment_plan(triton.cdiv(n, chunk), q.shape[0] * blocks, q.device)
     launch = _launch_args(v)
@@ -263,19 +279,21 @@ def _forward(phi_q, phi_k, v, c):
         q, k, vv, q if c is None else c, q if r is None else r, num if tot is None else tot,
         den if ztot is None else ztot, num, den, n, m, d, plan[0], plan[1],
         CHUNK=chunk, BM=bm, BD=bd, STABLE=c is not None, num_warps=warps, **launch)
-    return num.to(v.dtype), den.to(v.dtype)
+    return (num, den) if accumulate else (num.to(v.dtype), den.to(v.dtype))
 
 
-def _backward(phi_q, phi_k, v, c, g_num, g_den):
+def _backward(phi_q, phi_k, v, constants, g_num, g_den):
     n, m, d = phi_q.shape[-2], phi_q.shape[-1], v.shape[-1]
     if phi_q.numel() == 0 or v.numel() == 0:
         return torch.zeros_like(phi_q), torch.zeros_like(phi_k), torch.zeros_like(v)
     q, k, vv = _flat(phi_q), _flat(phi_k), _flat(v)
-    gn = _flat(g_num.to(v.dtype))
-    gd = g_den.to(v.dtype).reshape(-1, n).contiguous()
+    # read in their own dtype (the kernel sums in float32): float32 gradients of accumulated outputs
+    # are not rounded to the inputs' half precision first
+    gn = _flat(g_num)
+    gd = g_den.reshape(-1, n).contiguous()
     acc = _acc_dtype(v.dtype)
-    c, r = _constants(c, acc, n)
-    config = chunk, bm, bd, warps = kernel_blocks(m, d, backward=True)
+    c, r = constants  # (S, N) in the accumulation dtype, or None, None
+    config = chunk, bm, bd, warps = kernel_blocks(m, d, backward=True, dtype=v.dtype)
     blocks = triton.cdiv(d, bd)
     s = q.shape[0]
     plan = segment_plan(triton.cdiv(n, chunk), s * blocks, q.device)

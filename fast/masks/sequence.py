@@ -15,8 +15,10 @@ import torch
 
 from fast.kernels.dispatch import use_causal_kernel
 from fast.operator import MaskOperator, SymmetricMaskOperator
+from fast.prefix import running_max
 from fast.segments import Segments, segment_max
-from fast.validation import broadcast_shape, check_allocation, check_key_log_scale, check_positive_int, check_tokens
+from fast.validation import (broadcast_shape, check_allocation, check_key_log_scale, check_positive_int, check_tokens,
+                             compute_dtype)
 
 
 def check_mask_batch(name: str, mask_shape: tuple, x: torch.Tensor, what: str) -> tuple[int, ...]:
@@ -81,6 +83,10 @@ class CausalMask(MaskOperator):
     #: alike: a non-finite phi_k_j or v_j makes num or den non-finite (0 * inf is NaN), so the
     #: driver's check of num and den covers the keys and values (fast.operator).
     attend_reaches_keys = True
+    #: attend(..., accumulate=True) takes half-precision features and values as they are and returns
+    #: num and den in float32: the Triton kernel reads them in their dtype and sums in float32, the
+    #: PyTorch scan works on float32 copies (fast.operator; the driver then makes no copies).
+    attend_takes_half = True
     #: chunk=None: the chunk is sqrt(m d) rounded to a power of two, clipped to this range.
     CHUNK_RANGE = (16, 64)
     #: chunk=None: the plain scan's backward clips the same rule to this range. It forms twice the
@@ -125,7 +131,7 @@ class CausalMask(MaskOperator):
         """Running max of z (..., N, m) over tokens and features -> (..., N, 1):
         c_j = max_{j' <= j} max_a z_j'a, the largest exponent among the keys query j sees."""
         check_tokens("z", z, self.n)
-        return torch.cummax(z.amax(-1), dim=-1).values.unsqueeze(-1)
+        return running_max(z.amax(-1)).unsqueeze(-1)
 
     def row_key_stabilizer(self):
         """``key_stabilizer`` from the row maxima r (..., N, 1) of z: their running max (the
@@ -135,16 +141,28 @@ class CausalMask(MaskOperator):
         return super().row_key_stabilizer()
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
-               key_log_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               key_log_scale: torch.Tensor | None = None,
+               accumulate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(num (..., N, d), den (..., N)) of causal linear attention by the chunked scan, for phi_q,
         phi_k (..., N, m) and v (..., N, d) with the same leading dims (ValueError naming the argument
         otherwise). key_log_scale: None, or detached constants c (..., N, 1) with phi_k_j =
         phi_true_j exp(-c_j); the result is then the true (num_i, den_i) times exp(-r_i), r_i =
         max_{j <= i} c_j, with every factor <= 1 (docs/papers.md, fast.masks.sequence). ValueError for
-        non-finite key_log_scale.
+        non-finite key_log_scale. accumulate: num and den in the inputs' compute dtype (float32 for
+        half precision; ``attend_takes_half``) rather than in their dtype.
         """
         self._check_attend_inputs(phi_q, phi_k, v)
         kernel = use_causal_kernel(phi_q, phi_k, v)
+        if accumulate and not kernel:  # the PyTorch scan sums in its inputs' dtype: float32 copies
+            work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
+            phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
+        elif kernel and accumulate:
+            if key_log_scale is None:
+                return self._kernel_scan(phi_q, phi_k, v, None, accumulate=True)
+            c = self._check_log_scale(key_log_scale, phi_k)
+            if not bool(torch.isfinite(c).all()):
+                raise ValueError("key_log_scale contains non-finite values (NaN or inf)")
+            return self._kernel_scan(phi_q, phi_k, v, c, accumulate=True)
         if key_log_scale is None:
             return self._kernel_scan(phi_q, phi_k, v, None) if kernel else _CausalScan.apply(phi_q, phi_k, v, self)
         c = self._check_log_scale(key_log_scale, phi_k)
@@ -156,15 +174,22 @@ class CausalMask(MaskOperator):
         return _StableCausalScan.apply(phi_q, phi_k, v, c, self, narrow)
 
     def _kernel_scan(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                     c: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     c: torch.Tensor | None, accumulate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(num, den) of ``attend`` by the Triton scan (fast.kernels.causal_scan; chosen by
         fast.kernels.dispatch): with constants c (..., N) always the decayed form, exact for any
         span of c; the PyTorch scan's backward serves double backward."""
         from fast.kernels.causal_scan import causal_scan  # imports Triton: only once the kernel is chosen
-        return causal_scan(phi_q, phi_k, v, None if c is None else c.unsqueeze(-1), twin_backward=self._twin_backward)
+        return causal_scan(phi_q, phi_k, v, None if c is None else c.unsqueeze(-1), twin_backward=self._twin_backward,
+                           accumulate=accumulate)
 
     def _twin_backward(self, phi_q, phi_k, v, c, g_num, g_den):
-        """The PyTorch scan's (differentiable) backward of ``_kernel_scan`` (constants c (..., N) or None)."""
+        """The PyTorch scan's (differentiable) backward of ``_kernel_scan`` (constants c (..., N) or None);
+        half-precision inputs with float32 gradients (accumulate) go through float32 copies."""
+        if g_num.dtype != phi_q.dtype:
+            work = g_num.dtype
+            grads = self._twin_backward(phi_q.to(work), phi_k.to(work), v.to(work),
+                                        None if c is None else c.to(work), g_num, g_den.to(work))
+            return tuple(g.to(t.dtype) for g, t in zip(grads, (phi_q, phi_k, v)))
         if c is None:
             return self._scan_backward(phi_q, phi_k, v, g_num, g_den)
         return self._stable_scan_backward(phi_q, phi_k, v, c, g_num, g_den)
@@ -225,7 +250,7 @@ class CausalMask(MaskOperator):
         """(key factors exp(c_j - R) (..., N, 1), query factors exp(R - r_i) (..., N)), R = max_j c_j per
         slice: the one-reference route; <= 1 and in [1, exp(T)] where ``_narrow``.
         """
-        r = torch.cummax(c, dim=-1).values
+        r = running_max(c)
         top = r[..., -1:]
         return torch.exp(c - top).unsqueeze(-1), torch.exp(top - r)
 
@@ -314,7 +339,7 @@ class CausalMask(MaskOperator):
         chunk's last token and E_prev E of the previous chunk. Padded tokens repeat the last constant.
         """
         n = self.n
-        r = torch.cummax(c, dim=-1).values
+        r = running_max(c)
         vb = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
         C, (q, k, vb) = self._chunks(phi_q, phi_k, vb, chunk=self.chunk_for(phi_q.shape[-1], v.shape[-1]))
         pad = (-n) % C
@@ -401,7 +426,7 @@ _CAUSAL_KEY_STABILIZER = CausalMask.key_stabilizer
 
 def _running_max(rows: torch.Tensor) -> torch.Tensor:
     """CausalMask.key_stabilizer from the row maxima r (..., N, 1) of z: the running max of r."""
-    return torch.cummax(rows.squeeze(-1), dim=-1).values.unsqueeze(-1)
+    return running_max(rows.squeeze(-1)).unsqueeze(-1)
 
 
 class _CausalScan(torch.autograd.Function):

@@ -176,6 +176,35 @@ for seg in (None, 3):
                     reach.append(bool(not (torch.isfinite(num).all() and torch.isfinite(den).all())))
 kernel_module.SEGMENTS = None
 res["reach"] = reach
+
+# the driver on bfloat16 features (attend_takes_half): the kernel reads them as they are and sums in
+# float32; against the float64 reference on the same bfloat16 values, and against the route of
+# float32 copies on the PyTorch scan (dispatch off), outputs and gradients; double backward (the
+# twin's backward on float32 copies of the bfloat16 inputs) against the first-order gradients
+gen = torch.Generator().manual_seed(11)
+n, m, d = 90, 16, 8
+leaves = [(torch.rand(2, n, m, generator=gen) + 0.1).to(torch.bfloat16) for _ in range(2)]
+leaves.append(torch.randn(2, n, d, generator=gen).to(torch.bfloat16))
+g = torch.randn(2, n, d, generator=gen)
+half = {}
+for mode in ("force", "off"):
+    dispatch.CAUSAL_KERNEL = mode
+    xs = [t.clone().requires_grad_() for t in leaves]
+    out = masked_linear_attention(*xs, CausalMask(n))
+    (out.float() * g).sum().backward()
+    half[mode] = [out.detach().double()] + [x.grad.double() for x in xs]
+    half[mode + "_dtypes"] = [str(t.dtype) for t in [out] + [x.grad for x in xs]]
+dispatch.CAUSAL_KERNEL = "force"
+xs = [t.clone().requires_grad_() for t in leaves]
+out = masked_linear_attention(*xs, CausalMask(n))
+first = torch.autograd.grad((out.float() * g).sum(), xs, create_graph=True)
+ref = masked_kernel_attention(*(t.double().numpy() for t in leaves), causal_mask(n))
+rel = lambda a, b: float((a - b).norm() / b.norm())
+res["half"] = {"vs_reference": float(np.abs(half["force"][0].numpy() - ref).max() / np.abs(ref).max()),
+               "vs_copies": [rel(a, b) for a, b in zip(half["force"], half["off"])],
+               "dtypes": half["force_dtypes"], "copies_dtypes": half["off_dtypes"],
+               "double_vs_first": [rel(a.detach().double(), b) for a, b in zip(first, half["force"][1:])],
+               "double_has_graph": all(t.requires_grad for t in first)}
 print("RESULT " + json.dumps(res))
 """
 
@@ -246,6 +275,20 @@ def test_a_non_finite_key_or_value_always_reaches_the_kernels_outputs(interprete
     """What CausalMask.attend_reaches_keys promises the driver (it then skips its read passes over
     phi_k and v), for the kernel: 2 x 2 x 2 x 5 x 3 planted entries, every one seen."""
     assert len(interpreted["reach"]) == 120 and all(interpreted["reach"])
+
+
+@needs_triton
+def test_driver_reads_bfloat16_features_in_the_kernel_and_keeps_float32_sums(interpreted):
+    """attend_takes_half: the driver's bfloat16 route through the kernel (no float32 copies) against
+    the float64 reference on the same bfloat16 values and against the route of float32 copies on
+    the PyTorch scan. Both sum in float32 and round once to bfloat16 at the end: the outputs differ
+    by at most two such roundings (2^-8 each, relative) plus float32 round-off; the gradients, which
+    are rounded to bfloat16 once too, likewise. Double backward runs the twin on float32 copies."""
+    got = interpreted["half"]
+    assert got["dtypes"] == got["copies_dtypes"] == ["torch.bfloat16"] * 4
+    assert got["vs_reference"] <= 2.0 ** -8 + 2.0 ** -16, got
+    assert max(got["vs_copies"]) <= 2 * 2.0 ** -8, got
+    assert got["double_has_graph"] and max(got["double_vs_first"]) <= 2 * 2.0 ** -8, got
 
 
 # ------------------------------------------------------------------------------ dispatch (no kernel run)

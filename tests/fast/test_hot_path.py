@@ -614,3 +614,30 @@ def test_favor_causal_attend_without_its_own_read_equals_attend():
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="key_log_scale contains non-finite"):
         mask.attend(pq, pk, v, key_log_scale=_with(c, math.nan, (0, 3, 0)))
+
+
+def test_bfloat16_features_reach_an_attend_that_takes_half_without_float32_copies(monkeypatch):
+    """attend_takes_half (CausalMask): the driver hands bfloat16 phi_q, phi_k, v to attend as they
+    are, with accumulate=True, and attend returns float32 sums (here the PyTorch scan, on float32
+    copies it makes itself: the same numbers as the driver's copies gave before). Signed features
+    (the guard's floor needs their round-off in float32) and FAVOR+'s key constants keep the
+    driver's float32 copies."""
+    seen = []
+    real = CausalMask.attend
+
+    def spy(self, phi_q, phi_k, v, **kw):
+        seen.append(([t.dtype for t in (phi_q, phi_k, v)], kw.get("accumulate", False)))
+        num, den = real(self, phi_q, phi_k, v, **kw)
+        seen[-1] += ([num.dtype, den.dtype],)
+        return num, den
+
+    monkeypatch.setattr(CausalMask, "attend", spy)
+    phi_q, phi_k, v = (t.to(torch.bfloat16) for t in _features(dtype=torch.float32))
+    out = masked_linear_attention(phi_q, phi_k, v, CausalMask(N))
+    assert seen == [([torch.bfloat16] * 3, True, [torch.float32] * 2)] and out.dtype == torch.bfloat16
+    want = masked_linear_attention(phi_q.float(), phi_k.float(), v.float(), CausalMask(N)).to(torch.bfloat16)
+    assert torch.equal(out, want)  # the same float32 sums, rounded once
+    seen.clear()
+    masked_linear_attention(phi_q, phi_k, v, CausalMask(N), features_nonnegative=False)
+    assert seen == [([torch.float32] * 3, False, [torch.float32] * 2)]
+    assert CausalMask(N).attend_takes_half and not fast.as_mask_operator(PaddingMask(torch.arange(N) < N)).attend_takes_half
