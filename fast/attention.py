@@ -32,7 +32,8 @@ from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, blocked_numer
                           features_per_block, guard_flag, linear_products, masked_products, refused_rows)
 from fast.errors import DenominatorError
 from fast.favor_blockwise import favor_products
-from fast.features import favor_exponentials
+from fast.features import favor_exponentials, slice_max
+from fast.kernels.dispatch import use_feature_kernel
 from fast.masks.explicit import as_mask_operator
 from fast.operator import MaskOperator
 from fast.scaling import times_pow2, value_shift, within_values
@@ -538,9 +539,16 @@ def _favor_features(q: torch.Tensor, k: torch.Tensor, projection: torch.Tensor, 
     q, k = q.to(compute_dtype(q.dtype)), k.to(compute_dtype(k.dtype))
     w_q = projection.to(q.dtype) * scale
     w_k = w_q if k.dtype == q.dtype else projection.to(k.dtype) * scale
-    phi_q, _, n_q = favor_exponentials(q, w_q, half, is_query=True, query_norm=not in_driver)
-    phi_k, c, n_k = favor_exponentials(k, w_k, half, is_query=False, key_stabilizer=stabilizer,
-                                       row_stabilizer=row_fn)
+    if in_driver and stabilizer is None and q.dtype == k.dtype and use_feature_kernel(q, w_q):
+        # the same features by Triton kernels (fast.kernels.favor_features): no (N, m) product
+        # matrix and no elementwise passes over it, the keys' constants from their row maxima
+        from fast.kernels.favor_features import favor_kernel_features  # imports Triton: only when chosen
+        phi_q, phi_k, c, n_k = favor_kernel_features(q, k, w_q, w_k, half, slice_max if row_fn is None else row_fn)
+        n_q = None
+    else:
+        phi_q, _, n_q = favor_exponentials(q, w_q, half, is_query=True, query_norm=not in_driver)
+        phi_k, c, n_k = favor_exponentials(k, w_k, half, is_query=False, key_stabilizer=stabilizer,
+                                           row_stabilizer=row_fn)
     flags = [finite_flag(n_k, projection)]
     if n_q is not None:
         flags.append(finite_flag(n_q))

@@ -1,11 +1,13 @@
-"""When fast/ runs its Triton kernels (fast.kernels.causal_scan) instead of the PyTorch code they
-twin: the choice made in one place, without importing Triton until a kernel is wanted.
+"""When fast/ runs its Triton kernels (fast.kernels.causal_scan, fast.kernels.favor_features)
+instead of the PyTorch code they twin: the choice made in one place, without importing Triton
+until a kernel is wanted.
 
 The switch is ``CAUSAL_KERNEL`` (read at every call; its default comes from the environment
 variable MASKBENCH_CAUSAL_KERNEL, else "auto"):
 
-- "auto": the kernel for CUDA tensors of float32, bfloat16 or float16 with m, d <= MAX_WIDTH, when
-  Triton imports; the PyTorch scan otherwise (float64 too: the kernel's float64 dots are not the
+- "auto": the causal scan for CUDA tensors of float32, bfloat16 or float16 with m, d <= MAX_WIDTH,
+  and the FAVOR+ features for float32 CUDA inputs of width d <= MAX_WIDTH, when Triton imports;
+  the PyTorch code otherwise (float64 too: the kernel's float64 dots are not the
   tensor-core path, and the PyTorch scan is the one verified at that precision);
 - "off": always the PyTorch scan;
 - "force": the kernel wherever Triton can run it, any floating dtype: CUDA tensors, and CPU tensors
@@ -21,7 +23,8 @@ import os
 
 import torch
 
-__all__ = ["CAUSAL_KERNEL", "MAX_WIDTH", "MODES", "interpreting", "triton_supported", "use_causal_kernel"]
+__all__ = ["CAUSAL_KERNEL", "MAX_WIDTH", "MODES", "interpreting", "triton_supported", "use_causal_kernel",
+           "use_feature_kernel"]
 
 #: The values of CAUSAL_KERNEL.
 MODES = ("auto", "off", "force")
@@ -68,6 +71,32 @@ def use_causal_kernel(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor)
                                and phi_q.shape[-1] <= MAX_WIDTH and v.shape[-1] <= MAX_WIDTH):
         return False
     if not (phi_q.is_cuda or interpreting()):
+        return False
+    return triton_supported()
+
+
+def use_feature_kernel(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether fast.attention forms the driver's FAVOR+ features for inputs x (..., N, d) and a
+    projection w (m, d) in their compute dtype by the Triton kernels (fast.kernels.favor_features)
+    under the switch CAUSAL_KERNEL (module doc): "auto" asks for float32 CUDA tensors of one device
+    and d <= MAX_WIDTH. O(1); imports nothing for CPU tensors under "auto". ValueError naming
+    CAUSAL_KERNEL for a value outside MODES.
+
+    >>> import torch
+    >>> from fast.kernels.dispatch import use_feature_kernel
+    >>> use_feature_kernel(torch.ones(8, 4), torch.ones(16, 4))   # CPU tensors: favor_exponentials
+    False
+    """
+    mode = CAUSAL_KERNEL
+    if mode not in MODES:
+        raise ValueError(f"fast.kernels.dispatch.CAUSAL_KERNEL (or MASKBENCH_CAUSAL_KERNEL) must be one of {MODES}, "
+                         f"got {mode!r}")
+    if mode == "off":
+        return False
+    if mode == "auto" and not (x.is_cuda and x.dtype == torch.float32 == w.dtype and x.device == w.device
+                               and x.shape[-1] <= MAX_WIDTH):
+        return False
+    if not (x.is_cuda or interpreting()) or x.shape[-1] > MAX_WIDTH:
         return False
     return triton_supported()
 

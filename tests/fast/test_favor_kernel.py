@@ -1,0 +1,160 @@
+"""The Triton FAVOR+ features (fast.kernels.favor_features) against their twin,
+fast.features.favor_exponentials, on a CPU through Triton's interpreter; the dispatch rule
+(fast.kernels.dispatch.use_feature_kernel).
+
+TRITON_INTERPRET=1 must be set before triton is imported, so the kernels run in one subprocess
+(MASKBENCH_CAUSAL_KERNEL=force) that prints its measurements as JSON; the tests judge them. Cases:
+m below, at and above one block of 64 columns (70: a partial second block), d from 5 (padded to
+16) to 64, rows not a multiple of the 64 per program, batched leading dims, the keys' constants
+from a running maximum (CausalMask) and from one slice maximum (the default), float32 and float64.
+
+Tolerances are bounds (docs/methods.md): the kernels form the same sums as the twin in another
+order, so an exponent differs by at most a few (d + 2) u |x| |w| and a feature by that relative
+amount; with |x w^T| <= 40 here that is below 2^-12 in float32 and 2^-40 in float64. Gradients:
+the twin's, likewise. gradcheck and gradgradcheck run on features normalised per row (phi /
+sum_a phi_a), where the constants the features are shifted by cancel: finite differences of the
+raw features see a moved maximum that the analytic gradient (constants held fixed, as in
+attention, where they cancel too) rightly ignores. Skipped where triton is not installed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fast.kernels import dispatch
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="triton is not installed (pip install triton; dev extras)")
+
+SCRIPT = r"""
+import json
+import torch
+from fast import CausalMask, PaddingMask, favor_attention, gaussian_projection
+from fast.features import favor_exponentials, slice_max
+from fast.kernels import dispatch
+from fast.kernels.favor_features import favor_kernel_features
+from fast.masks.sequence import _running_max
+
+assert dispatch.CAUSAL_KERNEL == "force"
+rel = lambda a, b: float((a - b).norm() / b.norm())
+res = {"cases": []}
+gen = torch.Generator().manual_seed(0)
+for lead, n, d, m, dtype in [((2,), 70, 5, 70, torch.float64), ((1, 2), 130, 16, 64, torch.float32),
+                             ((3,), 9, 8, 16, torch.float64), ((2,), 65, 64, 32, torch.float32)]:
+    q = torch.randn(*lead, n, d, generator=gen, dtype=dtype) * 2
+    k = torch.randn(*lead, n, d, generator=gen, dtype=dtype) * 2
+    w = torch.randn(m, d, generator=gen, dtype=dtype) * d ** -0.25
+    half = 0.5 * d ** -0.5
+    for name, fn in (("running", _running_max), ("slice", slice_max)):
+        a = [t.clone().requires_grad_() for t in (q, k, w)]
+        pq, pk, c, nk = favor_kernel_features(a[0], a[1], a[2], a[2], half, fn)
+        b = [t.clone().requires_grad_() for t in (q, k, w)]
+        rq = favor_exponentials(b[0], b[2], half, is_query=True, query_norm=False)[0]
+        rk, rc, rn = favor_exponentials(b[1], b[2], half, is_query=False, row_stabilizer=fn)
+        gq, gk = torch.randn(pq.shape, generator=gen, dtype=dtype), torch.randn(pk.shape, generator=gen, dtype=dtype)
+        ((pq * gq).sum() + (pk * gk).sum()).backward()
+        ((rq * gq).sum() + (rk * gk).sum()).backward()
+        res["cases"].append({"dtype": str(dtype).split(".")[1], "m": m, "d": d, "constants": name,
+                             "diff": [rel(pq.detach(), rq.detach()), rel(pk.detach(), rk.detach()), rel(c, rc),
+                                      rel(nk, rn.detach())] + [rel(x.grad, y.grad) for x, y in zip(a, b)],
+                             "largest": float(max(pq.max(), pk.max())), "smallest": float(min(pq.min(), pk.min())),
+                             "dtypes": [str(t.dtype) for t in (pq, pk)]})
+
+q, k = (torch.randn(1, 7, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+w = torch.randn(5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+norm = lambda phi: phi / phi.sum(-1, keepdim=True)
+f = lambda q, k, w: tuple(norm(p) for p in favor_kernel_features(q, k, w, w, 0.3, _running_max)[:2])
+res["gradcheck"] = bool(torch.autograd.gradcheck(f, (q, k, w)))
+res["gradgradcheck"] = bool(torch.autograd.gradgradcheck(f, (q, k, w)))
+
+
+def second(fn):
+    a = [t.detach().clone().requires_grad_() for t in (q, k, w)]
+    pq, pk = fn(*a)
+    gs = torch.autograd.grad(pq.sin().sum() + (pk ** 2).sum(), a, create_graph=True)
+    return torch.autograd.grad(sum((g ** 2).sum() for g in gs), a)
+
+
+kern = second(lambda a, b, c: favor_kernel_features(a, b, c, c, 0.3, _running_max)[:2])
+twin = second(lambda a, b, c: (favor_exponentials(a, c, 0.3, is_query=True, query_norm=False)[0],
+                               favor_exponentials(b, c, 0.3, is_query=False, row_stabilizer=_running_max)[0]))
+res["double_backward"] = [rel(x, y) for x, y in zip(kern, twin)]
+
+# favor_attention on the kernels (features and scan) against the PyTorch twins, causal and padded
+n = 90
+q, k, v = (torch.randn(2, n, 8, generator=gen) for _ in range(3))
+w = gaussian_projection(32, 8, generator=gen)
+masks = {"causal": CausalMask(n), "padding": PaddingMask(torch.arange(n) < 80)}
+got = {key: favor_attention(q * 2, k * 2, v, w, mask=mask) for key, mask in masks.items()}
+dispatch.CAUSAL_KERNEL = "off"
+res["driver"] = {key: rel(got[key], favor_attention(q * 2, k * 2, v, w, mask=mask)) for key, mask in masks.items()}
+print("RESULT " + json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", MASKBENCH_CAUSAL_KERNEL="force", PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@needs_triton
+def test_features_constants_and_gradients_match_the_twin(interpreted):
+    bound = {"float32": 2.0 ** -12, "float64": 2.0 ** -40}
+    assert {(c["m"], c["constants"]) for c in interpreted["cases"]} >= {(70, "running"), (70, "slice"), (64, "running")}
+    for case in interpreted["cases"]:
+        assert max(case["diff"]) <= bound[case["dtype"]], case
+        assert case["dtypes"] == [f"torch.{case['dtype']}"] * 2
+
+
+@needs_triton
+def test_every_feature_is_in_zero_one_with_a_one_per_query(interpreted):
+    # the stabilisers' guarantee: exponents <= 0, and each query's largest feature is exp(0) = 1
+    for case in interpreted["cases"]:
+        assert case["largest"] == 1.0 and case["smallest"] >= 0.0, case
+
+
+@needs_triton
+def test_gradcheck_and_double_backward(interpreted):
+    assert interpreted["gradcheck"] and interpreted["gradgradcheck"]
+    assert max(interpreted["double_backward"]) <= 2.0 ** -40, interpreted["double_backward"]
+
+
+@needs_triton
+def test_favor_attention_on_the_kernels_matches_the_pytorch_twins(interpreted):
+    # float32 ratios of sums of <= N + m positive terms: a few thousand u (as test_causal_triton)
+    assert max(interpreted["driver"].values()) <= 4096 * 2.0 ** -24, interpreted["driver"]
+
+
+def test_auto_keeps_the_pytorch_features_on_cpu_and_off_everywhere(monkeypatch):
+    x, w = torch.ones(2, 8, 4), torch.ones(16, 4)
+    for mode in ("auto", "off"):
+        monkeypatch.setattr(dispatch, "CAUSAL_KERNEL", mode)
+        assert dispatch.use_feature_kernel(x, w) is False
+    monkeypatch.setattr(dispatch, "CAUSAL_KERNEL", "sometimes")
+    with pytest.raises(ValueError, match="CAUSAL_KERNEL"):
+        dispatch.use_feature_kernel(x, w)
+
+
+@needs_triton
+def test_names_bad_arguments():
+    from fast.kernels.favor_features import favor_kernel_features
+    x, w = torch.ones(2, 8, 4), torch.ones(16, 4)
+    with pytest.raises(ValueError, match="share one dtype"):
+        favor_kernel_features(x, x.double(), w, w, 0.5, lambda r: r)
+    with pytest.raises(ValueError, match="share d"):
+        favor_kernel_features(x, x, torch.ones(16, 5), torch.ones(16, 5), 0.5, lambda r: r)
+    with pytest.raises(ValueError, match="must be a floating tensor"):
+        favor_kernel_features(x, x.long(), w, w, 0.5, lambda r: r)
