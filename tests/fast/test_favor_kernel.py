@@ -158,3 +158,39 @@ def test_names_bad_arguments():
         favor_kernel_features(x, x, torch.ones(16, 5), torch.ones(16, 5), 0.5, lambda r: r)
     with pytest.raises(ValueError, match="must be a floating tensor"):
         favor_kernel_features(x, x.long(), w, w, 0.5, lambda r: r)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)")
+def test_cuda_features_and_favor_attention_match_the_twins(monkeypatch):
+    """On the GPU (three TF32 products per float32 dot, tf32x3): features, constants and gradients
+    against favor_exponentials on the same device, within the bound of the interpreter's test (an
+    exponent of |x w^T| <= 40 moved by ~2^-20 relative is ~2^-15 of a feature), and favor_attention
+    with a causal mask on the kernels against the PyTorch twins (dispatch off)."""
+    from fast import CausalMask, favor_attention, gaussian_projection
+    from fast.features import favor_exponentials
+    from fast.kernels.favor_features import favor_kernel_features
+    from fast.masks.sequence import _running_max
+
+    monkeypatch.setattr(dispatch, "CAUSAL_KERNEL", "auto")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    b, h, n, d, m = 2, 4, 3000, 64, 128
+    q, k, v = (torch.randn(b, h, n, d, generator=gen, device="cuda") for _ in range(3))
+    w = gaussian_projection(m, d, generator=torch.Generator().manual_seed(1)).cuda() * d ** -0.25
+    assert dispatch.use_feature_kernel(q, w)
+    half = 0.5 * d ** -0.5
+    a = [t.clone().requires_grad_() for t in (q, k)]
+    pq, pk, c, _ = favor_kernel_features(a[0], a[1], w, w, half, _running_max)
+    r = [t.clone().requires_grad_() for t in (q, k)]
+    rq = favor_exponentials(r[0], w, half, is_query=True, query_norm=False)[0]
+    rk, rc, _ = favor_exponentials(r[1], w, half, is_query=False, row_stabilizer=_running_max)
+    (pq.sum() + (pk * 2).sum()).backward()
+    (rq.sum() + (rk * 2).sum()).backward()
+    rel = lambda x, y: float((x - y).norm() / y.norm())
+    diffs = [rel(pq.detach(), rq.detach()), rel(pk.detach(), rk.detach()), rel(c, rc),
+             rel(a[0].grad, r[0].grad), rel(a[1].grad, r[1].grad)]
+    assert max(diffs) <= 2.0 ** -12, diffs
+    wp = gaussian_projection(m, d, generator=torch.Generator().manual_seed(2)).cuda()
+    got = favor_attention(q, k, v, wp, mask=CausalMask(n))
+    monkeypatch.setattr(dispatch, "CAUSAL_KERNEL", "off")
+    want = favor_attention(q, k, v, wp, mask=CausalMask(n))
+    assert rel(got, want) <= 2.0 ** -12
