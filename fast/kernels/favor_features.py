@@ -39,9 +39,11 @@ except ImportError:  # the PyTorch features serve everywhere (fast.kernels.dispa
 
 __all__ = ["favor_kernel_features"]
 
-#: Rows per program and columns of the projection per step (every m is walked in blocks of BM).
+#: Rows per program, and the most columns of the projection per step (m is walked in blocks of
+#: BM = the least power of two >= m, at least 16 and at most MAX_BM: one block for m <= 128, where
+#: the queries' products are formed once, not once for the maximum and once for the features).
 BLOCK_ROWS = 64
-BM = 64
+MAX_BM = 128
 
 
 def favor_kernel_features(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, half: float,
@@ -115,7 +117,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, int, int, i
     r, d = rows.shape
     m = w.shape[0]
     bd = max(16, 1 << (d - 1).bit_length())
-    meta = {"BR": BLOCK_ROWS, "BM": BM, "BD": bd, "PRECISION": _precision(x),
+    bm = max(16, min(MAX_BM, 1 << (m - 1).bit_length()))
+    meta = {"BR": BLOCK_ROWS, "BM": bm, "BD": bd, "PRECISION": _precision(x),
             "ACC": tl.float64 if x.dtype == torch.float64 else tl.float32, "num_warps": 4}
     return rows, r, m, d, meta
 
@@ -223,12 +226,18 @@ if triton is not None:
         offs_d = tl.arange(0, BD)
         r_ok = offs_r < R
         d_ok = offs_d < D
-        top = _row_max(X, W, offs_r, r_ok, offs_d, d_ok, M, D, BR, BM, PRECISION, ACC)
-        for j in range(0, tl.cdiv(M, BM)):
-            p, offs_m, m_ok = _block_products(X, W, offs_r, r_ok, offs_d, d_ok, j, M, D, BM, PRECISION, ACC)
-            phi = tl.exp(p - top[:, None])
-            tl.store(PHI + offs_r[:, None] * M + offs_m[None, :], phi.to(PHI.dtype.element_ty),
+        if M <= BM:  # one block: the products once, for the maximum and the features
+            p, offs_m, m_ok = _block_products(X, W, offs_r, r_ok, offs_d, d_ok, 0, M, D, BM, PRECISION, ACC)
+            top = tl.max(tl.where(m_ok[None, :], p, float("-inf")), axis=1)
+            tl.store(PHI + offs_r[:, None] * M + offs_m[None, :], tl.exp(p - top[:, None]).to(PHI.dtype.element_ty),
                      mask=r_ok[:, None] & m_ok[None, :])
+        else:
+            top = _row_max(X, W, offs_r, r_ok, offs_d, d_ok, M, D, BR, BM, PRECISION, ACC)
+            for j in range(0, tl.cdiv(M, BM)):
+                p, offs_m, m_ok = _block_products(X, W, offs_r, r_ok, offs_d, d_ok, j, M, D, BM, PRECISION, ACC)
+                phi = tl.exp(p - top[:, None])
+                tl.store(PHI + offs_r[:, None] * M + offs_m[None, :], phi.to(PHI.dtype.element_ty),
+                         mask=r_ok[:, None] & m_ok[None, :])
 
     @triton.jit
     def _half_norm(X, offs_r, r_ok, offs_d, d_ok, D, half, ACC: tl.constexpr):
