@@ -83,10 +83,13 @@ class CausalMask(MaskOperator):
     #: alike: a non-finite phi_k_j or v_j makes num or den non-finite (0 * inf is NaN), so the
     #: driver's check of num and den covers the keys and values (fast.operator).
     attend_reaches_keys = True
-    #: attend(..., accumulate=True) takes half-precision features and values as they are and returns
-    #: num and den in float32: the Triton kernel reads them in their dtype and sums in float32, the
-    #: PyTorch scan works on float32 copies (fast.operator; the driver then makes no copies).
-    attend_takes_half = True
+    @property
+    def attend_takes_half(self) -> bool:
+        """attend(..., accumulate=True) takes half-precision features and values as they are and
+        returns num and den in float32: the Triton kernel reads them in their dtype and sums in
+        float32, the PyTorch scan works on float32 copies (fast.operator; the driver then makes no
+        copies). False for a subclass that overrides attend, which may not take ``accumulate``."""
+        return type(self).attend is CausalMask.attend
     #: chunk=None: the chunk is sqrt(m d) rounded to a power of two, clipped to this range.
     CHUNK_RANGE = (16, 64)
     #: chunk=None: the plain scan's backward clips the same rule to this range. It forms twice the
@@ -198,7 +201,10 @@ class CausalMask(MaskOperator):
         """0-dim bool: every slice of the constants c (..., N) has r_N - r_1 <= factor_range(dtype), r
         their running max: the one-reference route is exact (docs/papers.md, fast.masks.sequence).
         """
-        return (c.amax(-1) - c[..., 0]).amax() <= factor_range(c.dtype)  # NaN: False
+        spread = c.amax(-1) - c[..., 0]
+        if spread.numel() == 0:  # an empty batch: nothing to rescale
+            return torch.ones((), dtype=torch.bool, device=c.device)
+        return spread.amax() <= factor_range(c.dtype)  # NaN: False
 
     def attend_optimistic(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                           key_log_scale: torch.Tensor) -> tuple[object, torch.Tensor | None]:

@@ -49,13 +49,17 @@ def test_compiled_elu_plus_one_function_has_finite_gradient_at_large_inputs():
     torch.testing.assert_close(x.grad, torch.tensor([torch.exp(torch.tensor(-2.0)).item(), 1.0, 1.0, 1.0, 1.0]))
 
 
-@pytest.mark.parametrize("driver", ["favor", "softmax", "linear", "causal", "padding-like dense"])
+@pytest.mark.parametrize("driver", ["favor", "favor-causal", "softmax", "linear", "causal", "causal-bfloat16",
+                                    "padding-like dense"])
 def test_empty_batch_returns_an_empty_output(driver):
     """Leading dims may be empty (a batch of 0): the finiteness flags must not read an empty
     tensor's min/max (torch.aminmax refuses those)."""
     q, k, v = (torch.rand(0, 8, 4) for _ in range(3))
-    if driver == "favor":
-        out = fast.favor_attention(q, k, v, torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+    if driver.startswith("favor"):
+        mask = fast.CausalMask(8) if driver == "favor-causal" else None
+        out = fast.favor_attention(q, k, v, torch.randn(4, 4, generator=torch.Generator().manual_seed(0)), mask=mask)
+    elif driver == "causal-bfloat16":  # bfloat16 features reach attend as they are (attend_takes_half)
+        out = fast.masked_linear_attention(*(t.to(torch.bfloat16) for t in (q, k, v)), mask=fast.CausalMask(8))
     elif driver == "softmax":
         out = fast.softmax_attention(q, k, v)
     elif driver == "linear":
@@ -82,6 +86,24 @@ def test_causal_subclass_attend_override_is_called_by_favor_attention():
     out = fast.favor_attention(q, k, v, w, mask=Recorded(16))
     assert calls == [True]
     torch.testing.assert_close(out, fast.favor_attention(q, k, v, w, mask=fast.CausalMask(16)))
+
+
+def test_causal_subclass_with_its_own_attend_gets_float32_copies_of_bfloat16_features():
+    """attend_takes_half holds for CausalMask's own attend only: a subclass's attend, which may not
+    take ``accumulate``, is called as before, on float32 copies."""
+    seen = []
+
+    class Recorded(fast.CausalMask):
+        def attend(self, phi_q, phi_k, v, *, key_log_scale=None):
+            seen.append(phi_q.dtype)
+            return super().attend(phi_q, phi_k, v, key_log_scale=key_log_scale)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.rand(2, 16, 4, generator=g).to(torch.bfloat16) for _ in range(3))
+    assert fast.CausalMask(16).attend_takes_half and not Recorded(16).attend_takes_half
+    out = fast.masked_linear_attention(q, k, v, mask=Recorded(16))
+    assert seen == [torch.float32] and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, fast.masked_linear_attention(q, k, v, mask=fast.CausalMask(16)))
 
 
 @pytest.mark.parametrize("promise", [None, True, False])
