@@ -14,6 +14,8 @@ nothing.
 """
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +38,11 @@ COMMAND = "make gpu-check"
 #: sample, when the user has no GPU run of their own (a clone without a GPU still sees what the
 #: section holds).
 SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "runs" / "gpu-h100-2026-11-27.json"
+#: A later run of the causal stage alone (``python -m measure.gpu --skip-tests --skip-checks
+#: --skip-sweeps --skip-peers``, after the kernels' changes of 2026-11-28, without fla-core): the
+#: sample's page takes its causal tables from it (the sample's own causal stage reached 6 points,
+#: on the code before those changes).
+SAMPLE_CAUSAL = Path(__file__).resolve().parents[2] / "docs" / "runs" / "causal-h100-2026-11-28b.json"
 
 
 @dataclass
@@ -132,6 +139,8 @@ class GpuView:
     causal_favor: list[tuple[str, ...]] = field(default_factory=list)  # N, pass, FAVOR+, given, ratio
     causal_crossover: list[tuple[str, str, str]] = field(default_factory=list)  # pass, N, interval
     causal_note: str = ""
+    #: where the causal tables come from when not from this run (the sample's later causal run)
+    causal_source: str = ""
 
 
 def _crossing_text(n: object) -> str:
@@ -160,6 +169,21 @@ def _causal_rows(view: "GpuView", causal: dict) -> None:
                                       f"[{_crossing_text(lo)}, {_crossing_text(hi)}]"))
     if not (view.causal_vs_fla or view.causal_favor or view.causal_crossover):
         view.causal_note = _stage_note(causal) if causal else "the causal stage was not run"
+
+
+def _sample_causal(view: "GpuView", own: dict, path: Path | None = None) -> dict:
+    """The causal stage of SAMPLE_CAUSAL (``path``) for the sample's page, its source named in
+    ``view.causal_source``; ``own`` (the sample's own stage) where that file cannot be read."""
+    path = SAMPLE_CAUSAL if path is None else path
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return own
+    env = data.get("environment") or {}
+    view.causal_source = ", ".join(str(x) for x in (
+        str(Path("docs") / "runs" / Path(path).name), env.get("gpu"), str(env.get("date") or "")[:10],
+        env.get("git_commit") and f"commit {env['git_commit']}") if x)
+    return data.get("causal") or own
 
 
 def _stage_note(stage: dict | None) -> str:
@@ -245,7 +269,10 @@ def gpu_view(run: GpuRun | None) -> GpuView:
     if sweeps.get("curves"):
         view.sweep_note = (f"median of {sweeps.get('rounds', '?')} synchronised measurements per point, "
                            f"{fmt.seconds_text(sweeps.get('seconds'))} for the stage")
-    _causal_rows(view, d.get("causal") or {})
+    causal = d.get("causal") or {}
+    if view.sample_for:
+        causal = _sample_causal(view, causal)
+    _causal_rows(view, causal)
     peers = d.get("peers") or {}
     if peers.get("summary"):
         view.peers = peers_view(PeersSummary.from_dict(peers["summary"], f"{run.path} (peers)"))

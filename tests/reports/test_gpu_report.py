@@ -82,6 +82,9 @@ def test_page_has_the_gpu_section(tmp_path, kind):
         # the section folds, and its heading says it holds a sample
         note = "sample run (NVIDIA H100 80GB HBM3, 2026-11-27, commit b9500da), not yours"
         assert f'<small class="sample-note">{note}</small>' in section
+        # the causal tables of the later causal run, named, with the crossover against SDPA flash
+        later = "docs/runs/causal-h100-2026-11-28b.json, NVIDIA H100 80GB HBM3, 2026-11-28, commit 384810c"
+        assert later in section and "N from which causal FAVOR+ beats SDPA flash" in section
         return
     assert "Sample, not your run" not in section
     assert "NVIDIA H100 80GB HBM3" in section and "580.159.03" in section and "2.11.0+cu130" in section
@@ -126,3 +129,16 @@ def test_causal_stage_tables_and_crossover(tmp_path):
     bare = gpu_view(load_gpu(_write(tmp_path, gpu_run(), "bare.json")))
     assert not bare.causal_vs_fla and bare.causal_note == "the causal stage was not run"
     assert "causal" in [s for s, _, _ in bare.stage_rows]
+
+
+def test_sample_takes_the_later_causal_run_and_keeps_its_own_without_one(tmp_path):
+    from reports.sections.gpu import SAMPLE, GpuView, _sample_causal, gpu_or_sample
+    view = gpu_view(gpu_or_sample(load_gpu(tmp_path / "none.json")))
+    assert view.sample_for and view.causal_source.startswith("docs/runs/causal-h100-2026-11-28b.json")
+    assert [r[0] for r in view.causal_crossover] == ["forward", "forward+backward"]
+    assert [r[1] for r in view.causal_favor] == ["forward"] * 3 + ["forward+backward"] * 3
+    assert not view.causal_vs_fla  # that run had no fla-core
+    own = {"summary": {"vs_fla": []}}
+    lonely = GpuView(found=True, path="gpu.json")
+    assert _sample_causal(lonely, own, tmp_path / "absent.json") is own and not lonely.causal_source
+    assert SAMPLE.exists()
