@@ -130,3 +130,22 @@ def saved_bytes(fn) -> tuple[int, object]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return sum(storages.values()), out
+
+
+def run_interpreted(script: str) -> dict:
+    """Run ``script`` (Python that prints one line "RESULT <json>") in a subprocess with Triton's
+    interpreter on and fast/'s kernels forced (TRITON_INTERPRET=1 must be set before triton is
+    imported, so not in this process), and return the parsed JSON; the script's stderr when it fails."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", MASKBENCH_CAUSAL_KERNEL="force", PYTHONPATH=str(root))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))

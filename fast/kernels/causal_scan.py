@@ -43,7 +43,7 @@ from typing import Callable
 
 import torch
 
-from fast.kernels.dispatch import MAX_WIDTH, interpreting, triton_supported
+from fast.kernels.dispatch import MAX_WIDTH, dot_precision, require_triton
 from fast.prefix import running_max
 from fast.validation import check_key_log_scale
 
@@ -142,26 +142,7 @@ def _check_inputs(phi_q: object, phi_k: object, v: object) -> None:
     if not phi_q.device == phi_k.device == v.device:
         raise ValueError(f"phi_q, phi_k and v must be on one device, got {phi_q.device}, {phi_k.device} and {v.device}")
     kernel_blocks(phi_q.shape[-1], v.shape[-1])  # the widths
-    if triton is None or not triton_supported():
-        raise RuntimeError("the Triton causal scan needs triton >= 3 (pip install triton; CUDA builds of torch bring "
-                           "it): CausalMask.attend runs the PyTorch scan without it")
-    if not phi_q.is_cuda and not interpreting():
-        raise RuntimeError(f"the Triton causal scan runs on CUDA tensors, or on CPU tensors under Triton's interpreter "
-                           f"(TRITON_INTERPRET=1 set before triton is imported); got tensors on {phi_q.device}")
-
-
-def _precision(x: torch.Tensor) -> str:
-    """tl.dot's input_precision for inputs like x: float32 products to float32 accuracy unless torch
-    itself allows TF32 for them, by three TF32 products (split operands; tensor cores, where IEEE
-    products would run on the FMA units) on a GPU that has TF32 (compute capability 8.0 on),
-    IEEE otherwise; TF32 for half-precision inputs (it holds their values exactly); IEEE for float64."""
-    if x.dtype == torch.float64:
-        return "ieee"
-    if x.dtype in (torch.bfloat16, torch.float16):
-        return "tf32"
-    if torch.backends.cuda.matmul.allow_tf32:
-        return "tf32"
-    return "tf32x3" if x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 0) else "ieee"
+    require_triton(phi_q, "the Triton causal scan", imported=triton is not None)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -238,7 +219,7 @@ MIN_SEGMENT_CHUNKS = 8
 
 def _launch_args(v: torch.Tensor) -> dict:
     acc = _acc_dtype(v.dtype)
-    return {"PRECISION": _precision(v), "ACC": tl.float64 if acc == torch.float64 else tl.float32}
+    return {"PRECISION": dot_precision(v), "ACC": tl.float64 if acc == torch.float64 else tl.float32}
 
 
 def _totals(a, b, c, r, gd, plan, blocks, m, d, reverse: bool, config: tuple[int, int, int, int], **launch):

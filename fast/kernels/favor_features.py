@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from fast.kernels.dispatch import MAX_WIDTH, interpreting, triton_supported
+from fast.kernels.dispatch import MAX_WIDTH, dot_precision, require_triton
 
 try:
     import triton
@@ -95,21 +95,7 @@ def _check(**tensors: torch.Tensor) -> None:
     if tensors["w_q"].shape != tensors["w_k"].shape or tensors["w_q"].dim() != 2:
         raise ValueError(f"w_q and w_k must both be (m, d), got {tuple(tensors['w_q'].shape)} and "
                          f"{tuple(tensors['w_k'].shape)}")
-    if triton is None or not triton_supported():
-        raise RuntimeError("the Triton FAVOR+ features need triton >= 3 (pip install triton)")
-    if not first.is_cuda and not interpreting():
-        raise RuntimeError(f"the Triton FAVOR+ features run on CUDA tensors, or on CPU tensors under Triton's "
-                           f"interpreter (TRITON_INTERPRET=1 set before triton is imported); got {first.device}")
-
-
-def _precision(x: torch.Tensor) -> str:
-    """tl.dot's input_precision: float32 accuracy for float32 (three TF32 products on a GPU with
-    TF32, unless torch itself allows TF32 for float32 matmuls), IEEE otherwise."""
-    if x.dtype != torch.float32 or not x.is_cuda:
-        return "ieee"
-    if torch.backends.cuda.matmul.allow_tf32:
-        return "tf32"
-    return "tf32x3" if torch.cuda.get_device_capability(x.device) >= (8, 0) else "ieee"
+    require_triton(first, "the Triton FAVOR+ features", imported=triton is not None)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, int, int, int, dict]:
@@ -118,7 +104,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, int, int, i
     m = w.shape[0]
     bd = max(16, 1 << (d - 1).bit_length())
     bm = max(16, min(MAX_BM, 1 << (m - 1).bit_length()))
-    meta = {"BR": BLOCK_ROWS, "BM": bm, "BD": bd, "PRECISION": _precision(x),
+    meta = {"BR": BLOCK_ROWS, "BM": bm, "BD": bd, "PRECISION": dot_precision(x),
             "ACC": tl.float64 if x.dtype == torch.float64 else tl.float32, "num_warps": 4}
     return rows, r, m, d, meta
 
@@ -200,6 +186,13 @@ class _KeyFeatures(torch.autograd.Function):
 
 if triton is not None:
     @triton.jit
+    def _program_rows(R, D, BR: tl.constexpr, BD: tl.constexpr):
+        """This program's rows (BR of the R, as int64 offsets) and the d columns, with their masks."""
+        offs_r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+        offs_d = tl.arange(0, BD)
+        return offs_r, offs_r < R, offs_d, offs_d < D
+
+    @triton.jit
     def _block_products(X, W, offs_r, r_ok, offs_d, d_ok, j, M, D, BM: tl.constexpr, PRECISION: tl.constexpr,
                         ACC: tl.constexpr):
         """(p, column mask) for columns j BM .. j BM + BM - 1 of the rows' products x w^T."""
@@ -222,10 +215,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _query_kernel(X, W, PHI, R, M, D, BR: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
                       PRECISION: tl.constexpr, ACC: tl.constexpr):
-        offs_r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        r_ok = offs_r < R
-        d_ok = offs_d < D
+        offs_r, r_ok, offs_d, d_ok = _program_rows(R, D, BR, BD)
         if M <= BM:  # one block: the products once, for the maximum and the features
             p, offs_m, m_ok = _block_products(X, W, offs_r, r_ok, offs_d, d_ok, 0, M, D, BM, PRECISION, ACC)
             top = tl.max(tl.where(m_ok[None, :], p, float("-inf")), axis=1)
@@ -247,10 +237,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _key_rows_kernel(X, W, ROWS, NORM, R, M, D, half, BR: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
                          PRECISION: tl.constexpr, ACC: tl.constexpr):
-        offs_r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        r_ok = offs_r < R
-        d_ok = offs_d < D
+        offs_r, r_ok, offs_d, d_ok = _program_rows(R, D, BR, BD)
         n = _half_norm(X, offs_r, r_ok, offs_d, d_ok, D, half, ACC)
         top = _row_max(X, W, offs_r, r_ok, offs_d, d_ok, M, D, BR, BM, PRECISION, ACC)
         tl.store(ROWS + offs_r, (top - n).to(ROWS.dtype.element_ty), mask=r_ok)
@@ -259,10 +246,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _key_kernel(X, W, C, PHI, R, M, D, half, BR: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
                     PRECISION: tl.constexpr, ACC: tl.constexpr):
-        offs_r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        r_ok = offs_r < R
-        d_ok = offs_d < D
+        offs_r, r_ok, offs_d, d_ok = _program_rows(R, D, BR, BD)
         n = _half_norm(X, offs_r, r_ok, offs_d, d_ok, D, half, ACC)
         c = tl.load(C + offs_r, mask=r_ok, other=0.0).to(ACC)
         for j in range(0, tl.cdiv(M, BM)):

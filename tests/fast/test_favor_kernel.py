@@ -19,18 +19,13 @@ attention, where they cancel too) rightly ignores. Skipped where triton is not i
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from fast.kernels import dispatch
+from tests.helpers import run_interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="triton is not installed (pip install triton; dev extras)")
 
@@ -102,12 +97,7 @@ print("RESULT " + json.dumps(res))
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", MASKBENCH_CAUSAL_KERNEL="force", PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, env=env,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return run_interpreted(SCRIPT)
 
 
 @needs_triton
