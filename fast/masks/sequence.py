@@ -83,6 +83,7 @@ class CausalMask(MaskOperator):
     #: alike: a non-finite phi_k_j or v_j makes num or den non-finite (0 * inf is NaN), so the
     #: driver's check of num and den covers the keys and values (fast.operator).
     attend_reaches_keys = True
+
     @property
     def attend_takes_half(self) -> bool:
         """attend(..., accumulate=True) takes half-precision features and values as they are and
@@ -90,6 +91,7 @@ class CausalMask(MaskOperator):
         float32, the PyTorch scan works on float32 copies (fast.operator; the driver then makes no
         copies). False for a subclass that overrides attend, which may not take ``accumulate``."""
         return type(self).attend is CausalMask.attend
+
     #: chunk=None: the chunk is sqrt(m d) rounded to a power of two, clipped to this range.
     CHUNK_RANGE = (16, 64)
     #: chunk=None: the plain scan's backward clips the same rule to this range. It forms twice the
@@ -159,21 +161,15 @@ class CausalMask(MaskOperator):
         if accumulate and not kernel:  # the PyTorch scan sums in its inputs' dtype: float32 copies
             work = compute_dtype(torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype))
             phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)
-        elif kernel and accumulate:
-            if key_log_scale is None:
-                return self._kernel_scan(phi_q, phi_k, v, None, accumulate=True)
-            c = self._check_log_scale(key_log_scale, phi_k)
-            if not bool(torch.isfinite(c).all()):
-                raise ValueError("key_log_scale contains non-finite values (NaN or inf)")
-            return self._kernel_scan(phi_q, phi_k, v, c, accumulate=True)
         if key_log_scale is None:
-            return self._kernel_scan(phi_q, phi_k, v, None) if kernel else _CausalScan.apply(phi_q, phi_k, v, self)
+            return (self._kernel_scan(phi_q, phi_k, v, None, accumulate) if kernel
+                    else _CausalScan.apply(phi_q, phi_k, v, self))
         c = self._check_log_scale(key_log_scale, phi_k)
         finite, narrow = torch.stack([torch.isfinite(c).all(), self._narrow(c)]).tolist()  # one host read
         if not finite:
             raise ValueError("key_log_scale contains non-finite values (NaN or inf)")
         if kernel:
-            return self._kernel_scan(phi_q, phi_k, v, c)
+            return self._kernel_scan(phi_q, phi_k, v, c, accumulate)
         return _StableCausalScan.apply(phi_q, phi_k, v, c, self, narrow)
 
     def _kernel_scan(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
