@@ -652,8 +652,8 @@ WARM_SHAPES = ((*CAUSAL_SHAPE, CAUSAL_SIZES[0]), (1, 4, 64, 64, 2**10))
 
 #: The dtypes warm_fla autotunes, one child process each (start_warm), side by side. On one H100
 #: (2026-11-28) that saved less than the half it was meant to: the children's compiles and timings
-#: compete, and the float32 forward took 112 s beside the bfloat16 child against 64 s alone; the
-#: bfloat16 child's four calls took 229 s.
+#: compete, and the float32 forward took 112 s beside the bfloat16 child (64 s alone on an H200 the
+#: day before); the bfloat16 child's four calls took 229 s.
 WARM_DTYPES = ("float32", "bfloat16")
 
 
