@@ -20,7 +20,8 @@ Five stages, each with its share of one wall-clock budget (default 480 s, ``make
    linear attention on given features (B = 1, H = 8, d = m = 64, N in CAUSAL_SIZES, float32 and
    bfloat16, forward and forward + backward) by maskbench's driver, by CausalMask.attend alone (the
    Triton scan on CUDA) and by flash-linear-attention's ``chunk_linear_attn`` where installed;
-   causal FAVOR+ against the same features given; and causal FAVOR+ against SDPA's flash kernel in
+   causal FAVOR+ against the same features given; CausalMask.attend with per-key constants (the
+   stabilised scan) against without, in float32; and causal FAVOR+ against SDPA's flash kernel in
    bfloat16 over CROSSOVER_SIZES, with the N from which FAVOR+ is faster and its interval
    (``crossover``). Few N and ``CAUSAL_ROUNDS`` rounds: a share of the budget, points in order of
    importance, no new point once it is used;
@@ -527,11 +528,12 @@ CROSSOVER_SIZES = (2**11, 2**12, 2**13, 2**14, 2**15, 2**16)
 #: Timed rounds per point (each a measure.timing.measure of at least MIN_MEASURE_S).
 CAUSAL_ROUNDS = 3
 #: What the causal stage times: maskbench's driver on given features (masked_linear_attention),
-#: CausalMask.attend alone (the Triton scan on CUDA), fla-core's chunk_linear_attn, causal FAVOR+
+#: CausalMask.attend alone (the Triton scan on CUDA), the same with per-key constants (the
+#: stabilised scan FAVOR+ runs: "attend-stable"), fla-core's chunk_linear_attn, causal FAVOR+
 #: (favor_attention) and SDPA's flash kernel (exact softmax, is_causal=True).
-CAUSAL_IMPLS = ("maskbench", "attend", "fla", "favor", "sdpa-flash")
+CAUSAL_IMPLS = ("maskbench", "attend", "attend-stable", "fla", "favor", "sdpa-flash")
 #: This project's implementations: an exception in one of them fails the run (``failures``).
-MASKBENCH_IMPLS = ("maskbench", "attend", "favor")
+MASKBENCH_IMPLS = ("maskbench", "attend", "attend-stable", "favor")
 PASSES = ("forward", "forward+backward")
 #: Triton's float32 dot for the causal stage's peers: three TF32 products, float32 accuracy on
 #: tensor cores, as maskbench's kernel computes (causal_stage).
@@ -550,7 +552,7 @@ def causal_plan(sizes: tuple[int, ...] = CAUSAL_SIZES,
         for dtype in ("float32", "bfloat16"):
             for pass_ in PASSES:
                 out += [(impl, n, dtype, pass_) for impl in ("maskbench", "attend", "fla")]
-        return out + [("favor", n, "float32", pass_) for pass_ in PASSES]
+        return out + [(impl, n, "float32", pass_) for impl in ("favor", "attend-stable") for pass_ in PASSES]
 
     ordered = sorted(sizes)
     plan = [p for n in ordered[:-1] for p in block(n)]
@@ -597,7 +599,7 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
         leaves.append(t)
         return t
 
-    if impl in ("maskbench", "attend", "fla"):
+    if impl in ("maskbench", "attend", "attend-stable", "fla"):
         phi_q, phi_k, v = leaf(m, True), leaf(m, True), leaf(d)
         mask = fast.CausalMask(n)
         if impl == "maskbench":
@@ -606,6 +608,12 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
         elif impl == "attend":
             def call():
                 return mask.attend(phi_q, phi_k, v)
+        elif impl == "attend-stable":
+            # per-key constants as FAVOR+'s: a running maximum (of Gaussian rows, spread 3)
+            c = torch.cummax(3 * torch.randn(b, h, n, generator=g, device=device), dim=-1).values.unsqueeze(-1)
+
+            def call():
+                return mask.attend(phi_q, phi_k, v, key_log_scale=c)
         else:
             from benchmarks.ops import fla_linear_causal
 
@@ -814,6 +822,9 @@ def causal_summary(points: list[dict]) -> dict:
     - ``vs_fla``: per (N, dtype, pass), fla / maskbench and fla / attend (>= 1: maskbench at least as
       fast as fla-core's chunk_linear_attn; issue 25's target for the features-given path);
     - ``favor_vs_given``: per (N, pass), favor / maskbench in float32 (issue 25's target: <= 1.3);
+    - ``stable_vs_plain``: per (N, pass), CausalMask.attend with per-key constants over without, in
+      float32: what FAVOR+'s stabiliser costs the scan (1.5x in the backward kernel at 2^20 on an
+      H100, 2026-11-28);
     - ``crossover``: per pass, the N from which causal FAVOR+ beats SDPA's flash kernel in bfloat16
       (``crossing`` of the median ratios) and its interval: the crossings of the rounds' most and
       least favourable ratios (fastest FAVOR+ over slowest SDPA, and the reverse), None where that
@@ -847,7 +858,12 @@ def causal_summary(points: list[dict]) -> dict:
         crossover[pass_] = {"sizes": ns, "favor_over_sdpa": ratios, "n": crossing(ns, ratios),
                             "interval": [crossing(ns, [f[0] / s[-1] for f, s in zip(fav, sdp)]),
                                          crossing(ns, [f[-1] / s[0] for f, s in zip(fav, sdp)])]}
-    return {"vs_fla": vs_fla, "favor_vs_given": favor_vs_given, "crossover": crossover}
+    stable_vs_plain = [{"n": n, "pass": pass_, "stable_s": s, "plain_s": med[("attend", n, dtype, pass_)],
+                        "stable_over_plain": s / med[("attend", n, dtype, pass_)]}
+                       for (impl, n, dtype, pass_), s in sorted(med.items(), key=lambda kv: (kv[0][3], kv[0][1]))
+                       if impl == "attend-stable" and dtype == "float32" and ("attend", n, dtype, pass_) in med]
+    return {"vs_fla": vs_fla, "favor_vs_given": favor_vs_given, "crossover": crossover,
+            "stable_vs_plain": stable_vs_plain}
 
 
 # ------------------------------------------------------------------------------ the run

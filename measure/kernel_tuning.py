@@ -2,7 +2,7 @@
 and then timed on one GPU, for choosing the defaults of fast.kernels.causal_scan.kernel_blocks.
 
     python -m measure.kernel_tuning [--device cuda] [--n 16384,131072] [--dtype float32,bfloat16]
-        [--shape B,H,d,m] [--budget 150] [--candidates K] [--out reports/out/kernel-tuning.json]
+        [--shape B,H,d,m] [--budget 150] [--candidates K] [--stable] [--out reports/out/kernel-tuning.json]
 
 A candidate is a (chunk C, value block BD, warps) for the forward kernel and one for the backward
 (the feature block BM is all m features, as kernel_blocks takes it). For each N, dtype and
@@ -71,8 +71,9 @@ def launch_config(forward_config: tuple[int, int, int], backward_config: tuple[i
         scan.kernel_blocks = default
 
 
-def _outputs(n: int, dtype: str, device: str, shape: tuple[int, int, int, int]) -> list:
-    """(num, den, d phi_q, d phi_k, d v) of CausalMask(n).attend on seeded positive features."""
+def _outputs(n: int, dtype: str, device: str, shape: tuple[int, int, int, int], stable: bool = False) -> list:
+    """(num, den, d phi_q, d phi_k, d v) of CausalMask(n).attend on seeded positive features (with
+    ``stable``, and per-key constants: the running maximum of Gaussian rows, spread 3)."""
     import torch
     import torch.nn.functional as F
 
@@ -83,7 +84,10 @@ def _outputs(n: int, dtype: str, device: str, shape: tuple[int, int, int, int]) 
     dt = getattr(torch, dtype)
     q, k = ((F.elu(torch.randn(b, h, n, m, generator=g)) + 1).to(device, dt).requires_grad_() for _ in range(2))
     v = torch.randn(b, h, n, d, generator=g).to(device, dt).requires_grad_()
-    num, den = fast.CausalMask(n).attend(q, k, v)
+    c = None
+    if stable:
+        c = torch.cummax(3 * torch.randn(b, h, n, generator=g), dim=-1).values.unsqueeze(-1).to(device)
+    num, den = fast.CausalMask(n).attend(q, k, v, key_log_scale=c)
     gn, gd = torch.randn(num.shape, generator=g).to(device, dt), torch.randn(den.shape, generator=g).to(device, dt)
     torch.autograd.backward((num, den), (gn, gd))
     return [t.detach().float() for t in (num, den, q.grad, k.grad, v.grad)]
@@ -95,13 +99,17 @@ def difference(got: list, want: list) -> float:
 
 
 def tune(device: str, sizes: tuple[int, ...], dtypes: tuple[str, ...], shape: tuple[int, int, int, int],
-         budget_s: float, out: Path | None = None, candidates=CANDIDATES, rounds: int = 3) -> dict:
+         budget_s: float, out: Path | None = None, candidates=CANDIDATES, rounds: int = 3,
+         stable: bool = False) -> dict:
     """The rows of the module doc (``rows``), the fastest candidate per (N, dtype, pass) (``best``)
-    and the candidates not reached in ``budget_s`` (``not_run``); written to ``out`` after each row."""
+    and the candidates not reached in ``budget_s`` (``not_run``); written to ``out`` after each row.
+    stable: the stabilised scan (per-key constants, FAVOR+'s route: measure.gpu's "attend-stable")."""
     from measure.gpu import PASSES, causal_runner, time_point
 
     start = time.perf_counter()
-    result: dict = {"device": device, "shape": dict(zip("BHdm", shape)), "rows": [], "not_run": [], "best": {}}
+    result: dict = {"device": device, "shape": dict(zip("BHdm", shape)), "stable": stable, "rows": [], "not_run": [],
+                    "best": {}}
+    impl = "attend-stable" if stable else "attend"
 
     def save() -> None:
         if out is not None:
@@ -117,13 +125,13 @@ def tune(device: str, sizes: tuple[int, ...], dtypes: tuple[str, ...], shape: tu
                     result["not_run"].append(row)
                     continue
                 if want is None:
-                    want = _outputs(n, dtype, device, shape)  # the default configuration
+                    want = _outputs(n, dtype, device, shape, stable)  # the default configuration
                 with launch_config(fwd, bwd):
-                    row["difference"] = difference(_outputs(n, dtype, device, shape), want)
+                    row["difference"] = difference(_outputs(n, dtype, device, shape, stable), want)
                     row["agrees"] = row["difference"] <= AGREEMENT[dtype]
                     if row["agrees"]:
                         for pass_ in PASSES:
-                            runner = causal_runner("attend", n, dtype, pass_, device, shape=shape)
+                            runner = causal_runner(impl, n, dtype, pass_, device, shape=shape)
                             row[pass_] = time_point(runner, device, rounds)
                 result["rows"].append(row)
                 save()
@@ -163,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=150.0, help="wall seconds (default 150)")
     ap.add_argument("--candidates", type=int, default=len(CANDIDATES),
                     help=f"time the first K of the {len(CANDIDATES)} candidates (default all)")
+    ap.add_argument("--stable", action="store_true",
+                    help="tune the stabilised scan (per-key constants, the route of causal FAVOR+)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"results JSON (default {DEFAULT_OUT})")
     args = ap.parse_args(argv)
     dtypes = tuple(args.dtype.split(","))
@@ -179,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.device.startswith("cuda"):
         dispatch.CAUSAL_KERNEL = "force"  # CausalMask.attend takes the kernel on CPU tensors (interpreter)
     result = tune(args.device, args.n, dtypes, args.shape, args.budget, Path(args.out),
-                  candidates=CANDIDATES[:args.candidates])
+                  candidates=CANDIDATES[:args.candidates], stable=args.stable)
     for key, best in result["best"].items():
         print(f"fastest at {key}: forward {tuple(best['forward_config'])} backward "
               f"{tuple(best['backward_config'])}, {best['seconds'] * 1e3:.3g} ms")

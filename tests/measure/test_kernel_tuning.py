@@ -54,6 +54,23 @@ def test_sweep_under_the_interpreter_checks_times_and_names_the_fastest(tmp_path
     assert set(got["best"]) == {"40 float32 forward", "40 float32 forward+backward"}
 
 
+@needs_triton
+def test_stable_sweep_tunes_the_scan_with_per_key_constants(tmp_path):
+    """--stable: the candidates are checked and timed on CausalMask.attend with key_log_scale (the
+    stabilised kernel causal FAVOR+ runs), and the JSON says so."""
+    out = tmp_path / "kt.json"
+    run = subprocess.run([sys.executable, "-m", "measure.kernel_tuning", "--device", "cpu", "--n", "40",
+                          "--dtype", "float32", "--shape", "1,2,16,16", "--candidates", "2", "--stable",
+                          "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["stable"] is True and len(got["rows"]) == 2
+    # the second candidate's chunk (32) is not the default's (16): agreement is two summation orders
+    assert all(row["agrees"] for row in got["rows"]) and got["rows"][1]["difference"] > 0
+
+
 def test_a_cpu_device_needs_the_interpreter(capsys):
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("TRITON_INTERPRET is set in this process")
