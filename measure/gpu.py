@@ -529,11 +529,12 @@ CROSSOVER_SIZES = (2**11, 2**12, 2**13, 2**14, 2**15, 2**16)
 CAUSAL_ROUNDS = 3
 #: What the causal stage times: maskbench's driver on given features (masked_linear_attention),
 #: CausalMask.attend alone (the Triton scan on CUDA), the same with per-key constants (the
-#: stabilised scan FAVOR+ runs: "attend-stable"), fla-core's chunk_linear_attn, causal FAVOR+
-#: (favor_attention) and SDPA's flash kernel (exact softmax, is_causal=True).
-CAUSAL_IMPLS = ("maskbench", "attend", "attend-stable", "fla", "favor", "sdpa-flash")
+#: decayed scan: "attend-stable"), fla-core's chunk_linear_attn, causal FAVOR+ (favor_attention),
+#: the same on the decayed kernel alone (CausalMask.kernel_one_reference False: "favor-decayed", the
+#: route before the one-reference kernel route) and SDPA's flash kernel (exact softmax, is_causal=True).
+CAUSAL_IMPLS = ("maskbench", "attend", "attend-stable", "fla", "favor", "favor-decayed", "sdpa-flash")
 #: This project's implementations: an exception in one of them fails the run (``failures``).
-MASKBENCH_IMPLS = ("maskbench", "attend", "attend-stable", "favor")
+MASKBENCH_IMPLS = ("maskbench", "attend", "attend-stable", "favor", "favor-decayed")
 PASSES = ("forward", "forward+backward")
 #: Triton's float32 dot for the causal stage's peers: three TF32 products, float32 accuracy on
 #: tensor cores, as maskbench's kernel computes (causal_stage).
@@ -552,7 +553,8 @@ def causal_plan(sizes: tuple[int, ...] = CAUSAL_SIZES,
         for dtype in ("float32", "bfloat16"):
             for pass_ in PASSES:
                 out += [(impl, n, dtype, pass_) for impl in ("maskbench", "attend", "fla")]
-        return out + [(impl, n, "float32", pass_) for impl in ("favor", "attend-stable") for pass_ in PASSES]
+        return out + [(impl, n, "float32", pass_) for impl in ("favor", "favor-decayed", "attend-stable")
+                      for pass_ in PASSES]
 
     ordered = sorted(sizes)
     plan = [p for n in ordered[:-1] for p in block(n)]
@@ -621,10 +623,11 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
 
             def call():
                 return fla_linear_causal(*leaves)
-    elif impl == "favor":
+    elif impl in ("favor", "favor-decayed"):
         q, k, v = leaf(d), leaf(d), leaf(d)
         w = fast.gaussian_projection(m, d, orthogonal=True, generator=torch.Generator().manual_seed(seed)).to(device)
         mask = fast.CausalMask(n)
+        mask.kernel_one_reference = impl == "favor"
 
         def call():
             return fast.favor_attention(q, k, v, w, mask=mask)
@@ -825,6 +828,8 @@ def causal_summary(points: list[dict]) -> dict:
     - ``stable_vs_plain``: per (N, pass), CausalMask.attend with per-key constants over without, in
       float32: what FAVOR+'s stabiliser costs the scan (1.5x in the backward kernel at 2^20 on an
       H100, 2026-11-28);
+    - ``decayed_vs_favor``: per (N, pass), causal FAVOR+ on the decayed kernel over FAVOR+'s default
+      route (the plain kernel on rescaled keys), in float32: > 1 where the default is faster;
     - ``crossover``: per pass, the N from which causal FAVOR+ beats SDPA's flash kernel in bfloat16
       (``crossing`` of the median ratios) and its interval: the crossings of the rounds' most and
       least favourable ratios (fastest FAVOR+ over slowest SDPA, and the reverse), None where that
@@ -862,8 +867,12 @@ def causal_summary(points: list[dict]) -> dict:
                         "stable_over_plain": s / med[("attend", n, dtype, pass_)]}
                        for (impl, n, dtype, pass_), s in sorted(med.items(), key=lambda kv: (kv[0][3], kv[0][1]))
                        if impl == "attend-stable" and dtype == "float32" and ("attend", n, dtype, pass_) in med]
+    decayed_vs_favor = [{"n": n, "pass": pass_, "decayed_s": s, "favor_s": med[("favor", n, dtype, pass_)],
+                         "decayed_over_favor": s / med[("favor", n, dtype, pass_)]}
+                        for (impl, n, dtype, pass_), s in sorted(med.items(), key=lambda kv: (kv[0][3], kv[0][1]))
+                        if impl == "favor-decayed" and dtype == "float32" and ("favor", n, dtype, pass_) in med]
     return {"vs_fla": vs_fla, "favor_vs_given": favor_vs_given, "crossover": crossover,
-            "stable_vs_plain": stable_vs_plain}
+            "stable_vs_plain": stable_vs_plain, "decayed_vs_favor": decayed_vs_favor}
 
 
 # ------------------------------------------------------------------------------ the run

@@ -99,6 +99,13 @@ class CausalMask(MaskOperator):
     #: there: at m = d = 16 (N = 2^12..2^14, 2 threads) C = 32 took 0.75-0.9x the backward time of
     #: C = 16, while the forward was 5-12% faster at C = 16.
     BACKWARD_CHUNK_RANGE = (32, 64)
+    #: On the Triton kernel, ``attend_optimistic`` (FAVOR+'s route) takes the plain kernel on keys
+    #: rescaled to one reference where the constants are narrow, as the PyTorch scan does, rather
+    #: than the decayed kernel: the decayed kernel's backward took 41.9 ms against 28.0 ms for the
+    #: plain one (one H100, N = 2^20, H = 8, m = d = 64, float32, 2026-11-28); the rescaling adds
+    #: elementwise passes over phi_k and the outputs. False (on the class or an instance): the
+    #: decayed kernel always (measure.gpu's "favor-decayed" times that route beside "favor").
+    kernel_one_reference = True
 
     def __init__(self, n: int, chunk: int | None = None):
         self.n = check_positive_int("n", n)
@@ -206,15 +213,22 @@ class CausalMask(MaskOperator):
                           key_log_scale: torch.Tensor) -> tuple[object, torch.Tensor | None]:
         """((num, den), narrow) for fast.favor_attention without a host read (the contract's optimistic
         attend, fast.operator): the one-reference route unless this instance has met wide constants;
-        narrow (0-dim bool) says whether it was exact, None where the exact scan ran. A subclass that
-        overrides ``attend`` gets the contract's default instead.
+        narrow (0-dim bool) says whether it was exact, None where the exact scan ran. On the Triton
+        kernel the one-reference route is the plain kernel on the rescaled keys (while
+        ``kernel_one_reference``), else the decayed kernel. A subclass that overrides ``attend`` gets
+        the contract's default instead.
         """
         if type(self).attend is not CausalMask.attend:
             return super().attend_optimistic(phi_q, phi_k, v, key_log_scale)
-        if self._wide or use_causal_kernel(phi_q, phi_k, v):  # the kernel's scan is exact for any constants
+        kernel = use_causal_kernel(phi_q, phi_k, v)
+        if self._wide or (kernel and not self.kernel_one_reference):  # the decayed scan: exact for any constants
             return self._attend_scaled(phi_q, phi_k, v, key_log_scale), None
         self._check_attend_inputs(phi_q, phi_k, v)
         c = self._check_log_scale(key_log_scale, phi_k)
+        if kernel:  # the plain kernel on keys rescaled to one reference (kernel_one_reference)
+            fk, fq = self._one_reference(c)
+            num, den = self._kernel_scan(phi_q, phi_k * fk, v, None)
+            return (num * fq.unsqueeze(-1), den * fq), self._narrow(c)
         return _StableCausalScan.apply(phi_q, phi_k, v, c, self, True), self._narrow(c)
 
     def attend_exact(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,

@@ -150,6 +150,61 @@ res["driver"] = {"vs_reference": float(np.abs(kernel_out.double().numpy() - ref)
                  "favor_vs_twin": float((favor_kernel - favor_twin).abs().max() / favor_twin.abs().max()),
                  "scale": float(np.abs(ref).max())}
 
+# FAVOR+'s route on the kernel (CausalMask.attend_optimistic): the plain kernel on keys rescaled to
+# one reference where the constants are narrow; a wide call (a loud late key: constants spanning
+# past float32's exponent range) redone by the decayed kernel, which the mask keeps to; with
+# kernel_one_reference False the decayed kernel at once. Each route's outputs and gradients against
+# the PyTorch scan's (dispatch off); the wide call against float64.
+routes = []
+plain_scan = kernel_module.causal_scan
+
+
+def spy(phi_q, phi_k, v, c=None, **kw):
+    routes.append(c is not None)
+    return plain_scan(phi_q, phi_k, v, c, **kw)
+
+
+kernel_module.causal_scan = spy
+gen = torch.Generator().manual_seed(12)
+n = 70
+qr, kr, vr = (torch.randn(2, n, 8, generator=gen) for _ in range(3))
+w = torch.randn(16, 8, generator=gen)
+favor = {}
+for label in ("one_reference", "decayed", "twin"):
+    dispatch.CAUSAL_KERNEL = "off" if label == "twin" else "force"
+    mask = CausalMask(n)
+    mask.kernel_one_reference = label != "decayed"
+    xs = [t.clone().requires_grad_() for t in (qr, kr, vr)]
+    routes.clear()
+    out = favor_attention(*xs, w, mask=mask)
+    out.sum().backward()
+    favor[label] = [out.detach()] + [x.grad for x in xs]
+    favor[label + "_routes"] = list(routes)
+dispatch.CAUSAL_KERNEL = "force"
+w_loud = w.clone()
+w_loud[0] = 20.0 * w[0] / w[0].norm()  # z_j = 20 t / 8^(1/4) - t^2 / (2 sqrt 8) at k_j = t w_0 / |w_0|: ~198 at t = 30
+k_loud = kr.clone()
+k_loud[:, n // 2 + 1] = 1.5 * w_loud[0]
+mask = CausalMask(n)
+routes.clear()
+loud = favor_attention(qr, k_loud, vr, w_loud, mask=mask)
+loud_routes, loud_wide = list(routes), mask._wide
+routes.clear()
+favor_attention(qr, k_loud, vr, w_loud, mask=mask)
+dispatch.CAUSAL_KERNEL = "off"
+loud_ref = favor_attention(qr.double(), k_loud.double(), vr.double(), w_loud.double(), mask=CausalMask(n))
+dispatch.CAUSAL_KERNEL = "force"
+kernel_module.causal_scan = plain_scan
+rel = lambda a, b: float((a - b).abs().max() / b.abs().max())
+res["favor_routes"] = {
+    "routes": {label: favor[label + "_routes"] for label in ("one_reference", "decayed")},
+    "vs_twin": {label: [rel(a, b) for a, b in zip(favor[label], favor["twin"])] for label in ("one_reference", "decayed")},
+    "loud_routes": loud_routes, "loud_wide": loud_wide, "loud_again": list(routes),
+    "loud_vs_float64": rel(loud.double(), loud_ref),
+    "loud_span": float(max(float(c[..., -1] - c[..., 0]) for c in CausalMask(n).key_stabilizer(
+        (k_loud / 8 ** 0.25) @ w_loud.t() - 0.5 * (k_loud * k_loud).sum(-1, keepdim=True) / 8 ** 0.5).squeeze(-1))),
+}
+
 # CausalMask.attend_reaches_keys: a non-finite phi_k_j or v_j makes the kernel's num or den
 # non-finite, also where phi_q is 0 in that feature at every query (0 * inf is NaN), at a chunk's
 # first and last token, inside one, at N - 1, with and without the stabiliser, one segment or three
@@ -258,6 +313,24 @@ def test_driver_and_favor_on_the_kernel_match_the_pytorch_scan(interpreted):
     assert got["vs_reference"] <= 4096 * 2.0 ** -24 * got["scale"], got
     assert got["vs_twin"] <= 4096 * 2.0 ** -24 * got["scale"], got
     assert got["favor_vs_twin"] <= 4096 * 2.0 ** -24, got
+
+
+@needs_triton
+def test_favor_takes_the_plain_kernel_on_rescaled_keys_and_redoes_a_wide_call_with_the_decayed_one(interpreted):
+    """CausalMask.attend_optimistic on the kernel: the plain kernel (no constants) where the keys'
+    constants are narrow, forward and backward; kernel_one_reference False: the decayed kernel. Both
+    within float32 round-off of the PyTorch scan (a few thousand u, as above; the gradients are
+    differences of such sums, so relative to their largest entry 16x that). A loud late key spans
+    the constants past float32's exponent range (over 87, so the one-reference factors of the early
+    keys are 0): the flag fails, the decayed kernel redoes it and equals float64, and the mask keeps
+    to the decayed kernel."""
+    got = interpreted["favor_routes"]
+    assert got["routes"] == {"one_reference": [False], "decayed": [True]}, got
+    for label, errs in got["vs_twin"].items():
+        assert errs[0] <= 4096 * 2.0 ** -24 and max(errs[1:]) <= 16 * 4096 * 2.0 ** -24, (label, errs)
+    assert got["loud_span"] > 87.0, got
+    assert got["loud_routes"] == [False, True] and got["loud_wide"] and got["loud_again"] == [True], got
+    assert got["loud_vs_float64"] <= 1e-4, got
 
 
 @needs_triton

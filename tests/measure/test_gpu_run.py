@@ -193,7 +193,7 @@ def test_causal_peers_that_cannot_run_here_say_why():
     assert gpu.causal_unavailable("maskbench", "cpu", "float32") is None
 
 
-@pytest.mark.parametrize("impl", ["maskbench", "attend", "attend-stable", "favor"])
+@pytest.mark.parametrize("impl", ["maskbench", "attend", "attend-stable", "favor", "favor-decayed"])
 @pytest.mark.parametrize("pass_", gpu.PASSES)
 def test_causal_runner_runs_maskbench_on_the_cpu(monkeypatch, impl, pass_):
     monkeypatch.setattr(gpu, "CAUSAL_SHAPE", (1, 2, 8, 8))  # small: the plumbing, not the speed
@@ -260,6 +260,7 @@ def test_causal_summary_ratios_and_crossover_interval():
            {"impl": "fla", "n": 64, "dtype": "float32", "pass": "forward", "seconds": [3.0, 3.0, 3.0]},
            {"impl": "favor", "n": 64, "dtype": "float32", "pass": "forward", "seconds": [2.5, 2.6, 2.7]},
            {"impl": "attend-stable", "n": 64, "dtype": "float32", "pass": "forward", "seconds": [1.4, 1.5, 1.6]},
+           {"impl": "favor-decayed", "n": 64, "dtype": "float32", "pass": "forward", "seconds": [3.0, 3.9, 4.0]},
            {"impl": "maskbench", "n": 128, "dtype": "float32", "pass": "forward", "error": "x"}]
     for n, fav, sdp in ((2**11, 2.0, 1.0), (2**12, 2.0, 4.0)):
         pts += [{"impl": impl, "n": n, "dtype": "bfloat16", "pass": "forward", "seconds": [t * 0.9, t, t * 1.1]}
@@ -271,6 +272,8 @@ def test_causal_summary_ratios_and_crossover_interval():
                                       "favor_over_given": pytest.approx(1.3)}]
     assert got["stable_vs_plain"] == [{"n": 64, "pass": "forward", "stable_s": 1.5, "plain_s": 1.0,
                                        "stable_over_plain": 1.5}]
+    assert got["decayed_vs_favor"] == [{"n": 64, "pass": "forward", "decayed_s": 3.9, "favor_s": 2.6,
+                                        "decayed_over_favor": pytest.approx(1.5)}]
     cross = got["crossover"]["forward"]
     assert cross["sizes"] == [2**11, 2**12] and cross["favor_over_sdpa"] == pytest.approx([2.0, 0.5])
     assert cross["n"] == pytest.approx(2**11.5)  # log ratio +log 2 to -log 2: halfway in log N
@@ -286,7 +289,8 @@ def test_causal_stage_runs_end_to_end_on_the_cpu(monkeypatch):
     out = gpu.causal_stage("cpu", budget_s=120.0, plan=gpu.causal_plan(sizes=(64,), crossover_sizes=(32, 64)),
                            rounds=1)
     assert not [p for p in out["points"] if "error" in p], out["points"]
-    assert {p["impl"] for p in out["points"]} >= {"maskbench", "attend", "attend-stable", "favor"}
+    assert {p["impl"] for p in out["points"]} >= {"maskbench", "attend", "attend-stable", "favor", "favor-decayed"}
+    assert [(r["n"], r["pass"]) for r in out["summary"]["decayed_vs_favor"]] == [(64, p) for p in gpu.PASSES]
     assert [(r["n"], r["pass"]) for r in out["summary"]["stable_vs_plain"]] == [(64, p) for p in gpu.PASSES]
     assert "needs --device cuda" in out["skipped"]["fla float32"]
     assert [(r["n"], r["pass"]) for r in out["summary"]["favor_vs_given"]] == [(64, p) for p in gpu.PASSES]
