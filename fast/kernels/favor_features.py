@@ -16,9 +16,14 @@ rows and n, the second the features. p is formed twice rather than stored: d is 
 saves the (R, m) matrix's write and read. In PyTorch the same features take a GEMM, a row
 maximum, a norm and two or three elementwise passes over (R, m) each.
 
-Backward in PyTorch from the saved x, w and the features (dp = dphi phi):
+Backward from the saved x, w and the features (dp = dphi phi):
 d x = dp w - 2 half (sum_a dp_a) x for keys (the queries' shift and the keys' c are constants),
-d w = dp^T x. Differentiable again (double backward) through those operations.
+d w = dp^T x. For m <= MAX_BM one kernel forms both in one read of dphi, phi and x: each program
+walks a strided set of row blocks, writes their d x and keeps its share of d w (m x d) in
+registers, and the GRAD_PROGRAMS shares are summed by torch (a fixed order: the same bits every
+run). In PyTorch the same gradients take an elementwise product, two GEMMs, a row sum and two
+elementwise passes, each a pass over (R, m) or (R, d). Wider m, and double backward (create_graph),
+take those PyTorch operations, which are differentiable again.
 
 Work O(R m d) in products, memory O(R m) for the features; float32 products keep float32
 accuracy on tensor cores (tf32x3, as fast.kernels.causal_scan), float64 is IEEE.
@@ -44,6 +49,9 @@ __all__ = ["favor_kernel_features"]
 #: the queries' products are formed once, not once for the maximum and once for the features).
 BLOCK_ROWS = 64
 MAX_BM = 128
+#: The backward kernel's programs (at most; fewer where there are fewer row blocks): each keeps one
+#: m x d share of d w, so this many shares (16 MiB at m = d = 64 in float32) are summed at the end.
+GRAD_PROGRAMS = 1024
 
 
 def favor_kernel_features(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, half: float,
@@ -140,7 +148,13 @@ def _key_forward(x: torch.Tensor, w: torch.Tensor, half: float, c: torch.Tensor)
 
 def _input_grads(ctx, g_phi: torch.Tensor, x: torch.Tensor, w: torch.Tensor, phi: torch.Tensor,
                  half: float | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(d x, d w) from dp = g_phi phi (module doc); half None for the queries (no norm term)."""
+    """(d x, d w) from dp = g_phi phi (module doc); half None for the queries (no norm term): the
+    kernel for m <= MAX_BM outside double backward, the PyTorch operations otherwise."""
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (need_x or need_w):
+        return None, None
+    if w.shape[0] <= MAX_BM and not torch.is_grad_enabled():
+        return _kernel_grads(g_phi, x, w, phi, half, need_x, need_w)
     dp = g_phi * phi
     dx = dw = None
     if ctx.needs_input_grad[0]:
@@ -150,6 +164,32 @@ def _input_grads(ctx, g_phi: torch.Tensor, x: torch.Tensor, w: torch.Tensor, phi
     if ctx.needs_input_grad[1]:
         dw = dp.reshape(-1, dp.shape[-1]).transpose(0, 1) @ x.reshape(-1, x.shape[-1])
     return dx, dw
+
+
+def _kernel_grads(g_phi: torch.Tensor, x: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, half: float | None,
+                  need_x: bool, need_w: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``_input_grads`` by ``_grad_kernel`` (m <= MAX_BM): d x (..., N, d) in x's dtype where need_x,
+    d w (m, d) where need_w (the programs' shares summed in the accumulation dtype), else None."""
+    rows, r, m, d, meta = _launch(x, w)
+    # a program holds w and its share of d w (BM x BD each) beside the row block's tiles: twice the
+    # threads for 128 columns keeps those in registers
+    meta["num_warps"] = 8 if meta["BM"] > 64 else 4
+    dx = torch.empty(r, d, dtype=x.dtype, device=x.device) if need_x else None
+    blocks = triton.cdiv(r, BLOCK_ROWS)
+    programs = max(1, min(blocks, GRAD_PROGRAMS))
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    shares = torch.empty(programs, m, d, dtype=acc, device=x.device) if need_w else None
+    if r:
+        g = g_phi.reshape(r, m).contiguous()
+        f = phi.reshape(r, m).contiguous()
+        _grad_kernel[(programs,)](g, f, rows, w.detach().contiguous(), dx if need_x else rows,
+                                  shares if need_w else rows, r, m, d, blocks, programs,
+                                  0.0 if half is None else float(half), HAS_NORM=half is not None,
+                                  NEED_X=need_x, NEED_W=need_w, **meta)
+    elif need_w:
+        shares.zero_()
+    return (None if dx is None else dx.reshape(x.shape),
+            None if shares is None else shares.sum(0).to(w.dtype))
 
 
 class _QueryFeatures(torch.autograd.Function):
@@ -242,6 +282,37 @@ if triton is not None:
         top = _row_max(X, W, offs_r, r_ok, offs_d, d_ok, M, D, BR, BM, PRECISION, ACC)
         tl.store(ROWS + offs_r, (top - n).to(ROWS.dtype.element_ty), mask=r_ok)
         tl.store(NORM + offs_r, n.to(NORM.dtype.element_ty), mask=r_ok)
+
+    @triton.jit(do_not_specialize=["R", "BLOCKS"])
+    def _grad_kernel(G, PHI, X, W, DX, DW, R, M, D, BLOCKS, PROGRAMS, half, HAS_NORM: tl.constexpr,
+                     NEED_X: tl.constexpr, NEED_W: tl.constexpr, BR: tl.constexpr, BM: tl.constexpr,
+                     BD: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+        """Row blocks pid, pid + PROGRAMS, ...: dp = g phi, their d x = dp w (- 2 half (sum_a dp_a) x),
+        and this program's share of d w = dp^T x into DW[pid] (M <= BM: one block of columns)."""
+        pid = tl.program_id(0)
+        offs_m = tl.arange(0, BM)
+        offs_d = tl.arange(0, BD)
+        m_ok, d_ok = offs_m < M, offs_d < D
+        w = tl.load(W + offs_m[:, None] * D + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(ACC)
+        dw = tl.zeros((BM, BD), ACC)
+        for block in range(pid, BLOCKS, PROGRAMS):
+            offs_r = (block * BR + tl.arange(0, BR)).to(tl.int64)
+            r_ok = offs_r < R
+            rm = r_ok[:, None] & m_ok[None, :]
+            g = tl.load(G + offs_r[:, None] * M + offs_m[None, :], mask=rm, other=0.0).to(ACC)
+            phi = tl.load(PHI + offs_r[:, None] * M + offs_m[None, :], mask=rm, other=0.0).to(ACC)
+            dp = g * phi
+            rd = r_ok[:, None] & d_ok[None, :]
+            x = tl.load(X + offs_r[:, None] * D + offs_d[None, :], mask=rd, other=0.0).to(ACC)
+            if NEED_X:
+                dx = tl.dot(dp, w, input_precision=PRECISION)
+                if HAS_NORM:
+                    dx = dx - (2.0 * half) * tl.sum(dp, axis=1)[:, None] * x
+                tl.store(DX + offs_r[:, None] * D + offs_d[None, :], dx.to(DX.dtype.element_ty), mask=rd)
+            if NEED_W:
+                dw += tl.dot(tl.trans(dp), x, input_precision=PRECISION)
+        if NEED_W:
+            tl.store(DW + pid * M * D + offs_m[:, None] * D + offs_d[None, :], dw, mask=m_ok[:, None] & d_ok[None, :])
 
     @triton.jit(do_not_specialize=["R"])
     def _key_kernel(X, W, C, PHI, R, M, D, half, BR: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,

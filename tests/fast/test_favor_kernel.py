@@ -38,9 +38,21 @@ from fast.kernels import dispatch
 from fast.kernels.favor_features import favor_kernel_features
 from fast.masks.sequence import _running_max
 
+import fast.kernels.favor_features as kernel_module
+
 assert dispatch.CAUSAL_KERNEL == "force"
 rel = lambda a, b: float((a - b).norm() / b.norm())
 res = {"cases": []}
+kernel_grads = []  # (keys, need_x, need_w) of each backward the gradient kernel ran
+grads_by_kernel = kernel_module._kernel_grads
+
+
+def spy(g_phi, x, w, phi, half, need_x, need_w):
+    kernel_grads.append((half is not None, need_x, need_w))
+    return grads_by_kernel(g_phi, x, w, phi, half, need_x, need_w)
+
+
+kernel_module._kernel_grads = spy
 gen = torch.Generator().manual_seed(0)
 for lead, n, d, m, dtype in [((2,), 70, 5, 200, torch.float64), ((1, 2), 130, 16, 64, torch.float32),
                              ((3,), 9, 8, 16, torch.float64), ((2,), 65, 64, 70, torch.float32)]:
@@ -63,6 +75,30 @@ for lead, n, d, m, dtype in [((2,), 70, 5, 200, torch.float64), ((1, 2), 130, 16
                              "largest": float(max(pq.max(), pk.max())), "smallest": float(min(pq.min(), pk.min())),
                              "dtypes": [str(t.dtype) for t in (pq, pk)]})
 
+res["case_kernel_grads"] = list(kernel_grads)
+
+# the gradient kernel with few programs (each walks several row blocks, strided) and with one of
+# x, w not requiring grad (that output is neither formed nor returned), against the twin
+kernel_module.GRAD_PROGRAMS = 2
+q, k = (torch.randn(2, 170, 12, generator=gen) for _ in range(2))
+w = torch.randn(24, 12, generator=gen) * 12 ** -0.25
+strided = {}
+for label, grad_x, grad_w in (("both", True, True), ("x only", True, False), ("w only", False, True)):
+    kernel_grads.clear()
+    a = [t.clone().requires_grad_(flag) for t, flag in ((q, grad_x), (k, grad_x), (w, grad_w))]
+    pq, pk = favor_kernel_features(a[0], a[1], a[2], a[2], 0.1, _running_max)[:2]
+    b = [t.clone().requires_grad_(flag) for t, flag in ((q, grad_x), (k, grad_x), (w, grad_w))]
+    rq = favor_exponentials(b[0], b[2], 0.1, is_query=True, query_norm=False)[0]
+    rk = favor_exponentials(b[1], b[2], 0.1, is_query=False, row_stabilizer=_running_max)[0]
+    gq, gk = torch.randn(pq.shape, generator=gen), torch.randn(pk.shape, generator=gen)
+    ((pq * gq).sum() + (pk * gk).sum()).backward()
+    ((rq * gq).sum() + (rk * gk).sum()).backward()
+    strided[label] = {"diff": [rel(x.grad, y.grad) for x, y in zip(a, b) if x.requires_grad],
+                      "none": [x.grad is None for x in a], "calls": sorted(kernel_grads)}
+kernel_module.GRAD_PROGRAMS = 1024
+res["strided"] = strided
+
+kernel_grads.clear()
 q, k = (torch.randn(1, 7, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
 w = torch.randn(5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
 norm = lambda phi: phi / phi.sum(-1, keepdim=True)
@@ -82,6 +118,7 @@ kern = second(lambda a, b, c: favor_kernel_features(a, b, c, c, 0.3, _running_ma
 twin = second(lambda a, b, c: (favor_exponentials(a, c, 0.3, is_query=True, query_norm=False)[0],
                                favor_exponentials(b, c, 0.3, is_query=False, row_stabilizer=_running_max)[0]))
 res["double_backward"] = [rel(x, y) for x, y in zip(kern, twin)]
+res["gradcheck_kernel_grads"] = len(kernel_grads)
 
 # favor_attention on the kernels (features and scan) against the PyTorch twins, causal and padded
 n = 90
@@ -114,6 +151,23 @@ def test_every_feature_is_in_zero_one_with_a_one_per_query(interpreted):
     # the stabilisers' guarantee: exponents <= 0, and each query's largest feature is exp(0) = 1
     for case in interpreted["cases"]:
         assert case["largest"] == 1.0 and case["smallest"] >= 0.0, case
+
+
+@needs_triton
+def test_the_gradient_kernel_ran_where_m_fits_one_block_and_walks_strided_row_blocks(interpreted):
+    """The cases above: their backward ran the gradient kernel for m <= 128 (queries and keys, x and
+    w both wanted) and the PyTorch operations for m = 200 (2 cases of 2 stabilisers each). With two
+    programs over six row blocks (2 slices of 170 rows, 64 rows a block), and with only x or only w wanting a
+    gradient, the kernel's gradients are the twin's within the bound above."""
+    calls = [tuple(c) for c in interpreted["case_kernel_grads"]]
+    assert sorted(calls) == sorted([(False, True, True), (True, True, True)] * 6), calls
+    for label, got in interpreted["strided"].items():
+        assert max(got["diff"]) <= 2.0 ** -12, (label, got)
+    assert interpreted["strided"]["x only"]["none"] == [False, False, True]
+    assert interpreted["strided"]["w only"]["none"] == [True, True, False]
+    assert interpreted["strided"]["x only"]["calls"] == [[False, True, False], [True, True, False]]
+    assert interpreted["strided"]["w only"]["calls"] == [[False, False, True], [True, False, True]]
+    assert interpreted["gradcheck_kernel_grads"] > 0  # gradcheck's first-order gradients are the kernel's
 
 
 @needs_triton
@@ -153,7 +207,7 @@ def test_names_bad_arguments():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)")
 def test_cuda_features_and_favor_attention_match_the_twins(monkeypatch):
     """On the GPU (three TF32 products per float32 dot, tf32x3): features, constants and gradients
-    against favor_exponentials on the same device, within the bound of the interpreter's test (an
+    (of q, k and the projection: the gradient kernel) against favor_exponentials on the same device, within the bound of the interpreter's test (an
     exponent of |x w^T| <= 40 moved by ~2^-20 relative is ~2^-15 of a feature), and favor_attention
     with a causal mask on the kernels against the PyTorch twins (dispatch off)."""
     from fast import CausalMask, favor_attention, gaussian_projection
@@ -168,16 +222,16 @@ def test_cuda_features_and_favor_attention_match_the_twins(monkeypatch):
     w = gaussian_projection(m, d, generator=torch.Generator().manual_seed(1)).cuda() * d ** -0.25
     assert dispatch.use_feature_kernel(q, w)
     half = 0.5 * d ** -0.5
-    a = [t.clone().requires_grad_() for t in (q, k)]
-    pq, pk, c, _ = favor_kernel_features(a[0], a[1], w, w, half, _running_max)
-    r = [t.clone().requires_grad_() for t in (q, k)]
-    rq = favor_exponentials(r[0], w, half, is_query=True, query_norm=False)[0]
-    rk, rc, _ = favor_exponentials(r[1], w, half, is_query=False, row_stabilizer=_running_max)
+    a = [t.clone().requires_grad_() for t in (q, k, w)]
+    pq, pk, c, _ = favor_kernel_features(a[0], a[1], a[2], a[2], half, _running_max)
+    r = [t.clone().requires_grad_() for t in (q, k, w)]
+    rq = favor_exponentials(r[0], r[2], half, is_query=True, query_norm=False)[0]
+    rk, rc, _ = favor_exponentials(r[1], r[2], half, is_query=False, row_stabilizer=_running_max)
     (pq.sum() + (pk * 2).sum()).backward()
     (rq.sum() + (rk * 2).sum()).backward()
     rel = lambda x, y: float((x - y).norm() / y.norm())
     diffs = [rel(pq.detach(), rq.detach()), rel(pk.detach(), rk.detach()), rel(c, rc),
-             rel(a[0].grad, r[0].grad), rel(a[1].grad, r[1].grad)]
+             rel(a[0].grad, r[0].grad), rel(a[1].grad, r[1].grad), rel(a[2].grad, r[2].grad)]
     assert max(diffs) <= 2.0 ** -12, diffs
     wp = gaussian_projection(m, d, generator=torch.Generator().manual_seed(2)).cuda()
     got = favor_attention(q, k, v, wp, mask=CausalMask(n))
