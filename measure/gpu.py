@@ -530,8 +530,8 @@ CAUSAL_ROUNDS = 3
 #: What the causal stage times: maskbench's driver on given features (masked_linear_attention),
 #: CausalMask.attend alone (the Triton scan on CUDA), the same with per-key constants (the
 #: decayed scan: "attend-stable"), fla-core's chunk_linear_attn, causal FAVOR+ (favor_attention),
-#: the same on the decayed kernel alone (CausalMask.kernel_one_reference False: "favor-decayed", the
-#: route before the one-reference kernel route) and SDPA's flash kernel (exact softmax, is_causal=True).
+#: the same with per-key running maxima on the decayed kernel (CausalMask.narrow_constants False:
+#: "favor-decayed", the route before narrow slices took one constant and the plain kernel) and SDPA's flash kernel (exact softmax, is_causal=True).
 CAUSAL_IMPLS = ("maskbench", "attend", "attend-stable", "fla", "favor", "favor-decayed", "sdpa-flash")
 #: This project's implementations: an exception in one of them fails the run (``failures``).
 MASKBENCH_IMPLS = ("maskbench", "attend", "attend-stable", "favor", "favor-decayed")
@@ -627,7 +627,7 @@ def causal_runner(impl: str, n: int, dtype: str, pass_: str, device: str, seed: 
         q, k, v = leaf(d), leaf(d), leaf(d)
         w = fast.gaussian_projection(m, d, orthogonal=True, generator=torch.Generator().manual_seed(seed)).to(device)
         mask = fast.CausalMask(n)
-        mask.kernel_one_reference = impl == "favor"
+        mask.narrow_constants = impl == "favor"
 
         def call():
             return fast.favor_attention(q, k, v, w, mask=mask)
@@ -828,8 +828,9 @@ def causal_summary(points: list[dict]) -> dict:
     - ``stable_vs_plain``: per (N, pass), CausalMask.attend with per-key constants over without, in
       float32: what FAVOR+'s stabiliser costs the scan (1.5x in the backward kernel at 2^20 on an
       H100, 2026-11-28);
-    - ``decayed_vs_favor``: per (N, pass), causal FAVOR+ on the decayed kernel over FAVOR+'s default
-      route (the plain kernel on rescaled keys), in float32: > 1 where the default is faster;
+    - ``decayed_vs_favor``: per (N, pass), causal FAVOR+ with per-key running maxima (the decayed
+      kernel) over its default (a narrow slice's one constant, the plain kernel), in float32: > 1
+      where the default is faster;
     - ``crossover``: per pass, the N from which causal FAVOR+ beats SDPA's flash kernel in bfloat16
       (``crossing`` of the median ratios) and its interval: the crossings of the rounds' most and
       least favourable ratios (fastest FAVOR+ over slowest SDPA, and the reverse), None where that

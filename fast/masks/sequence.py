@@ -99,13 +99,13 @@ class CausalMask(MaskOperator):
     #: there: at m = d = 16 (N = 2^12..2^14, 2 threads) C = 32 took 0.75-0.9x the backward time of
     #: C = 16, while the forward was 5-12% faster at C = 16.
     BACKWARD_CHUNK_RANGE = (32, 64)
-    #: On the Triton kernel, ``attend_optimistic`` (FAVOR+'s route) takes the plain kernel on keys
-    #: rescaled to one reference where the constants are narrow, as the PyTorch scan does, rather
-    #: than the decayed kernel: the decayed kernel's backward took 41.9 ms against 28.0 ms for the
-    #: plain one (one H100, N = 2^20, H = 8, m = d = 64, float32, 2026-11-28); the rescaling adds
-    #: elementwise passes over phi_k and the outputs. False (on the class or an instance): the
-    #: decayed kernel always (measure.gpu's "favor-decayed" times that route beside "favor").
-    kernel_one_reference = True
+    #: key_stabilizer gives a narrow slice (its running max rising by at most factor_range) one
+    #: constant, so FAVOR+ runs the plain scan there (no per-key factors: 14-20% less time for the
+    #: causal FAVOR+ forward at m = d = 16, N = 2^12..2^13 on 2 CPU threads, 12-15% with backward;
+    #: on CUDA the plain kernel, whose backward took 28.0 ms against 41.9 ms for the decayed one at
+    #: N = 2^20 on an H100). False (on the class or an instance): per-key running maxima always
+    #: (measure.gpu's "favor-decayed" times that route beside "favor").
+    narrow_constants = True
 
     def __init__(self, n: int, chunk: int | None = None):
         self.n = check_positive_int("n", n)
@@ -140,17 +140,35 @@ class CausalMask(MaskOperator):
         return torch.flip(torch.cumsum(torch.flip(x, dims=(-2,)), dim=-2), dims=(-2,))
 
     def key_stabilizer(self, z: torch.Tensor) -> torch.Tensor:
-        """Running max of z (..., N, m) over tokens and features -> (..., N, 1):
-        c_j = max_{j' <= j} max_a z_j'a, the largest exponent among the keys query j sees."""
+        """FAVOR+ key constants from z (..., N, m) -> (..., N, 1), per (batch, head) slice from the
+        running max r_j = max_{j' <= j} max_a z_j'a (the largest exponent among the keys query j
+        sees): one constant R = r_N for the whole slice where r_N - r_1 <= factor_range(z.dtype) (a
+        narrow slice, as unmasked FAVOR+'s slice max: its keys reach every query within e^T of
+        their own scale), else c_j = r_j for each key (``narrow_constants`` False: always r_j).
+        docs/papers.md, fast.masks.sequence."""
         check_tokens("z", z, self.n)
-        return running_max(z.amax(-1)).unsqueeze(-1)
+        return self._constants(z.amax(-1)).unsqueeze(-1)
 
     def row_key_stabilizer(self):
-        """``key_stabilizer`` from the row maxima r (..., N, 1) of z: their running max (the
-        contract's row form, fast.operator), while key_stabilizer is CausalMask's own."""
+        """``key_stabilizer`` from the row maxima (..., N, 1) of z (the contract's row form,
+        fast.operator), while key_stabilizer is CausalMask's own."""
         if getattr(self.key_stabilizer, "__func__", None) is _CAUSAL_KEY_STABILIZER:
-            return _running_max
+            return lambda rows: self._constants(rows.squeeze(-1)).unsqueeze(-1)
         return super().row_key_stabilizer()
+
+    def _constants(self, rows: torch.Tensor) -> torch.Tensor:
+        """key_stabilizer's rule on the row maxima (..., N): R where a slice is narrow, else the
+        running max (NaN and inf give the running max, whose non-finite values the driver refuses)."""
+        r = running_max(rows)
+        if not self.narrow_constants or r.shape[-1] == 0:
+            return r
+        top = r[..., -1:]
+        return torch.where(top - r[..., :1] <= factor_range(rows.dtype), top.expand_as(r), r)
+
+    def _own_constants(self) -> bool:
+        """key_stabilizer is CausalMask's own with narrow_constants: its constants are one per slice
+        wherever they can be, so attend_optimistic tries the plain scan first."""
+        return self.narrow_constants and getattr(self.key_stabilizer, "__func__", None) is _CAUSAL_KEY_STABILIZER
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                key_log_scale: torch.Tensor | None = None,
@@ -200,6 +218,13 @@ class CausalMask(MaskOperator):
             return self._scan_backward(phi_q, phi_k, v, g_num, g_den)
         return self._stable_scan_backward(phi_q, phi_k, v, c, g_num, g_den)
 
+    def _one_per_slice(self, c: torch.Tensor) -> torch.Tensor:
+        """0-dim bool: every slice of the constants c (..., N) holds one value (NaN, inf: False)."""
+        if c.numel() == 0:  # an empty batch: nothing to rescale
+            return torch.ones((), dtype=torch.bool, device=c.device)
+        low, high = torch.aminmax(c, dim=-1)
+        return (high - low).amax() <= 0
+
     def _narrow(self, c: torch.Tensor) -> torch.Tensor:
         """0-dim bool: every slice of the constants c (..., N) has r_N - r_1 <= factor_range(dtype), r
         their running max: the one-reference route is exact (docs/papers.md, fast.masks.sequence).
@@ -211,24 +236,26 @@ class CausalMask(MaskOperator):
 
     def attend_optimistic(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                           key_log_scale: torch.Tensor) -> tuple[object, torch.Tensor | None]:
-        """((num, den), narrow) for fast.favor_attention without a host read (the contract's optimistic
-        attend, fast.operator): the one-reference route unless this instance has met wide constants;
-        narrow (0-dim bool) says whether it was exact, None where the exact scan ran. On the Triton
-        kernel the one-reference route is the plain kernel on the rescaled keys (while
-        ``kernel_one_reference``), else the decayed kernel. A subclass that overrides ``attend`` gets
-        the contract's default instead.
+        """((num, den), exact) for fast.favor_attention without a host read (the contract's optimistic
+        attend, fast.operator), unless this instance has met wide constants (then the exact scan and
+        exact None). With key_stabilizer's own constants (``narrow_constants``) the plain scan (on
+        CUDA the plain kernel), exact where the constants are one per slice, which ``exact`` (0-dim
+        bool) says; with other constants the one-reference route, exact where they are narrow (on
+        the kernel, the decayed kernel). A subclass that overrides ``attend`` gets the contract's
+        default instead.
         """
         if type(self).attend is not CausalMask.attend:
             return super().attend_optimistic(phi_q, phi_k, v, key_log_scale)
         kernel = use_causal_kernel(phi_q, phi_k, v)
-        if self._wide or (kernel and not self.kernel_one_reference):  # the decayed scan: exact for any constants
+        if self._wide or (kernel and not self._own_constants()):  # the decayed scan: exact for any constants
             return self._attend_scaled(phi_q, phi_k, v, key_log_scale), None
         self._check_attend_inputs(phi_q, phi_k, v)
         c = self._check_log_scale(key_log_scale, phi_k)
-        if kernel:  # the plain kernel on keys rescaled to one reference (kernel_one_reference)
-            fk, fq = self._one_reference(c)
-            num, den = self._kernel_scan(phi_q, phi_k * fk, v, None)
-            return (num * fq.unsqueeze(-1), den * fq), self._narrow(c)
+        if self._own_constants():  # one constant per slice (a narrow one): it cancels, the plain scan is exact
+            constant = self._one_per_slice(c)
+            if kernel:
+                return self._kernel_scan(phi_q, phi_k, v, None), constant
+            return _CausalScan.apply(phi_q, phi_k, v, self), constant
         return _StableCausalScan.apply(phi_q, phi_k, v, c, self, True), self._narrow(c)
 
     def attend_exact(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
@@ -441,7 +468,8 @@ _CAUSAL_KEY_STABILIZER = CausalMask.key_stabilizer
 
 
 def _running_max(rows: torch.Tensor) -> torch.Tensor:
-    """CausalMask.key_stabilizer from the row maxima r (..., N, 1) of z: the running max of r."""
+    """The running max of row maxima r (..., N, 1) of z: CausalMask.key_stabilizer's constants with
+    narrow_constants False, in the row form."""
     return running_max(rows.squeeze(-1)).unsqueeze(-1)
 
 

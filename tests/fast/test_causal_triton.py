@@ -150,10 +150,10 @@ res["driver"] = {"vs_reference": float(np.abs(kernel_out.double().numpy() - ref)
                  "favor_vs_twin": float((favor_kernel - favor_twin).abs().max() / favor_twin.abs().max()),
                  "scale": float(np.abs(ref).max())}
 
-# FAVOR+'s route on the kernel (CausalMask.attend_optimistic): the plain kernel on keys rescaled to
-# one reference where the constants are narrow; a wide call (a loud late key: constants spanning
-# past float32's exponent range) redone by the decayed kernel, which the mask keeps to; with
-# kernel_one_reference False the decayed kernel at once. Each route's outputs and gradients against
+# FAVOR+'s route on the kernel (CausalMask.attend_optimistic): the plain kernel where a narrow
+# slice has one constant; a wide call (a loud late key: constants spanning past float32's exponent
+# range) redone by the decayed kernel, which the mask keeps to; with narrow_constants False (per-key
+# running maxima) the decayed kernel at once. Each route's outputs and gradients against
 # the PyTorch scan's (dispatch off); the wide call against float64.
 routes = []
 plain_scan = kernel_module.causal_scan
@@ -173,7 +173,7 @@ favor = {}
 for label in ("one_reference", "decayed", "twin"):
     dispatch.CAUSAL_KERNEL = "off" if label == "twin" else "force"
     mask = CausalMask(n)
-    mask.kernel_one_reference = label != "decayed"
+    mask.narrow_constants = label != "decayed"
     xs = [t.clone().requires_grad_() for t in (qr, kr, vr)]
     routes.clear()
     out = favor_attention(*xs, w, mask=mask)
@@ -316,9 +316,10 @@ def test_driver_and_favor_on_the_kernel_match_the_pytorch_scan(interpreted):
 
 
 @needs_triton
-def test_favor_takes_the_plain_kernel_on_rescaled_keys_and_redoes_a_wide_call_with_the_decayed_one(interpreted):
+def test_favor_takes_the_plain_kernel_on_narrow_slices_and_redoes_a_wide_call_with_the_decayed_one(interpreted):
     """CausalMask.attend_optimistic on the kernel: the plain kernel (no constants) where the keys'
-    constants are narrow, forward and backward; kernel_one_reference False: the decayed kernel. Both
+    constants are one per (narrow) slice, forward and backward; narrow_constants False (per-key
+    running maxima): the decayed kernel. Both
     within float32 round-off of the PyTorch scan (a few thousand u, as above; the gradients are
     differences of such sums, so relative to their largest entry 16x that). A loud late key spans
     the constants past float32's exponent range (over 87, so the one-reference factors of the early

@@ -6,7 +6,8 @@ constants is the plain scan on rescaled keys, its results rescaled per query. ``
 with its one host read; fast.favor_attention takes the route optimistically
 (``attend_optimistic``), checks the condition with its one combined flag, and redoes the
 products with the decayed scan where it fails (a key far louder than the earlier ones), after
-which the mask instance keeps to the decayed scan (``_wide``).
+which the mask instance keeps to the decayed scan (``_wide``). FAVOR+'s own constants give a narrow
+slice one constant, so its optimistic route is the plain scan (``narrow_constants``).
 """
 from __future__ import annotations
 
@@ -17,14 +18,30 @@ import torch
 
 import fast
 from fast import CausalMask
+from fast.masks import sequence
 from fast.masks.sequence import factor_range
 from tests.helpers import assert_unchanged, dense_causal_units, gen, positive, randn
 
 
 def _routes(monkeypatch) -> list:
-    """Record the route (True: one reference) of every stable scan, forward and backward."""
+    """Record the route (True: one reference) of every stable scan, forward and backward, and
+    ("plain", pass) for the plain scan FAVOR+ takes on constants that are one per slice."""
     seen = []
     fwd, bwd = CausalMask._stable_scan, CausalMask._stable_scan_backward
+    plain = sequence._CausalScan
+
+    class PlainSpy(plain):
+        @staticmethod
+        def forward(ctx, *args):
+            seen.append(("plain", "forward"))
+            return plain.forward(ctx, *args)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            seen.append(("plain", "backward"))
+            return plain.backward(ctx, *grads)
+
+    monkeypatch.setattr(sequence, "_CausalScan", PlainSpy)
 
     def spy_fwd(self, q, k, v, c, narrow=False):
         seen.append(("forward", narrow))
@@ -139,7 +156,7 @@ def test_favor_attention_redoes_a_wide_call_with_the_decayed_scan_and_keeps_the_
     mask = CausalMask(n, chunk=8)
     seen = _routes(monkeypatch)
     out = fast.favor_attention(q.float(), k.float(), v.float(), w.float(), mask=mask)
-    assert seen == [("forward", True), ("forward", False)] and mask._wide
+    assert seen == [("plain", "forward"), ("forward", False)] and mask._wide
     expected = fast.favor_attention(q, k, v, w, mask=CausalMask(n, chunk=8))
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4)
     seen.clear()
@@ -162,7 +179,9 @@ def test_the_loud_key_is_really_wide_in_float32():
     assert float(fk[..., : n // 2, :].max()) == 0.0
 
 
-def test_favor_attention_takes_the_one_reference_route_at_moderate_inputs_with_one_host_read(monkeypatch):
+def test_favor_attention_takes_the_plain_scan_at_moderate_inputs_with_one_host_read(monkeypatch):
+    """A narrow slice's keys share one constant (key_stabilizer), which cancels: the plain scan,
+    forward and backward, equal to float64 within float32 round-off."""
     g = gen(15)
     n = 64
     q, k, v, w = randn((1, 2, n, 4), g), randn((1, 2, n, 4), g), randn((1, 2, n, 3), g), randn((8, 4), g)
@@ -171,10 +190,22 @@ def test_favor_attention_takes_the_one_reference_route_at_moderate_inputs_with_o
     qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
     out = fast.favor_attention(qf, kf, vf, w.float(), mask=mask)
     out.sum().backward()
-    assert seen == [("forward", True), ("backward", True)] and not mask._wide
+    assert seen == [("plain", "forward"), ("plain", "backward")] and not mask._wide
     a, b, x = (t.clone().requires_grad_() for t in (q, k, v))
     expected = fast.favor_attention(a, b, x, w, mask=CausalMask(n, chunk=8))
     expected.sum().backward()
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
     for got, want in ((qf, a), (kf, b), (vf, x)):
         torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-3, atol=1e-4)
+
+
+def test_the_plain_route_flag_asks_for_one_constant_in_every_slice():
+    """attend_optimistic's flag for FAVOR+'s own constants: True only where each slice holds one
+    value; a varying slice, NaN or inf (inf - inf is NaN) make it False; an empty batch is True."""
+    mask = CausalMask(4)
+    one = torch.tensor([[2.0] * 4, [-1.0] * 4])
+    assert bool(mask._one_per_slice(one))
+    assert not bool(mask._one_per_slice(torch.tensor([[2.0] * 4, [-1.0, -1.0, -1.0, -0.5]])))
+    for bad in (math.nan, math.inf, -math.inf):
+        assert not bool(mask._one_per_slice(torch.full((2, 4), bad)))
+    assert bool(mask._one_per_slice(torch.ones(0, 4)))

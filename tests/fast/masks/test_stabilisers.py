@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import fast
 from fast import CausalMask, DenominatorError, FavorPlus, Forest, TreeDCMask, TreeDiamMask, TreeExpMask
 from fast.algebra import features_per_block, masked_products
-from fast.masks.sequence import _decayed_scan
+from fast.masks.sequence import _decayed_scan, factor_range
 from tests.helpers import assert_unchanged, dense_causal_units, gen, positive, randn
 
 seeds = st.integers(0, 2**31 - 1)
@@ -115,13 +115,25 @@ def test_causal_scan_factors_never_overflow_float32():
     torch.testing.assert_close(num.double() / den.double()[:, None], e_num / e_den[:, None], rtol=1e-5, atol=1e-5)
 
 
-def test_causal_key_stabilizer_is_the_running_max():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_causal_key_stabilizer_is_one_constant_per_narrow_slice_and_the_running_max_elsewhere(dtype):
+    """Per slice: the running max r_j = max over keys j' <= j and features of z; where r_N - r_1 <=
+    factor_range(dtype) every key gets r_N, else its own r_j; narrow_constants False: r_j always.
+    Spans drawn on both sides of the limit: float32 (T = 11.1) and float64 (T = 88.7)."""
     g = gen(5)
-    z = randn((2, 3, 17, 4), g, scale=10.0)
-    got = CausalMask(17).key_stabilizer(z)
+    limit = factor_range(dtype)
+    z = randn((2, 3, 17, 4), g, scale=limit / 6).to(dtype)
+    z[0, 1, 9, 2] = z[0, 1].max() + 2 * limit  # a loud key: that slice is wide
+    mask = CausalMask(17)
+    got = mask.key_stabilizer(z)
     assert got.shape == (2, 3, 17, 1)
-    for j in range(17):
-        assert torch.equal(got[..., j, 0], z[..., : j + 1, :].amax(dim=(-2, -1)))
+    r = torch.stack([z[..., : j + 1, :].amax(dim=(-2, -1)) for j in range(17)], dim=-1)
+    narrow = (r[..., -1] - r[..., 0]) <= limit
+    assert bool(narrow.any()) and not bool(narrow.all()) and not bool(narrow[0, 1])
+    assert torch.equal(got[..., 0], torch.where(narrow[..., None], r[..., -1:].expand_as(r), r))
+    assert torch.equal(mask.row_key_stabilizer()(z.amax(-1, keepdim=True)), got)
+    mask.narrow_constants = False
+    assert torch.equal(mask.key_stabilizer(z)[..., 0], r)
 
 
 def test_causal_stable_gradients_match_the_dense_form():

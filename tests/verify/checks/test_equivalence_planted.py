@@ -67,8 +67,8 @@ def _leaky_decayed_scan(x, level, reverse=False):
 
 
 def _never_narrow(self, c):
-    """CausalMask._narrow saying False: FAVOR+ takes the decayed scan (where the leak above is planted)
-    rather than the one-reference route over the plain scan."""
+    """CausalMask._narrow (and _one_per_slice, below) saying False: FAVOR+ takes the decayed scan
+    (where the leak above is planted) rather than the plain scan on one constant per slice."""
     return torch.zeros((), dtype=torch.bool, device=c.device)
 
 
@@ -142,7 +142,8 @@ PLANTED = {
     "favor-stabiliser-across-batch/causal": (
         "causal", None, [(fast.CausalMask, "key_stabilizer", _causal_stabilizer_across_batch)]),
     "causal-state-leaks-across-batch": ("causal", None, [(fast_sequence, "_decayed_scan", _leaky_decayed_scan),
-                                                         (fast.CausalMask, "_narrow", _never_narrow)]),
+                                                         (fast.CausalMask, "_narrow", _never_narrow),
+                                                         (fast.CausalMask, "_one_per_slice", _never_narrow)]),
     "packing-stabiliser-across-batch": (
         "packing", None, [(fast.PackingMask, "key_stabilizer", _packing_stabilizer_across_batch)]),
     "padding-stabiliser-across-batch": (
