@@ -59,10 +59,11 @@ class CausalMask(MaskOperator):
     ``rmatmul`` a suffix sum: x (..., N, c) -> (..., N, c), O(N c). ``attend(phi_q, phi_k, v)``
     (phi (..., N, m), v (..., N, d)) -> (num (..., N, d), den (..., N)) is the chunked scan:
     O(N C (m + d) + N m d) work in GEMMs, O(N (m + d)) memory kept for backward, double backward
-    supported. ``key_stabilizer`` returns per-key running maxima (``rescales_keys``) that
+    supported. ``key_stabilizer`` returns FAVOR+ key constants (``rescales_keys``): one per slice
+    whose running max spans little, per-key running maxima otherwise, which
     ``attend(..., key_log_scale=c)`` undoes exactly, so no FAVOR+ key underflows the early keys the
     early queries see; ``attend_optimistic`` / ``attend_exact`` are the driver's routes to it
-    (fast.operator). Derivations and the chunk rule: docs/papers.md, fast.masks.sequence. On CUDA
+    (fast.operator; the plain scan for one constant per slice). Derivations and the chunk rule: docs/papers.md, fast.masks.sequence. On CUDA
     the scan runs as a Triton kernel where Triton imports (fast.kernels.causal_scan; the switch and
     the rule: fast.kernels.dispatch), and as the PyTorch scan here otherwise.
 
@@ -100,8 +101,8 @@ class CausalMask(MaskOperator):
     #: C = 16, while the forward was 5-12% faster at C = 16.
     BACKWARD_CHUNK_RANGE = (32, 64)
     #: key_stabilizer gives a narrow slice (its running max rising by at most factor_range) one
-    #: constant, so FAVOR+ runs the plain scan there (no per-key factors: 14-20% less time for the
-    #: causal FAVOR+ forward at m = d = 16, N = 2^12..2^13 on 2 CPU threads, 12-15% with backward;
+    #: constant, so FAVOR+ runs the plain scan there (no per-key factors: 14-19% less time for the
+    #: causal FAVOR+ forward at m = d = 16, N = 2^12..2^14 on 2 CPU threads, 9-11% with backward;
     #: on CUDA the plain kernel, whose backward took 28.0 ms against 41.9 ms for the decayed one at
     #: N = 2^20 on an H100). False (on the class or an instance): per-key running maxima always
     #: (measure.gpu's "favor-decayed" times that route beside "favor").
@@ -252,21 +253,39 @@ class CausalMask(MaskOperator):
         self._check_attend_inputs(phi_q, phi_k, v)
         c = self._check_log_scale(key_log_scale, phi_k)
         if self._own_constants():  # one constant per slice (a narrow one): it cancels, the plain scan is exact
-            constant = self._one_per_slice(c)
-            if kernel:
-                return self._kernel_scan(phi_q, phi_k, v, None), constant
-            return _CausalScan.apply(phi_q, phi_k, v, self), constant
+            num, den = self._kernel_scan(phi_q, phi_k, v, None) if kernel else _CausalScan.apply(phi_q, phi_k, v, self)
+            # exact, and every den normal: otherwise attend_exact redoes it in each query's own units
+            return (num, den), self._one_per_slice(c) & _normal_floor(den)
         return _StableCausalScan.apply(phi_q, phi_k, v, c, self, True), self._narrow(c)
 
     def attend_exact(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                      key_log_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num, den) by the decayed scan after ``attend_optimistic``'s narrow read False; this instance
-        keeps to the decayed scan afterwards (exact either way, and cheaper for a wide call).
+        """(num, den) after ``attend_optimistic``'s flag read False: where the constants are one per
+        slice (key_stabilizer's own, narrow slices, some den below the normal range) the plain scan
+        in each query's own units (``_plain_in_query_units``); otherwise the decayed scan, which this
+        instance keeps to afterwards (exact either way, and cheaper for a wide call).
         """
         if type(self).attend is not CausalMask.attend:
             return super().attend_exact(phi_q, phi_k, v, key_log_scale)
+        c = self._check_log_scale(key_log_scale, phi_k)
+        if self._own_constants() and bool(self._one_per_slice(c)):  # (a host read: the rare path)
+            return self._plain_in_query_units(phi_q, phi_k, v)
         self._wide = True
         return self._attend_scaled(phi_q, phi_k, v, key_log_scale)
+
+    def _plain_in_query_units(self, phi_q: torch.Tensor, phi_k: torch.Tensor,
+                              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num, den) of the plain scan on keys with one constant R per slice, multiplied by
+        f_i = 1 / max_{j <= i} max_a phi_k_ja = exp(R - r_i) in [1, e^T] on a narrow slice: in units of
+        each query's largest visible key, as the scan with per-key constants returns them, so a den
+        below the normal range in units of R but not in its own is kept (the per-query factor the
+        contract allows; docs/papers.md, fast.masks.sequence)."""
+        kernel = use_causal_kernel(phi_q, phi_k, v)
+        num, den = self._kernel_scan(phi_q, phi_k, v, None) if kernel else _CausalScan.apply(phi_q, phi_k, v, self)
+        with torch.no_grad():
+            top = running_max(phi_k.detach().amax(-1))
+            f = torch.where(top > 0, top.reciprocal(), torch.ones_like(top)).to(den.dtype)
+        return num * f.unsqueeze(-1), den * f
 
     def _check_attend_inputs(self, phi_q: object, phi_k: object, v: object) -> None:
         for name, t in (("phi_q", phi_q), ("phi_k", phi_k), ("v", v)):
@@ -506,6 +525,13 @@ class _StableCausalScan(torch.autograd.Function):
         dq, dk, dv = ctx.mask._stable_scan_backward(phi_q, phi_k, v, c.detach(), g_num, g_den, ctx.narrow)
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None)
+
+
+def _normal_floor(den: torch.Tensor) -> torch.Tensor:
+    """0-dim bool: every den is at least its dtype's smallest normal number (NaN: False; empty: True)."""
+    if den.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=den.device)
+    return den.detach().amin() >= torch.finfo(den.dtype).tiny
 
 
 def factor_range(dtype: torch.dtype) -> float:

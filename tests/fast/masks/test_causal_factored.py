@@ -209,3 +209,37 @@ def test_the_plain_route_flag_asks_for_one_constant_in_every_slice():
     for bad in (math.nan, math.inf, -math.inf):
         assert not bool(mask._one_per_slice(torch.full((2, 4), bad)))
     assert bool(mask._one_per_slice(torch.ones(0, 4)))
+
+
+def test_a_den_below_the_normal_range_in_units_of_the_slice_is_redone_in_the_querys_own(monkeypatch):
+    """One constant per narrow slice puts each (num_i, den_i) in units of the slice's largest key.
+    Query 0 sees only key 0, whose largest feature is e^-11 of the slice's (within T = 11.09 in
+    float32: narrow); with phi_q_0 = (1e-34, 1) its den is 1.7e-39 there, below float32's smallest
+    normal number, but 1e-34 in units of its own largest key. The flag fails on that den,
+    attend_exact redoes the plain scan in each query's own units (the mask does not turn to the
+    decayed scan), and the row is returned, equal to v_0 as in float64; without the redo the guard
+    refuses it."""
+    from fast.attention import _attention
+    n = 8
+    phi_q = torch.ones(1, n, 2)
+    phi_q[0, 0] = torch.tensor([1e-34, 1.0])
+    phi_k = torch.ones(1, n, 2)
+    phi_k[0, :4] = torch.tensor([math.exp(-11.0), 0.0])
+    v = randn((1, n, 3), gen(16), torch.float32)
+    c = torch.zeros(1, n, 1)  # one constant per slice: the keys' features are in its units
+    mask = CausalMask(n, chunk=4)
+    assert bool(mask._one_per_slice(c[..., 0])) and float(phi_q[0, 0] @ phi_k[0, 0]) < torch.finfo(torch.float32).tiny
+    calls = []
+    exact = CausalMask.attend_exact
+    monkeypatch.setattr(CausalMask, "attend_exact", lambda self, *a: calls.append(1) or exact(self, *a))
+    out = _attention(phi_q, phi_k, v, mask, block_cols=None, no_key="raise", key_log_scale=c,
+                     features_nonnegative=True)
+    assert calls == [1] and not mask._wide
+    torch.testing.assert_close(out[0, 0], v[0, 0], rtol=1e-5, atol=0)
+    want = dense_causal_units(phi_q.double(), phi_k.double(), v.double(), c[..., 0].double())
+    torch.testing.assert_close(out.double(), want[0] / want[1][..., None], rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(CausalMask, "_plain_in_query_units",
+                        lambda self, q, k, x: sequence._CausalScan.apply(q, k, x, self))
+    with pytest.raises(fast.DenominatorError):
+        _attention(phi_q, phi_k, v, CausalMask(n, chunk=4), block_cols=None, no_key="raise", key_log_scale=c,
+                   features_nonnegative=True)
