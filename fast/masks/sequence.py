@@ -682,18 +682,30 @@ def _add_product_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.
 SMALL_SCAN = 2**22
 
 
+#: _exclusive_sum: states of at most this many entries (a b) are scanned by ``_exclusive_by_products``
+#: where the loops would run. Steady-state medians, 2 threads, torch 2.13 CPU, (1, 4, n, a, b) float32:
+#: a b = 256 (m = d = 16) n = 256: 0.095 ms against 0.178 for the loops, n = 512: 0.17 against 0.30,
+#: n = 1024: 0.37 against 0.44; a b = 1024: 0.19-0.35 against 0.19-0.25, a b = 4096 up to 2x slower.
+PRODUCT_SCAN_MAX = 256
+#: _exclusive_by_products: blocks of at most this many states (one strictly triangular product each).
+PRODUCT_SCAN_BLOCK = 16
+
+
 def _exclusive_sum(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     """Exclusive prefix sums along axis -3 of x (..., n, a, b): S_t = sum_{s < t} x_s (reverse:
-    sum_{s > t}); a new tensor. Without grad mode the inclusive scan of x_0..x_{n-2} written
-    straight into S_1..S_{n-1} (``_scan_into``: no shifted copy, no subtraction); under grad mode
-    (double backward), and where x.numel() a b <= SMALL_SCAN (a narrow stride or a tiny tensor:
-    there torch.cumsum beats the loops' Python overhead), torch.cumsum and a shift.
+    sum_{s > t}); a new tensor. Under grad mode (double backward), and where x.numel() a b <=
+    SMALL_SCAN (a narrow stride or a tiny tensor: there torch.cumsum beats the loops' Python
+    overhead), torch.cumsum and a shift; small states (a b <= PRODUCT_SCAN_MAX) in blocks by
+    products (``_exclusive_by_products``); otherwise the inclusive scan of x_0..x_{n-2} written
+    straight into S_1..S_{n-1} (``_scan_into``: no shifted copy, no subtraction).
     """
     if (torch.is_grad_enabled() and x.requires_grad) or x.numel() * x.shape[-1] * x.shape[-2] <= SMALL_SCAN:
         if reverse:
             return _exclusive_cumsum(x.flip(-3), dim=-3).flip(-3)
         return _exclusive_cumsum(x, dim=-3)
     n = x.shape[-3]
+    if x.shape[-1] * x.shape[-2] <= PRODUCT_SCAN_MAX and n % min(PRODUCT_SCAN_BLOCK, n) == 0:
+        return _exclusive_by_products(x, reverse)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if not reverse:
         out.narrow(-3, 0, 1).zero_()
@@ -702,6 +714,31 @@ def _exclusive_sum(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
         out.narrow(-3, n - 1, 1).zero_()
         _scan_into(x.narrow(-3, 1, n - 1), out.narrow(-3, 0, n - 1), reverse=True)
     return out
+
+
+def _exclusive_by_products(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """``_exclusive_sum`` of x (..., n, a, b) for n a multiple of B = min(PRODUCT_SCAN_BLOCK, n): inside
+    each block of B states one product with the strictly lower (reverse: upper) triangular B x B
+    matrix of ones, then each block's total carried to the later (reverse: earlier) blocks by a
+    cumulative sum over the n / B totals. Four tensor operations instead of the loops' ~3 sqrt(n)
+    slice operations, for B (a b) products per state: cheaper where the states are small."""
+    n, a, b = x.shape[-3:]
+    block = min(PRODUCT_SCAN_BLOCK, n)
+    groups = n // block
+    ones = torch.ones(block, block, dtype=x.dtype, device=x.device)
+    tri = ones.triu_(1) if reverse else ones.tril_(-1)
+    xb = x.reshape(-1, groups, block, a * b)
+    out = torch.matmul(tri, xb)  # (-1, groups, block, a b): the sums inside each block
+    if groups > 1:
+        edge = 0 if reverse else block - 1
+        totals = out[:, :, edge] + xb[:, :, edge]  # (-1, groups, a b)
+        if reverse:
+            carry = totals.flip(1).cumsum(1).flip(1)
+            out[:, :-1] += carry[:, 1:].unsqueeze(2)
+        else:
+            carry = totals.cumsum(1)
+            out[:, 1:] += carry[:, :-1].unsqueeze(2)
+    return out.view(x.shape)
 
 
 class PackingMask(SymmetricMaskOperator):

@@ -569,22 +569,44 @@ def test_exclusive_sum_by_loops_and_by_cumsum(n, reverse, seed):
     assert_unchanged(by_loops, expected)
 
 
-@pytest.mark.parametrize("shape, loops", [((1, 2, 256, 16, 16), True), ((1, 2, 16, 64, 64), True),
-                                          ((1, 2, 256, 16, 1), False), ((1, 2, 16, 16, 16), False)])
-def test_exclusive_sum_takes_the_loops_for_wide_states(monkeypatch, shape, loops):
-    """The chunk states (..., n, m, d) of m = d = 16 at N = 2^12 (and m = d = 64 at N = 2^10) go
-    through the loops, where torch.cumsum's stride m d made it 5-15x slower on CPU; the vector states
-    (..., n, m, 1) and tiny tensors through torch.cumsum. Both give the exclusive sums."""
+@pytest.mark.parametrize("shape, route", [((1, 2, 256, 16, 16), "products"), ((1, 2, 250, 16, 16), "loops"),
+                                          ((1, 2, 16, 64, 64), "loops"), ((1, 2, 256, 16, 1), "cumsum"),
+                                          ((1, 2, 16, 16, 16), "cumsum")])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_exclusive_sum_takes_products_or_loops_for_wide_states(monkeypatch, shape, route, reverse):
+    """The chunk states (..., n, m, d) of m = d = 16 at N = 2^12 go through the block products
+    (states of at most PRODUCT_SCAN_MAX entries, n a multiple of the block), those of m = d = 64 at
+    N = 2^10 (and a ragged n) through the loops, where torch.cumsum's stride m d made it 5-15x slower
+    on CPU; the vector states (..., n, m, 1) and tiny tensors through torch.cumsum. Each gives the
+    exclusive sums, forward and reverse."""
     calls = []
-    real = S._scan_into
-    monkeypatch.setattr(S, "_scan_into", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("_scan_into", "_exclusive_by_products"):
+        real = getattr(S, name)
+        monkeypatch.setattr(S, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     x = randn(shape, gen(16))
     expected = torch.zeros_like(x)
-    expected[..., 1:, :, :] = _sequential(x)[..., :-1, :, :]
+    if reverse:
+        expected[..., :-1, :, :] = _sequential(x.flip(-3)).flip(-3)[..., 1:, :, :]
+    else:
+        expected[..., 1:, :, :] = _sequential(x)[..., :-1, :, :]
     with torch.no_grad():
-        got = S._exclusive_sum(x)
-    assert bool(calls) == loops
-    assert_unchanged(got, expected)
+        got = S._exclusive_sum(x, reverse=reverse)
+    want = {"products": ["_exclusive_by_products"], "loops": ["_scan_into"], "cumsum": []}[route]
+    assert calls == want
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 16, 48, 256])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_exclusive_by_products_in_one_block_and_several(n, reverse):
+    """One block (n <= 16: no carry), three and sixteen blocks: the exclusive sums, float64."""
+    x = randn((2, n, 3, 5), gen(17))
+    expected = torch.zeros_like(x)
+    if reverse:
+        expected[..., :-1, :, :] = _sequential(x.flip(-3)).flip(-3)[..., 1:, :, :]
+    else:
+        expected[..., 1:, :, :] = _sequential(x)[..., :-1, :, :]
+    torch.testing.assert_close(S._exclusive_by_products(x, reverse), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("n, chunk", [(37, 1), (100, 3), (64, 4)])
