@@ -101,8 +101,8 @@ class CausalMask(MaskOperator):
     #: C = 16, while the forward was 5-12% faster at C = 16.
     BACKWARD_CHUNK_RANGE = (32, 64)
     #: key_stabilizer gives a narrow slice (its running max rising by at most factor_range) one
-    #: constant, so FAVOR+ runs the plain scan there (no per-key factors: 14-19% less time for the
-    #: causal FAVOR+ forward at m = d = 16, N = 2^12..2^14 on 2 CPU threads, 9-11% with backward;
+    #: constant, so FAVOR+ runs the plain scan there (no per-key factors: 3-5% less time for causal
+    #: FAVOR+ at m = d = 16, N = 2^12..2^13 on 2 CPU threads, forward and with backward;
     #: on CUDA the plain kernel, whose backward took 28.0 ms against 41.9 ms for the decayed one at
     #: N = 2^20 on an H100). False (on the class or an instance): per-key running maxima always
     #: (measure.gpu's "favor-decayed" times that route beside "favor").
