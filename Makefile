@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: report test verify gpu-check bench-ops bench bench-history bench-continuous bench-compare publish bench-preview clean
+.PHONY: report test verify gpu-check bench-ops bench-blocks bench bench-history bench-continuous bench-compare publish bench-preview clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,9 @@ bench-ops: $(STAMP)
 	    --benchmark-sort=name --benchmark-columns=median,iqr,min,rounds --benchmark-min-rounds=10 \
 	    --benchmark-json benchmarks/out/peers.json $(ARGS)
 	$(PY) benchmarks/summary.py benchmarks/out/peers.json --out benchmarks/out/peers-summary.json
+
+bench-blocks: $(STAMP)
+	$(PY) -m benchmarks.blocks $(ARGS)
 
 # asv (docs/benchmarks.md). Every target records under one machine name, so that `make bench`,
 # per-commit runs and `asv compare` see the same history.

@@ -1,0 +1,99 @@
+"""benchmarks/blocks.py: the alternation of the blocks, the ratio and its bootstrap interval on known
+times (a fake clock), the table, and one real cell at a small size (skipped where the peer is not
+installed). Nothing here judges a speed."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import blocks as B
+from benchmarks import ops
+
+
+class _Clock:
+    """A fake timer: each call of a timed function advances it by that function's cost."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_blocks_alternate_their_order_pair_by_pair_and_warm_untimed():
+    log = []
+    clock = _Clock()
+
+    def fn(name, cost):
+        def call():
+            log.append(name)
+            clock.now += cost
+        return call
+
+    a, b = B.time_blocks(fn("a", 2.0), fn("b", 3.0), blocks=3, calls=2, warm=1, timer=clock)
+    # pair 0: a (1 warm + 2 timed) then b; pair 1: b then a; pair 2: a then b
+    assert log == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3 + ["a"] * 3 + ["b"] * 3
+    assert a == [[2.0, 2.0]] * 3 and b == [[3.0, 3.0]] * 3
+
+
+@pytest.mark.parametrize("kwargs, match", [({"blocks": 0}, "blocks"), ({"calls": 0}, "calls"), ({"warm": -1}, "warm")])
+def test_time_blocks_names_a_bad_count(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        B.time_blocks(lambda: None, lambda: None, **kwargs)
+
+
+def test_bootstrap_median_covers_the_median_and_narrows_with_less_spread():
+    rng = np.random.default_rng(1)
+    wide = 1.0 + 0.2 * rng.standard_normal(40)
+    narrow = 1.0 + 0.02 * rng.standard_normal(40)
+    m, low, high = B.bootstrap_median(wide)
+    assert m == pytest.approx(float(np.median(wide))) and low <= m <= high
+    m2, low2, high2 = B.bootstrap_median(narrow)
+    assert high2 - low2 < (high - low) / 5
+    assert B.bootstrap_median([2.0] * 5) == (2.0, 2.0, 2.0)  # no spread, no width
+    assert B.bootstrap_median(wide, seed=3) == B.bootstrap_median(wide, seed=3)  # seeded
+
+
+@pytest.mark.parametrize("values, kwargs, match", [([], {}, "non-empty"), ([1.0, float("nan")], {}, "finite"),
+                                                   ([1.0], {"n_boot": 0}, "n_boot"), ([1.0], {"level": 1.0}, "level")])
+def test_bootstrap_median_names_bad_arguments(values, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        B.bootstrap_median(values, **kwargs)
+
+
+def test_markdown_lays_out_ratios_and_skips():
+    rows = [{"op": "favor-causal", "pass": "forward", "peer": "performer-pytorch", "N": n, "d": 16, "m": 16,
+             "ratio": r, "ratio_low": r - 0.1, "ratio_high": r + 0.1} for n, r in ((4096, 1.1), (8192, 0.9))]
+    rows.append({"op": "elu", "pass": "forward+backward", "peer": "pytorch-fast-transformers", "N": 4096, "d": 16,
+                 "m": 16, "skipped": "not installed"})
+    text = B.markdown(rows)
+    assert "| forward, d = m = 16 | 2^12 | 2^13 |" in text
+    assert "| favor-causal: performer-pytorch / maskbench | 1.10 [1.00, 1.20] | 0.90 [0.80, 1.00] |" in text
+    assert "| elu: pytorch-fast-transformers / maskbench | skipped |" in text and text.endswith("skipped: not installed")
+
+
+def test_one_real_cell_and_the_command_line(tmp_path, capsys):
+    """The ELU+1 comparison at a small size through the command line: a row with a positive ratio
+    inside its interval, the JSON schema, the table (or the skip reason where fast-transformers is
+    not installed)."""
+    out = tmp_path / "blocks.json"
+    assert B.main(["--ops", "elu", "--bench-N", "64", "--bench-d", "8", "--passes", "forward", "--blocks", "2",
+                   "--calls", "2", "--warm", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["schema"] == "maskbench-blocks/1" and report["environment"]["blocks"] == 2
+    (row,) = report["rows"]
+    assert (row["op"], row["pass"], row["N"], row["d"], row["peer"]) == ("elu", "forward", 64, 8, ops.FAST_TRANSFORMERS)
+    if "skipped" not in row:
+        assert 0 < row["ratio_low"] <= row["ratio"] <= row["ratio_high"] and row["pairs"] == 2
+        assert row["max_rel_diff"] <= 1e-4
+    assert "| elu: pytorch-fast-transformers / maskbench |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--ops", "nope"], ["--passes", "sideways"], ["--bench-N", "0"], ["--blocks", "0"],
+                                  ["--bench-N", "x"]])
+def test_bad_arguments_exit_2(argv, tmp_path):
+    with pytest.raises(SystemExit) as err:
+        B.main(argv + ["--out", str(tmp_path / "b.json")])
+    assert err.value.code == 2
