@@ -63,9 +63,10 @@ class CausalMask(MaskOperator):
     whose running max spans little, per-key running maxima otherwise, which
     ``attend(..., key_log_scale=c)`` undoes exactly, so no FAVOR+ key underflows the early keys the
     early queries see; ``attend_optimistic`` / ``attend_exact`` are the driver's routes to it
-    (fast.operator; the plain scan for one constant per slice). Derivations and the chunk rule: docs/papers.md, fast.masks.sequence. On CUDA
-    the scan runs as a Triton kernel where Triton imports (fast.kernels.causal_scan; the switch and
-    the rule: fast.kernels.dispatch), and as the PyTorch scan here otherwise.
+    (fast.operator; the plain scan for one constant per slice). Derivations and the chunk rule:
+    docs/papers.md, fast.masks.sequence. On CUDA the scan runs as a Triton kernel where Triton
+    imports (fast.kernels.causal_scan; the switch and the rule: fast.kernels.dispatch), and as the
+    PyTorch scan here otherwise.
 
     >>> import torch
     >>> from fast import CausalMask, masked_linear_attention
@@ -153,9 +154,14 @@ class CausalMask(MaskOperator):
     def row_key_stabilizer(self):
         """``key_stabilizer`` from the row maxima (..., N, 1) of z (the contract's row form,
         fast.operator), while key_stabilizer is CausalMask's own."""
-        if getattr(self.key_stabilizer, "__func__", None) is _CAUSAL_KEY_STABILIZER:
+        if self._own_stabilizer():
             return lambda rows: self._constants(rows.squeeze(-1)).unsqueeze(-1)
         return super().row_key_stabilizer()
+
+    def _own_stabilizer(self) -> bool:
+        """key_stabilizer is CausalMask's own (as defined at import; not replaced on a subclass or
+        an instance)."""
+        return getattr(self.key_stabilizer, "__func__", None) is _CAUSAL_KEY_STABILIZER
 
     def _constants(self, rows: torch.Tensor) -> torch.Tensor:
         """key_stabilizer's rule on the row maxima (..., N): R where a slice is narrow, else the
@@ -169,7 +175,12 @@ class CausalMask(MaskOperator):
     def _own_constants(self) -> bool:
         """key_stabilizer is CausalMask's own with narrow_constants: its constants are one per slice
         wherever they can be, so attend_optimistic tries the plain scan first."""
-        return self.narrow_constants and getattr(self.key_stabilizer, "__func__", None) is _CAUSAL_KEY_STABILIZER
+        return self.narrow_constants and self._own_stabilizer()
+
+    def _plain(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+               kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num, den) of the scan without constants: the Triton kernel or the PyTorch scan."""
+        return self._kernel_scan(phi_q, phi_k, v, None) if kernel else _CausalScan.apply(phi_q, phi_k, v, self)
 
     def attend(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                key_log_scale: torch.Tensor | None = None,
@@ -253,7 +264,7 @@ class CausalMask(MaskOperator):
         self._check_attend_inputs(phi_q, phi_k, v)
         c = self._check_log_scale(key_log_scale, phi_k)
         if self._own_constants():  # one constant per slice (a narrow one): it cancels, the plain scan is exact
-            num, den = self._kernel_scan(phi_q, phi_k, v, None) if kernel else _CausalScan.apply(phi_q, phi_k, v, self)
+            num, den = self._plain(phi_q, phi_k, v, kernel)
             # exact, and every den normal: otherwise attend_exact redoes it in each query's own units
             return (num, den), self._one_per_slice(c) & _normal_floor(den)
         return _StableCausalScan.apply(phi_q, phi_k, v, c, self, True), self._narrow(c)
@@ -280,8 +291,7 @@ class CausalMask(MaskOperator):
         each query's largest visible key, as the scan with per-key constants returns them, so a den
         below the normal range in units of R but not in its own is kept (the per-query factor the
         contract allows; docs/papers.md, fast.masks.sequence)."""
-        kernel = use_causal_kernel(phi_q, phi_k, v)
-        num, den = self._kernel_scan(phi_q, phi_k, v, None) if kernel else _CausalScan.apply(phi_q, phi_k, v, self)
+        num, den = self._plain(phi_q, phi_k, v, use_causal_kernel(phi_q, phi_k, v))
         with torch.no_grad():
             top = running_max(phi_k.detach().amax(-1))
             f = torch.where(top > 0, top.reciprocal(), torch.ones_like(top)).to(den.dtype)

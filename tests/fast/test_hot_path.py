@@ -422,9 +422,15 @@ def test_elu_plus_one_is_torch_elu_plus_one(dtype):
                                rtol=4 * torch.finfo(dtype).eps, atol=2 * torch.finfo(dtype).eps)
 
 
-def test_elu_plus_one_is_exact_where_expm1_plus_one_cancels():
-    x = torch.tensor([-30.0, -50.0], dtype=torch.float64)
-    assert torch.equal(fast.EluPlusOne()(x), torch.exp(x))
+def test_elu_plus_one_keeps_exp_where_expm1_plus_one_cancels():
+    """elu(x) + 1 rounds to 0 (float32) or loses every digit (float64) at x = -30, -50; EluPlusOne
+    returns exp(x) there, to exp_'s bound (2 |x| + 4) u (fast.features.exp_)."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor([-30.0, -50.0], dtype=dtype)
+        u = torch.finfo(dtype).eps / 2
+        got, want = fast.EluPlusOne()(x).double(), torch.exp(x.double())
+        assert bool(((got - want).abs() <= (2 * x.double().abs() + 4) * u * want).all()), (got, want)
+    assert float(torch.nn.functional.elu(torch.tensor(-30.0)) + 1) == 0.0  # what it avoids
 
 
 def test_compiled_elu_plus_one_is_the_same_map():
