@@ -339,55 +339,64 @@ class CausalMask(MaskOperator):
         return c, [t.unflatten(-2, (-1, c)) for t in tensors]
 
     def _scan(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num (..., N, d), den (..., N)) of the plain scan, views of one (..., N, d + 1) tensor: the
-        denominator is the numerator's extra column, from vb = [v, 1] (as in ``_stable_scan``), so
-        one product of each kind serves both. Per chunk of C tokens, with S_{t-1} = sum of
-        phi_k_j^T [v_j, 1] over earlier chunks (an m x (d + 1) state):
-        [num | den] = tril(q k^T) vb + q S_{t-1}. O(N C (m + d) + N m d).
-        """
-        n, d = self.n, v.shape[-1]
-        vb = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-        # (..., nc, C, m), (..., nc, C, m), (..., nc, C, d + 1)
-        c, (q, k, vb) = self._chunks(phi_q, phi_k, vb, chunk=self.chunk_for(phi_q.shape[-1], d))
-        inplace = not torch.is_grad_enabled()  # inside the Function: update the blocks in place
-        out = _tril(q @ k.transpose(-1, -2), inplace) @ vb  # intra-chunk, the C x C block freed at once
-        state = _exclusive_sum(k.transpose(-1, -2) @ vb)  # (..., nc, m, d + 1): S_{t-1}
-        out = _add_product_(out, q, state) if inplace else out + q @ state
-        out = out.flatten(-3, -2)[..., :n, :]
-        return out[..., :d], out[..., d]
+        n = self.n
+        # (..., nc, C, m), (..., nc, C, m), (..., nc, C, d)
+        c, (q, k, vv) = self._chunks(phi_q, phi_k, v, chunk=self.chunk_for(phi_q.shape[-1], v.shape[-1]))
+        # without autograd (inside the Function) the (N, C) blocks are updated in place: one at a time
+        scores = _tril(q @ k.transpose(-1, -2), not torch.is_grad_enabled())  # intra-chunk block
+        num = scores @ vv
+        den = scores.sum(-1)
+        del scores
+        kv = k.transpose(-1, -2) @ vv  # (..., nc, m, d) chunk totals
+        ksum = k.sum(-2)  # (..., nc, m)
+        # exclusive prefix over chunks = the running state each chunk starts from
+        state = _exclusive_sum(kv)
+        zstate = _exclusive_sum(ksum.unsqueeze(-1)).squeeze(-1)  # (..., nc, m)
+        del kv, ksum
+        cross = torch.einsum("...cm,...m->...c", q, zstate)  # a GEMV per chunk (bmm with one column is slower)
+        if torch.is_grad_enabled():
+            num = num + q @ state
+            den = den + cross
+        else:
+            num = _add_product_(num, q, state)
+            den = den.add_(cross)
+        num = num.flatten(-3, -2)[..., :n, :]
+        den = den.flatten(-2)[..., :n]
+        return num, den
 
     def _scan_backward(self, phi_q, phi_k, v, g_num, g_den):
         """Gradients (dq, dk, dv) of (num, den) = _scan(phi_q, phi_k, v) for (g_num (..., N, d),
-        g_den (..., N)): the transposed scan (docs/papers.md, fast.masks.sequence) on vb = [v, 1]
-        and G = [g_num, g_den], in chunks of ``chunk_for(m, d, backward=True)``. G vb^T holds
-        g_num v^T + g_den in one product, G S^T the denominator's share of dq, and vb R^T (R the
-        reverse states of q^T G) that of dk. Without double backward the C x C blocks are formed
-        in place, one alive at a time.
+        g_den (..., N)): the transposed scan (docs/papers.md, fast.masks.sequence), in chunks of
+        ``chunk_for(m, d, backward=True)``. Without double backward the C x C blocks are formed in
+        place, one alive at a time.
         """
-        n, d = self.n, v.shape[-1]
-        vb = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-        gb = torch.cat([g_num, g_den.unsqueeze(-1)], dim=-1)
-        c, (q, k, vb, gb) = self._chunks(phi_q, phi_k, vb, gb,
-                                         chunk=self.chunk_for(phi_q.shape[-1], d, backward=True))
+        n = self.n
+        c, (q, k, vv, gn) = self._chunks(phi_q, phi_k, v, g_num,
+                                         chunk=self.chunk_for(phi_q.shape[-1], v.shape[-1], backward=True))
+        gd = self._chunks(g_den.unsqueeze(-1), chunk=c)[1][0]  # (..., nc, C, 1)
         inplace = not torch.is_grad_enabled()  # True unless create_graph (double backward)
-        dv = _tril(q @ k.transpose(-1, -2), inplace).transpose(-1, -2) @ gb  # (..., nc, C, d + 1)
-        d_scores = _tril(gb @ vb.transpose(-1, -2), inplace)
+        scores = _tril(q @ k.transpose(-1, -2), inplace)
+        dv = scores.transpose(-1, -2) @ gn
+        del scores
+        d_scores = gn @ vv.transpose(-1, -2)
+        d_scores = _tril(d_scores.add_(gd) if inplace else d_scores + gd, inplace)
         dq = d_scores @ k
         dk = d_scores.transpose(-1, -2) @ q
         del d_scores
-        state = _exclusive_sum(k.transpose(-1, -2) @ vb)  # (..., nc, m, d + 1)
-        d_state = _exclusive_sum(q.transpose(-1, -2) @ gb, reverse=True)  # (..., nc, m, d + 1)
+        state = _exclusive_sum(k.transpose(-1, -2) @ vv)  # (..., nc, m, d)
+        zstate = _exclusive_sum(k.sum(-2).unsqueeze(-1)).squeeze(-1)  # (..., nc, m)
+        d_state = _exclusive_sum(q.transpose(-1, -2) @ gn, reverse=True)  # (..., nc, m, d)
+        d_zstate = _exclusive_sum((q * gd).sum(-2).unsqueeze(-1), reverse=True).squeeze(-1)  # (..., nc, m)
         if inplace:
-            dq = _add_product_(dq, gb, state.transpose(-1, -2))
+            dq = _add_product_(dq, gn, state.transpose(-1, -2)).add_(gd * zstate.unsqueeze(-2))
             del state
-            dk = _add_product_(dk, vb, d_state.transpose(-1, -2))
+            dk = _add_product_(dk, vv, d_state.transpose(-1, -2)).add_(d_zstate.unsqueeze(-2))
             dv = _add_product_(dv, k, d_state)
         else:
-            dq = dq + gb @ state.transpose(-1, -2)
-            dk = dk + vb @ d_state.transpose(-1, -2)
+            dq = dq + gn @ state.transpose(-1, -2) + gd * zstate.unsqueeze(-2)
+            dk = dk + vv @ d_state.transpose(-1, -2) + d_zstate.unsqueeze(-2)
             dv = dv + k @ d_state
-        # dv's extra column (the gradient of the ones) is dropped
-        return dq.flatten(-3, -2)[..., :n, :], dk.flatten(-3, -2)[..., :n, :], dv.flatten(-3, -2)[..., :n, :d]
+        return tuple(t.flatten(-3, -2)[..., :n, :] for t in (dq, dk, dv))
 
     # ----------------------------------------------------------- the scan with key constants
 
@@ -687,11 +696,10 @@ SMALL_SCAN = 2**22
 
 
 #: _exclusive_sum: states of at most this many entries (a b) are scanned by ``_exclusive_by_products``
-#: where the loops would run: the plain scan's [S | z] at m = d = 16 (16 x 17). Steady-state medians,
-#: 2 threads, torch 2.13 CPU, (1, 4, n, a, b) float32, products against loops: a b = 272, n = 64, 256,
-#: 1024: 0.042 / 0.085, 0.106 / 0.19, 0.33 / 0.43 ms; a b = 528-600 ahead at n <= 256 only (n = 1024:
-#: 0.63-0.79 against 0.52-0.60); a b >= 1056 behind from n = 256.
-PRODUCT_SCAN_MAX = 272
+#: where the loops would run. Steady-state medians, 2 threads, torch 2.13 CPU, (1, 4, n, a, b) float32:
+#: a b = 256 (m = d = 16) n = 256: 0.095 ms against 0.178 for the loops, n = 512: 0.17 against 0.30,
+#: n = 1024: 0.37 against 0.44; a b = 1024: 0.19-0.35 against 0.19-0.25, a b = 4096 up to 2x slower.
+PRODUCT_SCAN_MAX = 256
 #: _exclusive_by_products: blocks of at most this many states (one strictly triangular product each).
 PRODUCT_SCAN_BLOCK = 16
 
