@@ -112,7 +112,6 @@ class CausalMask(MaskOperator):
     def __init__(self, n: int, chunk: int | None = None):
         self.n = check_positive_int("n", n)
         self.chunk = None if chunk is None else check_positive_int("chunk", chunk)
-        self._tri: dict = {}
         #: set once a call of attend_optimistic met constants wider than factor_range: later calls
         #: of that method take the decayed scan directly rather than try the narrow route first.
         self._wide = False
@@ -125,13 +124,6 @@ class CausalMask(MaskOperator):
             return self.chunk
         lo, hi = self.BACKWARD_CHUNK_RANGE if backward else self.CHUNK_RANGE
         return int(min(hi, max(lo, 2 ** round(0.5 * math.log2(max(1, m) * max(1, d))))))
-
-    def _triangle(self, c: int, device: torch.device) -> torch.Tensor:
-        # cached: building it on every call cost more than the small products it masks (CPU)
-        key = (c, str(device))
-        if key not in self._tri:
-            self._tri[key] = torch.ones(c, c, dtype=torch.bool, device=device).tril()
-        return self._tri[key]
 
     def _matmat(self, x: torch.Tensor) -> torch.Tensor:
         """M @ x = cumulative sum over tokens, x: (..., N, c)."""
@@ -421,8 +413,8 @@ class CausalMask(MaskOperator):
 
     def _weights(self, cj, r, C):
         """exp(c_j - r_i) for j <= i in the chunk, 0 above the diagonal: (..., nc, C, C), all <= 1."""
-        tri = self._triangle(C, cj.device)
-        return (cj.unsqueeze(-2) - r.unsqueeze(-1)).masked_fill_(~tri, -torch.inf).exp_()
+        # exp first: an entry above the diagonal may overflow to inf, and tril_ writes 0 over it
+        return _tril((cj.unsqueeze(-2) - r.unsqueeze(-1)).exp_(), True)
 
     def _stable_scan(self, phi_q, phi_k, v, c, narrow: bool = False):
         """(num, den) of ``attend`` with key constants c (..., N): see its docstring. narrow: the
