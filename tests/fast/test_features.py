@@ -69,10 +69,14 @@ def test_stabiliser_is_per_slice_for_keys_and_per_row_for_queries(cls):
     assert len(torch.unique(key_c)) == key_c.numel()  # the slices really have different constants
 
 
+@pytest.mark.parametrize("halving", [True, False])
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 16, 17, 24, 31, 32, 33, 48, 63, 64, 100])
-def test_row_max_is_amax_exactly(m):
-    """row_max (the stabilisers' row maxima, halving the columns at short widths on the CPU) equals
-    amax bit for bit, NaN and inf included, at every width, odd ones too, and never writes its input."""
+def test_row_max_is_amax_exactly(monkeypatch, m, halving):
+    """row_max (the stabilisers' row maxima, halving the columns at short widths on the CPU, here
+    forced or kept below its size threshold) equals amax bit for bit, NaN and inf included, at
+    every width, odd ones too, and never writes its input."""
+    if halving:
+        monkeypatch.setattr(fast.features, "ROW_MAX_HALVING_FROM", 0)
     g = gen(11)
     p = randn((2, 3, 9, m), g).float()
     p[0, 0, 1, m // 2] = float("nan")
