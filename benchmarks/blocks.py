@@ -17,11 +17,20 @@ Each comparison first checks, untimed, that the peer computes maskbench's functi
 inputs (benchmarks/ops.py ``compare``); a peer that does not, or is not installed, is reported
 as skipped with the reason. NumPy and torch only; the peers are those of benchmarks/ops.py.
 
+Blocks do not hold the allocator still. At these sizes (tensors of about 1 MiB) glibc gives the
+top of its heap back to the system whenever the free space there passes its trim threshold, and
+the next call faults those pages in again: 0 to 875 minor faults a call for one library, 22 to
+1344 for the other, depending on what ran before. ``--steady-allocator`` sets glibc's trim
+threshold to 2^30 and its mmap threshold to 32 MiB (``steady_allocator``) before any tensor is
+made, for both libraries alike: the ratio of their computations, recorded as such in the JSON.
+
     python -m benchmarks.blocks --ops favor-causal,elu-causal --bench-N 4096,8192 --bench-d 16
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import statistics
 import sys
@@ -34,7 +43,7 @@ import torch
 
 from benchmarks import ops
 
-__all__ = ["bootstrap_median", "compare_blocks", "main", "markdown", "time_blocks"]
+__all__ = ["bootstrap_median", "compare_blocks", "main", "markdown", "steady_allocator", "time_blocks"]
 
 #: Defaults of the command line: the small-heads grid of issue 25 on a 2-core CPU.
 DEFAULT_OPS = ("favor", "favor-causal", "elu", "elu-causal")
@@ -126,6 +135,35 @@ def compare_blocks(op: str, pass_: str, size: ops.Size, blocks: int = BLOCKS, ca
             "pairs": blocks, "calls": calls, "max_rel_diff": check.max_rel_diff}
 
 
+#: glibc's mallopt parameters (malloc.h) and the values ``steady_allocator`` sets: the trim
+#: threshold far above any heap these benchmarks grow, the mmap threshold at the largest value
+#: glibc accepts on 64-bit systems (larger ones are refused), which also stops its adjusting.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+STEADY_TRIM, STEADY_MMAP = 2 ** 30, 32 * 2 ** 20
+
+
+def steady_allocator() -> str:
+    """Set glibc's malloc trim threshold to STEADY_TRIM and mmap threshold to STEADY_MMAP for this
+    process (mallopt), so that freed tensors stay in the heap and later calls reuse their pages
+    instead of faulting fresh ones in. Returns the setting in words (for the JSON). RuntimeError
+    where the C library has no mallopt (not glibc) or refuses a value. Process-wide and for the
+    rest of the process: a measurement setting, never called by the library.
+
+    >>> from benchmarks.blocks import steady_allocator
+    >>> steady_allocator()  # doctest: +SKIP
+    'glibc mallopt: M_TRIM_THRESHOLD 1073741824, M_MMAP_THRESHOLD 33554432'
+    """
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        raise RuntimeError(f"--steady-allocator needs glibc's mallopt; the C library here ({name}) has none")
+    for param, value in ((M_TRIM_THRESHOLD, STEADY_TRIM), (M_MMAP_THRESHOLD, STEADY_MMAP)):
+        if mallopt(ctypes.c_int(param), ctypes.c_int(value)) != 1:
+            raise RuntimeError(f"mallopt({param}, {value}) was refused by {name}")
+    return f"glibc mallopt: M_TRIM_THRESHOLD {STEADY_TRIM}, M_MMAP_THRESHOLD {STEADY_MMAP}"
+
+
 def markdown(rows: list[dict]) -> str:
     """A table per pass and width: a row per operation, a column per N, "ratio [low, high]" (or
     "skipped"); the skip reasons below.
@@ -191,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", type=int, default=WARM, help="untimed calls before each block (default %(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steady-allocator", action="store_true",
+                        help="hold glibc's heap (trim threshold 2^30, mmap threshold 32 MiB) for both libraries")
     parser.add_argument("--out", default="benchmarks/out/blocks.json")
     args = parser.parse_args(argv)
     try:
@@ -204,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad or min(sizes_n + widths) < 1 or min(args.blocks, args.calls, args.threads) < 1 or args.warm < 0:
         parser.error(f"unknown or out of range: {', '.join(bad) or 'a size, --blocks, --calls, --warm or --threads'} "
                      f"(ops: {', '.join(ops.OPS)}; passes: {', '.join(ops.PASSES)})")
+    allocator = "default"
+    if args.steady_allocator:
+        try:
+            allocator = steady_allocator()
+        except RuntimeError as err:
+            parser.error(str(err))
     torch.set_num_threads(args.threads)
     rows = []
     cells = [(op, p, n, d) for p in passes for d in widths for op in op_list for n in sizes_n]
@@ -215,12 +261,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(cells)}] {op} {pass_} N = {n} d = {d}: {got}", file=sys.stderr, flush=True)
     environment = {"torch": torch.__version__, "threads": args.threads, "device": "cpu",
                    "peers": {lib: ops.peer_version(lib) for lib in dict.fromkeys(r["peer"] for r in rows)},
-                   "blocks": args.blocks, "calls": args.calls, "warm": args.warm, "seed": args.seed}
+                   "blocks": args.blocks, "calls": args.calls, "warm": args.warm, "seed": args.seed,
+                   "allocator": allocator}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"schema": "maskbench-blocks/1", "environment": environment, "rows": rows}, indent=1))
     print(f"ratio = peer / maskbench, median over {args.blocks} pairs of alternating blocks of {args.calls} calls "
-          f"[95% bootstrap interval]; cpu, {args.threads} threads, torch {torch.__version__}\n")
+          f"[95% bootstrap interval]; cpu, {args.threads} threads, torch {torch.__version__}; allocator: "
+          f"{allocator}\n")
     print(markdown(rows))
     print(f"\nwrote {out}")
     return 0

@@ -4,6 +4,10 @@ installed). Nothing here judges a speed."""
 from __future__ import annotations
 
 import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,3 +101,67 @@ def test_bad_arguments_exit_2(argv, tmp_path):
     with pytest.raises(SystemExit) as err:
         B.main(argv + ["--out", str(tmp_path / "b.json")])
     assert err.value.code == 2
+
+
+_GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+#: A child that frees about 2 MiB at the top of glibc's heap, 20 times over, and prints its minor
+#: page faults per round: glibc's default trim threshold (twice its adjusted mmap threshold, here
+#: about 128 KiB) gives those pages back each round, so the next round faults them in again.
+_TRIM_CHILD = """
+import resource, sys
+import numpy as np
+if sys.argv[1] == "steady":
+    from benchmarks.blocks import steady_allocator
+    steady_allocator()
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+a = np.ones(8192); del a  # one 64 KiB block from mmap, freed: glibc's mmap threshold moves to 64 KiB
+def rounds(n):
+    for _ in range(n):
+        xs = [np.ones(6144) for _ in range(40)]  # 40 blocks of 48 KiB from the heap, then freed
+        del xs
+rounds(3)
+start = faults()
+rounds(20)
+print((faults() - start) / 20)
+"""
+
+
+def _faults_per_round(mode: str) -> float:
+    done = subprocess.run([sys.executable, "-c", _TRIM_CHILD, mode], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's mallopt only")
+def test_steady_allocator_keeps_the_freed_top_of_the_heap():
+    """Power and effect, each in a fresh process: with glibc's defaults the freed 2 MiB are given
+    back and faulted in again each round (about 400 pages; more than 100 asserted); after
+    steady_allocator none are (fewer than 10: the heap stays)."""
+    assert _faults_per_round("default") > 100
+    assert _faults_per_round("steady") < 10
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's mallopt only")
+def test_steady_allocator_flag_is_recorded(tmp_path):
+    """--steady-allocator through the command line (in a child: mallopt is process-wide): the JSON
+    says which allocator setting the ratios were measured under."""
+    out = tmp_path / "blocks.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.blocks", "--ops", "elu", "--bench-N", "64", "--bench-d",
+                           "8", "--passes", "forward", "--blocks", "2", "--calls", "2", "--warm", "1",
+                           "--steady-allocator", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["environment"]["allocator"] == (
+        f"glibc mallopt: M_TRIM_THRESHOLD {B.STEADY_TRIM}, M_MMAP_THRESHOLD {B.STEADY_MMAP}")
+    assert "allocator: glibc mallopt" in done.stdout
+
+
+def test_steady_allocator_without_mallopt_exits_2(monkeypatch, tmp_path, capsys):
+    """Where the C library has no mallopt, the flag is refused by name (exit 2), before any timing."""
+    monkeypatch.setattr(B.ctypes.util, "find_library", lambda name: None)
+    with pytest.raises(SystemExit) as err:
+        B.main(["--steady-allocator", "--out", str(tmp_path / "b.json")])
+    assert err.value.code == 2 and "--steady-allocator needs glibc's mallopt" in capsys.readouterr().err
