@@ -14,6 +14,9 @@ Options (after ``pytest benchmarks``; ``make bench-ops ARGS="..."`` passes them 
     --device DEV         cpu (default) or cuda (timed calls then synchronise before returning)
     --threads T          torch.set_num_threads(T) (default 2), recorded in the JSON
     --bench-seed S       seed of the inputs (default 0)
+    --steady-allocator   glibc's trim threshold 2^30 and mmap threshold 32 MiB for the whole run
+                         (benchmarks.blocks.steady_allocator): freed tensors are not given back
+                         and faulted in again between calls; recorded in the JSON as "allocator"
 
 float32 means float32 accuracy for every library: torch's matmuls are IEEE by default
 (torch.backends.cuda.matmul.allow_tf32 is False), and Triton's dots of float32 tensors, which
@@ -21,8 +24,8 @@ default to one TF32 product on NVIDIA GPUs (10-bit mantissas: fla-core would com
 function, which the check refuses), take three ("tf32x3", as maskbench's own kernel does): the
 suite sets TRITON_F32_DEFAULT=tf32x3 unless it is set already.
 
-The JSON written by ``--benchmark-json`` gets a "maskbench" block (threads, device, dtypes, torch,
-triton and peer versions, the skip messages) for benchmarks/summary.py.
+The JSON written by ``--benchmark-json`` gets a "maskbench" block (threads, device, dtypes, the
+allocator setting, torch, triton and peer versions, the skip messages) for benchmarks/summary.py.
 """
 from __future__ import annotations
 
@@ -72,6 +75,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--device", dest="bench_device", default="cpu", help="cpu (default) or cuda")
     group.addoption("--threads", dest="bench_threads", type=int, default=2, help="torch threads (default 2)")
     group.addoption("--bench-seed", dest="bench_seed", type=int, default=0, help="seed of the inputs")
+    group.addoption("--steady-allocator", dest="bench_steady_allocator", action="store_true", default=False,
+                    help="hold glibc's heap for every library (benchmarks.blocks.steady_allocator)")
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class PeerState:
     seed: int
     quick: bool
     dtypes: tuple = ("float32",)
+    allocator: str = "default"
     skipped: set = field(default_factory=set)
     checks: dict = field(default_factory=dict)
     cases: dict = field(default_factory=dict)
@@ -153,11 +159,18 @@ def pytest_configure(config: pytest.Config) -> None:
     if threads < 1:
         raise pytest.UsageError(f"--threads must be a positive integer, got {threads}")
     torch.set_num_threads(threads)
+    allocator = "default"
+    if config.getoption("bench_steady_allocator"):
+        from benchmarks.blocks import steady_allocator
+        try:
+            allocator = steady_allocator()
+        except RuntimeError as err:
+            raise pytest.UsageError(str(err)) from None
     # float32 accuracy for Triton's kernels too, as maskbench's kernel computes (module doc); read
     # when a kernel compiles
     os.environ.setdefault("TRITON_F32_DEFAULT", "tf32x3")
     config.stash[_STATE] = PeerState(device=device, seed=config.getoption("bench_seed"), quick=_quick(config),
-                                     dtypes=_dtypes(config, kind))
+                                     dtypes=_dtypes(config, kind), allocator=allocator)
 
 
 def _dtypes(config: pytest.Config, kind: str) -> tuple[str, ...]:
@@ -247,6 +260,8 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json:
         "dtype": ",".join(state.dtypes),
         "quick": state.quick,
         "seed": state.seed,
+        # "default", or glibc's mallopt setting of --steady-allocator (benchmarks.blocks)
+        "allocator": state.allocator,
         # a version only where the library could run here (else it was skipped: "skipped" says why)
         "peers": {lib: ops.peer_version(lib) if ops.library_unavailable(lib, device) is None else None
                   for lib in (ops.PERFORMER, ops.FAST_TRANSFORMERS, ops.FLA)},

@@ -98,6 +98,8 @@ def _environment(report: dict) -> dict:
         "threads": block.get("threads"),
         "device": block.get("device", "cpu"),
         "dtype": block.get("dtype", "float32"),
+        # glibc's heap held by --steady-allocator, or "default" (older reports say nothing: default)
+        "allocator": block.get("allocator", "default"),
         "machine": block.get("device_name") or cpu,
         "datetime": report.get("datetime"),
         "commit": commit,
@@ -203,7 +205,7 @@ def markdown(summary: dict) -> str:
     env = summary.get("environment") or {}
     lines = [f"ratio = peer median time / maskbench median time (> 1: maskbench is faster), "
              f"[95% bootstrap interval]; {env.get('device')}, {env.get('threads')} threads, "
-             f"torch {env.get('torch')}, commit {env.get('commit')}", ""]
+             f"torch {env.get('torch')}, commit {env.get('commit')}, allocator {env.get('allocator', 'default')}", ""]
     tables: dict[tuple, list[dict]] = {}
     for row in rows:
         tables.setdefault((row["pass"], row["B"], row["H"], row["d"], row["m"], row.get("dtype", "float32")),

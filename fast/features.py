@@ -113,10 +113,10 @@ def row_max(p: torch.Tensor) -> torch.Tensor:
 
     Equals ``p.amax(-1, keepdim=True)`` exactly (a max rounds nothing; NaN propagates). On the CPU
     at widths below 64 other than 32, from ROW_MAX_HALVING_FROM entries on, it halves the columns
-    with elementwise maxima (log2 m passes over shrinking slices) instead: torch 2.13's inner reduction over a short row runs without
-    vectors there (N = 2^12, H = 4, one thread: m = 16 234 us against 98 us, m = 24 456 against
-    147, m = 48 341 against 203; m = 32 and 64 reduce fast, 76 and 103 us). Read it detached:
-    it is for constants, not gradients.
+    with elementwise maxima (log2 m passes over shrinking slices) instead: torch 2.13's inner
+    reduction over a short row runs without vectors there (N = 2^12, H = 4, one thread: m = 16
+    234 us against 98 us, m = 24 456 against 147, m = 48 341 against 203; m = 32 and 64 reduce
+    fast, 76 and 103 us). Read it detached: it is for constants, not gradients.
 
     >>> import torch
     >>> from fast.features import row_max

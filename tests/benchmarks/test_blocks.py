@@ -165,3 +165,18 @@ def test_steady_allocator_without_mallopt_exits_2(monkeypatch, tmp_path, capsys)
     with pytest.raises(SystemExit) as err:
         B.main(["--steady-allocator", "--out", str(tmp_path / "b.json")])
     assert err.value.code == 2 and "--steady-allocator needs glibc's mallopt" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's mallopt only")
+def test_peer_suite_takes_the_steady_allocator_too(tmp_path):
+    """``make bench-ops ARGS=--steady-allocator``: the peer suite holds the heap the same way and its
+    JSON's maskbench block says so (a child pytest: mallopt is process-wide)."""
+    out = tmp_path / "peers.json"
+    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
+                           "--benchmark-enable", "--benchmark-json", str(out), "--steady-allocator", "--ops", "elu",
+                           "--bench-N", "64", "--bench-d", "8", "--benchmark-min-rounds=1",
+                           "--benchmark-max-time=0.001"],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(out.read_text())["maskbench"]["allocator"] == (
+        f"glibc mallopt: M_TRIM_THRESHOLD {B.STEADY_TRIM}, M_MMAP_THRESHOLD {B.STEADY_MMAP}")

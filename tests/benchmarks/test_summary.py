@@ -92,8 +92,11 @@ def test_schema_environment_peers_and_skipped():
     assert list(out) == ["schema", "environment", "peers", "skipped", "rows", "benchmarks"]
     assert out["schema"] == "maskbench-peers/1"
     assert out["environment"] == {"torch": "2.13.0+cpu", "threads": 2, "device": "cpu", "dtype": "float32",
-                                  "machine": "Test CPU 9000", "datetime": "2026-11-23T03:00:00+00:00",
-                                  "commit": "0123456"}
+                                  "allocator": "default", "machine": "Test CPU 9000",
+                                  "datetime": "2026-11-23T03:00:00+00:00", "commit": "0123456"}
+    rep["maskbench"]["allocator"] = "glibc mallopt: M_TRIM_THRESHOLD 1073741824, M_MMAP_THRESHOLD 33554432"
+    assert S.summarize(rep, n_boot=10)["environment"]["allocator"] == rep["maskbench"]["allocator"]
+    del rep["maskbench"]["allocator"]
     assert out["peers"] == {"performer-pytorch": "1.1.4", "pytorch-fast-transformers": None, "fla-core": None}
     assert out["skipped"] == ["pytorch-fast-transformers not installed: pip install ..."]
     rep["commit_info"]["dirty"] = True
