@@ -205,7 +205,8 @@ def markdown(summary: dict) -> str:
     env = summary.get("environment") or {}
     lines = [f"ratio = peer median time / maskbench median time (> 1: maskbench is faster), "
              f"[95% bootstrap interval]; {env.get('device')}, {env.get('threads')} threads, "
-             f"torch {env.get('torch')}, commit {env.get('commit')}, allocator {env.get('allocator', 'default')}", ""]
+             f"torch {env.get('torch')}, commit {env.get('commit')}, "
+             f"allocator {env.get('allocator', 'default')}", ""]
     tables: dict[tuple, list[dict]] = {}
     for row in rows:
         tables.setdefault((row["pass"], row["B"], row["H"], row["d"], row["m"], row.get("dtype", "float32")),
