@@ -256,9 +256,10 @@ def test_real_linear_passes_and_a_hidden_quadratic_fails():
     # the worker stopped itself (its CPU clock reached the budget) instead of finishing 16x the work
     assert bad.details["stopped"] and bad.details["ratio_is_lower_bound"]
     assert bad.statistic == pytest.approx(S.STOP_FACTOR * S.RATIO_LIMIT, rel=0.2)
-    # linear up to 2^16: the references see the same line as the real code's, within timing noise
+    # linear up to 2^16: the references are taken at the same sizes as the real code's. (Their
+    # predicted times are not compared: they come from two children timed apart, and a busy machine
+    # put one at 2.4x the other in CI on 2026-11-28; timing is no pass/fail criterion here.)
     assert bad.details["reference"]["sizes"] == real.details["reference"]["sizes"] == [2**15, 2**16]
-    assert bad.details["predicted_s"] == pytest.approx(real.details["predicted_s"], rel=0.5)
     assert bad.details["stopped_after_s"] <= bad.details["budget_s"] + 1.0  # the watchdog polls every 50 ms
     assert wall < 120, wall  # torch import, set-up at 2^20, references, 6x the prediction of ~1-2 s
 
