@@ -16,7 +16,7 @@ import math
 import torch
 
 from fast import features
-from fast.algebra import guard_flag
+from fast.algebra import guard_flag, rows_dot
 from fast.validation import compute_dtype, finite_flag
 
 #: A block of favor_attention's (mask=None) features holds at most 1/FAVOR_BLOCKS of them where
@@ -141,7 +141,7 @@ def _query_pass(q3, w_q, s, z, rows: int, work: torch.dtype, normalise: bool):
         # favor_attention(q, k, v, W) equals masked_linear_attention(*favor_features(q, k, W), v) bit
         # for bit (m a power of 4), which verify's guard check relies on
         num = torch.bmm(phi, s[l0:l1], out=out[l0:l1, a:b])
-        den_b = torch.einsum("...nm,...m->...n", phi, z[l0:l1])
+        den_b = rows_dot(phi, z[l0:l1])
         den[l0:l1, a:b] = den_b
         if normalise:
             num.div_(den_b.unsqueeze(-1))
@@ -189,7 +189,7 @@ def favor_naive(q, k, v, w_q, w_k, half: float, c: torch.Tensor | None = None) -
         c = features.slice_max(b.detach().amax(-1, keepdim=True) - n.detach())
     phi_k = torch.exp(b - n - c.detach()).to(work)
     num = phi_q @ (phi_k.transpose(-1, -2) @ v.to(work))
-    return num / torch.einsum("...nm,...m->...n", phi_q, phi_k.sum(-2)).unsqueeze(-1)
+    return num / rows_dot(phi_q, phi_k.sum(-2)).unsqueeze(-1)
 
 
 def _key_grads(k, v, w_k, half: float, c, ds, dz, rows: int, need: tuple[bool, bool, bool]):

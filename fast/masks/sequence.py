@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from fast.algebra import rows_dot, weighted_rows
 from fast.kernels.dispatch import use_causal_kernel
 from fast.operator import MaskOperator, SymmetricMaskOperator
 from fast.prefix import running_max
@@ -346,7 +347,7 @@ class CausalMask(MaskOperator):
         state = _exclusive_sum(kv)
         zstate = _exclusive_sum(ksum.unsqueeze(-1)).squeeze(-1)  # (..., nc, m)
         del kv, ksum
-        cross = torch.einsum("...cm,...m->...c", q, zstate)  # a GEMV per chunk (bmm with one column is slower)
+        cross = rows_dot(q, zstate)  # a GEMV per chunk, as one output row (fast.algebra)
         if torch.is_grad_enabled():
             num = num + q @ state
             den = den + cross
@@ -379,7 +380,7 @@ class CausalMask(MaskOperator):
         state = _exclusive_sum(k.transpose(-1, -2) @ vv)  # (..., nc, m, d)
         zstate = _exclusive_sum(k.sum(-2).unsqueeze(-1)).squeeze(-1)  # (..., nc, m)
         d_state = _exclusive_sum(q.transpose(-1, -2) @ gn, reverse=True)  # (..., nc, m, d)
-        d_zstate = _exclusive_sum((q * gd).sum(-2).unsqueeze(-1), reverse=True).squeeze(-1)  # (..., nc, m)
+        d_zstate = _exclusive_sum(weighted_rows(q, gd.squeeze(-1)).unsqueeze(-1), reverse=True).squeeze(-1)  # (..., nc, m)
         if inplace:
             dq = _add_product_(dq, gn, state.transpose(-1, -2)).add_(gd * zstate.unsqueeze(-2))
             del state
@@ -924,7 +925,7 @@ class _PaddedProducts(torch.autograd.Function):
         phi_k = phi_k * w
         kv = phi_k.transpose(-1, -2) @ v
         num = phi_q @ kv
-        den = torch.einsum("...nm,...m->...n", phi_q, phi_k.sum(-2))
+        den = rows_dot(phi_q, phi_k.sum(-2))
         return num, den
 
     @staticmethod
@@ -935,7 +936,7 @@ class _PaddedProducts(torch.autograd.Function):
         ks = kw.sum(-2)  # (..., m)
         dq = g_num @ kv.transpose(-1, -2) + g_den.unsqueeze(-1) * ks.unsqueeze(-2)
         d_kv = phi_q.transpose(-1, -2) @ g_num
-        d_ks = (phi_q * g_den.unsqueeze(-1)).sum(-2)
+        d_ks = weighted_rows(phi_q, g_den)
         dk = (v @ d_kv.transpose(-1, -2) + d_ks.unsqueeze(-2)) * w
         dv = kw @ d_kv
         need = ctx.needs_input_grad
