@@ -1,0 +1,84 @@
+"""fast.algebra.rows_dot and weighted_rows: the matrix-vector products of linear attention
+(den_i = phi_q_i . z, and sum_i g_i phi_q_i in its backward) as GEMMs with one output ROW.
+
+torch's einsum ran 3-D operands as GEMMs with one output column, 4-19x slower on the CPU
+(docs/methods.md, "Matrix-vector products"). Values are checked against the float64 sums written
+out; the orientation is checked on the dispatched aten calls, so a return to the column form fails
+here rather than only in a benchmark.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fast.algebra import rows_dot, weighted_rows
+from tests.helpers import gen
+
+SHAPES = [(), (3,), (2, 3), (1, 2, 5)]  # leading dims: 2-D to 5-D operands
+
+
+class _Matmuls(TorchDispatchMode):
+    """Records the (rows, cols) of every GEMM's output: mm and bmm calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm):
+            self.outputs.append(tuple(out.shape[-2:]))
+        return out
+
+
+@pytest.mark.parametrize("lead", SHAPES)
+def test_rows_dot_is_each_rows_dot_product(lead):
+    g = gen(0)
+    x, z = torch.randn(*lead, 7, 4, generator=g), torch.randn(*lead, 4, generator=g)
+    want = (x.double() * z.double().unsqueeze(-2)).sum(-1)
+    got = rows_dot(x, z)
+    assert got.shape == (*lead, 7) and got.dtype == x.dtype
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("lead", SHAPES)
+def test_weighted_rows_is_the_weighted_sum_of_rows(lead):
+    g = gen(1)
+    x, w = torch.randn(*lead, 7, 4, generator=g), torch.randn(*lead, 7, generator=g)
+    want = (x.double() * w.double().unsqueeze(-1)).sum(-2)
+    got = weighted_rows(x, w)
+    assert got.shape == (*lead, 4) and got.dtype == x.dtype
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_leading_dims_broadcast_as_einsums_did():
+    g = gen(2)
+    x, z, w = torch.randn(3, 7, 4, generator=g), torch.randn(4, generator=g), torch.randn(1, 7, generator=g)
+    torch.testing.assert_close(rows_dot(x, z), torch.einsum("...nm,...m->...n", x, z))
+    torch.testing.assert_close(weighted_rows(x, w), torch.einsum("...nm,...n->...m", x, w))
+
+
+def test_empty_operands():
+    assert rows_dot(torch.zeros(2, 0, 4), torch.zeros(2, 4)).shape == (2, 0)
+    assert torch.equal(weighted_rows(torch.zeros(2, 0, 4), torch.zeros(2, 0)), torch.zeros(2, 4))
+
+
+def test_gradients_flow():
+    g = gen(3)
+    x = torch.randn(2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(rows_dot, (x, z))
+    assert torch.autograd.gradcheck(weighted_rows, (x, w))
+
+
+@pytest.mark.parametrize("lead", SHAPES)
+def test_every_gemm_has_one_output_row_not_one_column(lead):
+    """The 3-D case is the one einsum took as (..., N, 1) outputs: each product here is (1, N) or (1, m)."""
+    x = torch.rand(*lead, 64, 8)
+    with _Matmuls() as seen:
+        rows_dot(x, torch.rand(*lead, 8))
+        weighted_rows(x, torch.rand(*lead, 64))
+    assert seen.outputs, "no GEMM dispatched"
+    assert all(rows == 1 for rows, _ in seen.outputs), seen.outputs
