@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from fast.algebra import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_COLS, blocked_numerator, default_block_cols, divide,
-                          features_per_block, guard_flag, linear_products, masked_products, refused_rows)
+                          features_per_block, guard_flag, linear_products, masked_products, refused_rows, rows_dot)
 from fast.errors import DenominatorError
 from fast.favor_blockwise import favor_products
 from fast.features import favor_exponentials, slice_max
@@ -385,13 +385,13 @@ def _guard_floor(phi_q: torch.Tensor, phi_k: torch.Tensor, op: MaskOperator | No
         extra = None
         if bound is not None:
             per_column = bound.to(pk.dtype)
-            extra = ((pq if features_nonnegative else pq.abs()) @ per_column.unsqueeze(-1)).squeeze(-1)
+            extra = rows_dot(pq if features_nonnegative else pq.abs(), per_column)
         if features_nonnegative and mask_nonnegative:
             return extra
         apq = pq if features_nonnegative else pq.abs()
         apk = pk if features_nonnegative else None  # |phi_k|, formed only where it is used
         if op is None:
-            scale = (apq @ (apk if apk is not None else pk.abs()).sum(dim=-2).unsqueeze(-1)).squeeze(-1)
+            scale = rows_dot(apq, (apk if apk is not None else pk.abs()).sum(dim=-2))
         elif mask_nonnegative:
             scale = (apq * op.matmul_unscaled(pk.abs())).sum(-1)
         elif op.has_abs_matmul:
