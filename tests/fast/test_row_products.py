@@ -82,3 +82,28 @@ def test_every_gemm_has_one_output_row_not_one_column(lead):
         weighted_rows(x, torch.rand(*lead, 64))
     assert seen.outputs, "no GEMM dispatched"
     assert all(rows == 1 for rows, _ in seen.outputs), seen.outputs
+
+
+class _GemmStrides(TorchDispatchMode):
+    """Records the strides of every mm / bmm operand."""
+
+    def __init__(self):
+        super().__init__()
+        self.strides = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm):
+            self.strides += [a.stride() for a in args if isinstance(a, torch.Tensor)]
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_expanded_vector_reaches_the_gemm_with_real_strides():
+    """autograd hands the gradient of den.sum() over as an expanded 1 (stride 0); the CPU GEMM took
+    30x longer on such an operand, so the helpers make the vector contiguous first (same values)."""
+    x = torch.rand(2, 3, 32, 16)
+    ones_n, ones_m = torch.ones(()).expand(2, 3, 32), torch.ones(()).expand(2, 3, 16)
+    with _GemmStrides() as seen:
+        got_w, got_d = weighted_rows(x, ones_n), rows_dot(x, ones_m)
+    assert seen.strides and all(0 not in s for s in seen.strides), seen.strides
+    torch.testing.assert_close(got_w, x.sum(-2))
+    torch.testing.assert_close(got_d, x.sum(-1))
