@@ -178,8 +178,10 @@ def favor_exponentials(
     queries (``is_query``) the row max, so the largest entry is exactly 1 (query_norm=False: the norm
     term, which cancels in attention, is never formed); keys the per-slice max of the row maxima, or
     ``row_stabilizer(rows)`` (..., N, 1), or a mask's ``key_stabilizer(z)``; stabilize=False none.
-    Shift and exp run in place on the GEMM's fresh output, which autograd keeps: do not modify the
-    features in place. The cases in full: docs/papers.md, "fast.features".
+    Shift and exp run in place on the GEMM's fresh output; under autograd one Function saves x, w
+    and the features and gives their gradient (``exponential_grads``), so do not modify the
+    features in place. The norm term n keeps its own graph. The cases in full: docs/papers.md,
+    "fast.features".
 
     >>> import torch
     >>> from fast.features import favor_exponentials
@@ -190,16 +192,38 @@ def favor_exponentials(
     >>> torch.allclose(phi, torch.exp(z - z.max())), tuple(c.shape), round(float(phi.max()), 4)
     (True, (1, 1), 1.0)
     """
+    if not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+        return _exponentials(x, w, half, is_query, stabilize, key_stabilizer, row_stabilizer, query_norm)
+    # under autograd the features come from the same operations without a graph, and their gradient
+    # from one Function: d p = g phi, d x = d p w - 2 h (sum_a d p_a) x, d w = d p^T x (the
+    # constants c carry none), three passes where autograd through the in-place steps took about
+    # eight (exp's, the log2 e factor's, the shifts', the norm's) on the CPU
+    n = half_sq_norm(x, half) if (not is_query or query_norm or not stabilize) else None
+    extra: list = []
+
+    def build() -> torch.Tensor:
+        phi, c, _ = _exponentials(x, w, half, is_query, stabilize, key_stabilizer, row_stabilizer, query_norm,
+                                  None if n is None else n.detach())
+        extra.append(c)
+        return phi
+
+    phi = _Exponentials.apply(x, w, build, None if n is None else half)
+    return phi, extra[0], n
+
+
+def _exponentials(x: torch.Tensor, w: torch.Tensor, half: float, is_query: bool, stabilize: bool, key_stabilizer,
+                  row_stabilizer, query_norm: bool, n: torch.Tensor | None = None):
+    """favor_exponentials' operations (n: the norm term, computed here when None); differentiable
+    through torch's own graph when run under autograd."""
     p = x @ w.transpose(-1, -2)  # (..., N, m)
     if is_query and stabilize:
         c = row_max(p.detach())
-        n = None
         shift = c
         if query_norm:
-            n = half_sq_norm(x, half)
+            n = half_sq_norm(x, half) if n is None else n
             shift = c + (n - n.detach())  # the value is c exactly; the gradient is that of n
-        return exp_(p.sub_(shift)), c, n
-    n = half_sq_norm(x, half)
+        return exp_(p.sub_(shift)), c, n if query_norm else None
+    n = half_sq_norm(x, half) if n is None else n
     if not stabilize:
         return p.sub_(n).exp_(), None, n
     if key_stabilizer is None:
@@ -214,6 +238,54 @@ def favor_exponentials(
     if _shares_memory(c, z):  # a stabiliser that returns a view of z: keep its values
         c = c.clone()
     return exp_(z.sub_(c)), c, n
+
+
+def exponential_grads(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, half: float | None,
+                      need_x: bool = True, need_w: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(d x, d w) of the FAVOR+ exponentials phi = exp(x w^T - n - c) (..., N, m) for the gradient g of
+    phi, constants c and n = half |x|^2 (half None: no norm term, the queries' shift), O(N m d):
+    d p = g phi, d x = d p w - 2 half (sum_a d p_a) x (..., N, d), d w = d p^T x (m, d) summed over
+    the leading dims. Under grad mode (double backward) in differentiable operations; otherwise
+    with in-place steps. None where not needed.
+
+    >>> import torch
+    >>> from fast.features import exponential_grads
+    >>> x, w = torch.randn(5, 3, dtype=torch.float64, requires_grad=True), torch.randn(4, 3, dtype=torch.float64)
+    >>> phi = torch.exp(x @ w.T - 0.5 * (x * x).sum(-1, keepdim=True))
+    >>> g = torch.randn(5, 4, dtype=torch.float64)
+    >>> dx, _ = exponential_grads(g, x.detach(), w, phi.detach(), 0.5, need_w=False)
+    >>> torch.allclose(dx, torch.autograd.grad(phi, x, g)[0])
+    True
+    """
+    dp = g * phi
+    dx = dw = None
+    if need_x:
+        dx = dp @ w
+        if half is not None:
+            rows = dp.sum(-1, keepdim=True)
+            dx = dx - (2.0 * half) * rows * x if torch.is_grad_enabled() else dx.addcmul_(rows, x, value=-2.0 * half)
+    if need_w:
+        dw = dp.reshape(-1, dp.shape[-1]).transpose(0, 1) @ x.reshape(-1, x.shape[-1])
+    return dx, dw
+
+
+class _Exponentials(torch.autograd.Function):
+    """phi = ``build()`` (favor_exponentials' operations, no graph) with the gradient of
+    exp(x w^T - n - c) (``exponential_grads``); saves x, w and phi; double backward through the
+    differentiable form."""
+
+    @staticmethod
+    def forward(ctx, x, w, build, half):
+        phi = build()
+        ctx.half = half
+        ctx.save_for_backward(x, w, phi)
+        return phi
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, phi = ctx.saved_tensors
+        dx, dw = exponential_grads(g, x, w, phi, ctx.half, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        return dx, dw, None, None
 
 
 class FeatureMap(nn.Module):

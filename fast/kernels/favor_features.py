@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from fast.features import exponential_grads
 from fast.kernels.dispatch import MAX_WIDTH, dot_precision, require_triton
 
 try:
@@ -155,15 +156,7 @@ def _input_grads(ctx, g_phi: torch.Tensor, x: torch.Tensor, w: torch.Tensor, phi
         return None, None
     if w.shape[0] <= MAX_BM and not torch.is_grad_enabled():
         return _kernel_grads(g_phi, x, w, phi, half, need_x, need_w)
-    dp = g_phi * phi
-    dx = dw = None
-    if ctx.needs_input_grad[0]:
-        dx = dp @ w
-        if half is not None:
-            dx = dx - (2.0 * half) * dp.sum(-1, keepdim=True) * x
-    if ctx.needs_input_grad[1]:
-        dw = dp.reshape(-1, dp.shape[-1]).transpose(0, 1) @ x.reshape(-1, x.shape[-1])
-    return dx, dw
+    return exponential_grads(g_phi, x, w, phi, half, need_x, need_w)
 
 
 def _kernel_grads(g_phi: torch.Tensor, x: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, half: float | None,
