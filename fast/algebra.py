@@ -3,7 +3,8 @@
     out_i = phi_q_i^T D1_i / phi_q_i^T D2_i,   D1 = M [vec(phi_k_j v_j^T)]_j  (N x m d),   D2 = M phi_k
 
 for any mask operator M (fast.operator): the feature-blocked numerator ``blocked_numerator``, block
-sizing, the guarded division ``divide``, the unmasked ``linear_products``, and ``masked_products``,
+sizing, the guarded division ``divide``, the unmasked ``linear_products``, the matrix-vector
+products ``rows_dot`` and ``weighted_rows`` (as one-row GEMMs), and ``masked_products``,
 whose backward recomputes the blocks so that training memory stays O(N (m + d) + N block), never
 O(N m d). Cost O((T_M(N) + N) m d) for a mask product costing T_M(N). The backward's derivation:
 docs/papers.md, "fast.algebra".
