@@ -18,37 +18,37 @@ from tests.helpers import gen
 SHAPES = [(), (3,), (2, 3), (1, 2, 5)]  # leading dims: 2-D to 5-D operands
 
 
-class _Matmuls(TorchDispatchMode):
-    """Records the (rows, cols) of every GEMM's output: mm and bmm calls."""
+class _Gemms(TorchDispatchMode):
+    """Records every mm / bmm call: its output's (rows, cols) and its operands' strides."""
 
     def __init__(self):
         super().__init__()
-        self.outputs = []
+        self.outputs, self.strides = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm):
             self.outputs.append(tuple(out.shape[-2:]))
+            self.strides += [a.stride() for a in args if isinstance(a, torch.Tensor)]
         return out
 
 
+#: for x (..., 7, 4): (helper, its sum written out, the vector's width, the result's width)
+HELPERS = {
+    "rows_dot": (rows_dot, lambda x, z: (x * z.unsqueeze(-2)).sum(-1), 4, 7),
+    "weighted_rows": (weighted_rows, lambda x, g: (x * g.unsqueeze(-1)).sum(-2), 7, 4),
+}
+
+
+@pytest.mark.parametrize("name", HELPERS)
 @pytest.mark.parametrize("lead", SHAPES)
-def test_rows_dot_is_each_rows_dot_product(lead):
+def test_each_helper_is_its_sum_written_out(lead, name):
+    helper, written_out, vector, result = HELPERS[name]
     g = gen(0)
-    x, z = torch.randn(*lead, 7, 4, generator=g), torch.randn(*lead, 4, generator=g)
-    want = (x.double() * z.double().unsqueeze(-2)).sum(-1)
-    got = rows_dot(x, z)
-    assert got.shape == (*lead, 7) and got.dtype == x.dtype
-    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("lead", SHAPES)
-def test_weighted_rows_is_the_weighted_sum_of_rows(lead):
-    g = gen(1)
-    x, w = torch.randn(*lead, 7, 4, generator=g), torch.randn(*lead, 7, generator=g)
-    want = (x.double() * w.double().unsqueeze(-1)).sum(-2)
-    got = weighted_rows(x, w)
-    assert got.shape == (*lead, 4) and got.dtype == x.dtype
+    x, z = torch.randn(*lead, 7, 4, generator=g), torch.randn(*lead, vector, generator=g)
+    want = written_out(x.double(), z.double())
+    got = helper(x, z)
+    assert got.shape == (*lead, result) and got.dtype == x.dtype
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
 
 
@@ -77,24 +77,11 @@ def test_gradients_flow():
 def test_every_gemm_has_one_output_row_not_one_column(lead):
     """The 3-D case is the one einsum took as (..., N, 1) outputs: each product here is (1, N) or (1, m)."""
     x = torch.rand(*lead, 64, 8)
-    with _Matmuls() as seen:
+    with _Gemms() as seen:
         rows_dot(x, torch.rand(*lead, 8))
         weighted_rows(x, torch.rand(*lead, 64))
     assert seen.outputs, "no GEMM dispatched"
     assert all(rows == 1 for rows, _ in seen.outputs), seen.outputs
-
-
-class _GemmStrides(TorchDispatchMode):
-    """Records the strides of every mm / bmm operand."""
-
-    def __init__(self):
-        super().__init__()
-        self.strides = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm):
-            self.strides += [a.stride() for a in args if isinstance(a, torch.Tensor)]
-        return func(*args, **(kwargs or {}))
 
 
 def test_an_expanded_vector_reaches_the_gemm_with_real_strides():
@@ -102,7 +89,7 @@ def test_an_expanded_vector_reaches_the_gemm_with_real_strides():
     30x longer on such an operand, so the helpers make the vector contiguous first (same values)."""
     x = torch.rand(2, 3, 32, 16)
     ones_n, ones_m = torch.ones(()).expand(2, 3, 32), torch.ones(()).expand(2, 3, 16)
-    with _GemmStrides() as seen:
+    with _Gemms() as seen:
         got_w, got_d = weighted_rows(x, ones_n), rows_dot(x, ones_m)
     assert seen.strides and all(0 not in s for s in seen.strides), seen.strides
     torch.testing.assert_close(got_w, x.sum(-2))
