@@ -198,17 +198,19 @@ def favor_exponentials(
     # from one Function: d p = g phi, d x = d p w - 2 h (sum_a d p_a) x, d w = d p^T x (the
     # constants c carry none), three passes where autograd through the in-place steps took about
     # eight (exp's, the log2 e factor's, the shifts', the norm's) on the CPU
-    n = half_sq_norm(x, half) if (not is_query or query_norm or not stabilize) else None
-    extra: list = []
+    # the norm term exists except for stabilised queries without query_norm; formed here, with its
+    # graph, for the caller, and handed to the operations as a constant
+    n = None if (is_query and stabilize and not query_norm) else half_sq_norm(x, half)
+    constants = []
 
     def build() -> torch.Tensor:
         phi, c, _ = _exponentials(x, w, half, is_query, stabilize, key_stabilizer, row_stabilizer, query_norm,
                                   None if n is None else n.detach())
-        extra.append(c)
+        constants.append(c)
         return phi
 
     phi = _Exponentials.apply(x, w, build, None if n is None else half)
-    return phi, extra[0], n
+    return phi, constants[0], n
 
 
 def _exponentials(x: torch.Tensor, w: torch.Tensor, half: float, is_query: bool, stabilize: bool, key_stabilizer,
