@@ -307,9 +307,9 @@ class MaskOperator(abc.ABC):
 
         >>> import torch
         >>> from fast import DenseMask
-        >>> op, x = DenseMask(torch.ones(3, 3)), torch.tensor([[2e38], [2e38], [-2e38]])   # M @ x = 2e38
-        >>> op.matmul_unscaled(x).flatten().tolist(), op.matmul(x).flatten().tolist() == [x[0].item()] * 3
-        ([inf, inf, inf], True)
+        >>> op, x = DenseMask(2 * torch.ones(3, 3)), torch.tensor([[2e38], [-2e38], [1e38]])   # M @ x = 2e38
+        >>> op.matmul_unscaled(x).flatten().tolist(), op.matmul(x).flatten().tolist() == [2 * x[2].item()] * 3
+        ([nan, nan, nan], True)
 
         A subclass (or instance) that overrides ``matmul`` itself, rather than ``_matmat``, is
         called through its override here too, so that the drivers compute with the product it

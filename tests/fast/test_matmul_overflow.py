@@ -177,9 +177,10 @@ def test_an_override_of_matmul_is_what_the_drivers_compute_with():
 
 def test_a_learnable_mask_gets_its_gradient_through_the_redo():
     """With a parameter requiring grad the factors 2^-s, 2^s stay in the graph: d(sum M x)/dM = 1 x^T
-    exactly (powers of two), here where g 2^s fits float64."""
+    exactly (powers of two), here where g 2^s fits float64. Each term 1e5 x_j of the first two
+    overflows by itself, so the unchecked product is NaN in every summation order a GEMM may take."""
     m = torch.full((3, 3), 1e5, dtype=torch.float64, requires_grad=True)
-    x = torch.tensor([[1e303], [1e303], [-1e303]], dtype=torch.float64)
+    x = torch.tensor([[2e303], [-2e303], [1e303]], dtype=torch.float64)
     op = fast.DenseMask(m)
     assert not torch.isfinite(op.matmul_unscaled(x)).all()
     out = op.matmul(x)

@@ -142,13 +142,14 @@ def test_nonnegative_is_read_from_the_current_factors():
 
 
 def test_cancelling_low_rank_denominator_is_refused():
-    """Row 0 of M = left right is (-0.2, 0, 0.2): (M 1)_0 = 0 exactly, but the computed
-    left (right 1) is 0.6 - 0.6 in floating point, round-off that does not vanish. The guard
-    sees the size of the terms through abs_matmul and refuses den_0 instead of dividing by it."""
+    """Row 0 of M = left right is (-0.2, 0.1, 0.1): (M 1)_0 = 0 in decimal, but the computed
+    left (right 1) is (0.1 + 0.1 + 0.1) - 0.3 in binary floating point, 5.6e-17 of round-off in
+    every summation order (equal terms, and zeros added exactly). The guard sees the size of the
+    terms through abs_matmul and refuses den_0 instead of dividing by it."""
     from fast import DenominatorError
 
     left = torch.tensor([[1.0, -1.0], [1.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
-    right = torch.tensor([[0.1, 0.2, 0.3], [0.3, 0.2, 0.1]], dtype=torch.float64)
+    right = torch.tensor([[0.1, 0.1, 0.1], [0.3, 0.0, 0.0]], dtype=torch.float64)
     ones = torch.ones(3, 1, dtype=torch.float64)
     mask = LowRankMask(left, right)
     den0 = float(mask.matmul(ones)[0, 0])
