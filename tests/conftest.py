@@ -33,3 +33,14 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(int(os.environ.get("MASKBENCH_TEST_THREADS", "1")))
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # pytest-xdist (make test runs one worker per core): the workers start after this hook and
+        # inherit these. NumPy's OpenBLAS would run a thread per core in every worker, and its
+        # threads spin while they wait: on 2 cores -n 2 then took 1.6x the CPU time of a serial run.
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
+    # In a worker, PYTEST_XDIST_WORKER leaks into every child a test starts: a child pytest (the
+    # peer suite in tests/benchmarks, measure.gpu's peers stage) then takes itself for a worker and
+    # pytest-benchmark switches its timing off. xdist keeps the worker's identity in
+    # config.workerinput, not in the variable.
+    os.environ.pop("PYTEST_XDIST_WORKER", None)
